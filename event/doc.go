@@ -1,0 +1,20 @@
+// Package event defines PAL's journal: the event envelope that every run's
+// JetStream subject carries, the event kinds, their typed payloads and the
+// wire codec.
+//
+// Invariants:
+//
+//   - seq is the run's own gapless counter, starting at 1. (run_id, seq)
+//     identifies an event everywhere: in the stream (Nats-Msg-Id
+//     "<run_id>:<seq>"), in Postgres (journal_events primary key) and over
+//     SSE (Last-Event-ID).
+//   - A message on pal.events.<run_id> normally carries one envelope (a JSON
+//     object). In strict durability mode a worker may pack consecutive events
+//     of one run into one message, as a JSON array of envelopes with
+//     consecutive seq values; Nats-Msg-Id then names the first seq. Decode
+//     accepts both forms.
+//   - Payloads are additive: a reader ignores fields it does not know.
+//
+// The JSON Schema for the envelope lives in package schemas; every event PAL
+// writes validates against it.
+package event

@@ -1,0 +1,179 @@
+package event
+
+import "encoding/json"
+
+// RunCreatedData is the payload of run_created: everything needed to drive
+// the run, so a worker needs nothing but the journal.
+type RunCreatedData struct {
+	// Workflow is the workflow snapshot the run executes (a graph run), or
+	// absent for a plain-LLM run.
+	Workflow json.RawMessage `json:"workflow,omitempty"`
+	// WorkflowHash is the hex sha256 of Workflow as stored.
+	WorkflowHash string `json:"workflow_hash,omitempty"`
+	// WorkflowName is the workflow's name, for listings.
+	WorkflowName string          `json:"workflow_name,omitempty"`
+	Input        json.RawMessage `json:"input"`
+	ParentRunID  string          `json:"parent_run_id,omitempty"`
+	ParentStepID string          `json:"parent_step_id,omitempty"`
+	Depth        int             `json:"depth"`
+	TriggerMeta  map[string]any  `json:"trigger_meta,omitempty"`
+	// IdempotencyKey is the start request's key, when the client gave one.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// RunResumedData is the payload of run_resumed, appended by a worker each
+// time it takes over a run. It is the fencing token: a writer that did not
+// append the latest run_resumed no longer owns the run.
+type RunResumedData struct {
+	Worker string `json:"worker"`
+	// ResumeCount counts the drives of this run, starting at 1.
+	ResumeCount int `json:"resume_count"`
+	// Crashed reports that the previous drive ended without finishing or
+	// parking the run (a crash, a lost lease, or a graceful hand-off).
+	Crashed bool `json:"crashed"`
+	// CrashesAtStep counts consecutive crashed drives with no step completed
+	// in between; a run that crashes its workers too often fails.
+	CrashesAtStep int `json:"crashes_at_step,omitempty"`
+}
+
+// StepStartedData is the payload of step_started, appended before a step
+// acts.
+type StepStartedData struct {
+	NodeID         string          `json:"node_id"`
+	NodeType       string          `json:"node_type"`
+	Input          json.RawMessage `json:"input,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key"`
+}
+
+// Usage is the token and cost accounting of a step.
+type Usage struct {
+	InputTokens  int64   `json:"input_tokens"`
+	OutputTokens int64   `json:"output_tokens"`
+	TotalTokens  int64   `json:"total_tokens"`
+	CostUSD      float64 `json:"cost_usd"`
+}
+
+// Add accumulates u2 into u.
+func (u *Usage) Add(u2 Usage) {
+	u.InputTokens += u2.InputTokens
+	u.OutputTokens += u2.OutputTokens
+	u.TotalTokens += u2.TotalTokens
+	u.CostUSD += u2.CostUSD
+}
+
+// Delivery outcomes recorded in step_completed for connector steps.
+const (
+	DeliveryDelivered   = "delivered"
+	DeliveryUnconfirmed = "unconfirmed"
+)
+
+// StepCompletedData is the payload of step_completed: the full output, which
+// a re-drive reuses instead of acting again.
+type StepCompletedData struct {
+	Output     json.RawMessage `json:"output"`
+	Usage      *Usage          `json:"usage,omitempty"`
+	DurationMs int64           `json:"duration_ms"`
+	// Delivery is set on connector steps: delivered or unconfirmed.
+	Delivery string `json:"delivery,omitempty"`
+}
+
+// Error classes used for retry policies.
+const (
+	ClassAny       = "any"
+	ClassTimeout   = "timeout"
+	ClassLLM       = "llm"
+	ClassConnector = "connector"
+	ClassTool      = "tool"
+)
+
+// StepFailedData is the payload of step_failed: the attempt failed and will
+// not be retried.
+type StepFailedData struct {
+	Error      string `json:"error"`
+	Class      string `json:"class"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// StepRetryingData is the payload of step_retrying, journaled between
+// attempts. Attempt is the attempt that comes next; it equals the failed one
+// when the failed call's outcome is unknown, so the retry reuses the same
+// idempotency key.
+type StepRetryingData struct {
+	Attempt int    `json:"attempt"`
+	Of      int    `json:"of"`
+	Error   string `json:"error"`
+	Class   string `json:"class"`
+	DelayMs int64  `json:"delay_ms"`
+}
+
+// Wait reasons for step_waiting.
+const (
+	WaitApproval = "approval"
+	WaitChild    = "child"
+	WaitSignal   = "signal"
+)
+
+// StepWaitingData is the payload of step_waiting: the run parks until an
+// outside input wakes it.
+type StepWaitingData struct {
+	Reason     string `json:"reason"`
+	ChildRunID string `json:"child_run_id,omitempty"`
+	// TimeoutAt, when set, is when the wait gives up (RFC 3339).
+	TimeoutAt string `json:"timeout_at,omitempty"`
+}
+
+// SideEffectClaimedData is the payload of side_effect_claimed, appended
+// before an external delivery is dispatched.
+type SideEffectClaimedData struct {
+	IdempotencyKey string `json:"idempotency_key"`
+	Connector      string `json:"connector"`
+	Target         string `json:"target"`
+}
+
+// SideEffectDeliveredData is the payload of side_effect_delivered, appended
+// after the receiver acknowledged the delivery.
+type SideEffectDeliveredData struct {
+	IdempotencyKey string `json:"idempotency_key"`
+	Status         int    `json:"status"`
+}
+
+// ChildRunCreatedData is the payload of child_run_created.
+type ChildRunCreatedData struct {
+	ChildRunID string `json:"child_run_id"`
+	Workflow   string `json:"workflow,omitempty"`
+}
+
+// AnomalyDetectedData is the payload of anomaly_detected.
+type AnomalyDetectedData struct {
+	Anomaly   string  `json:"anomaly"` // runaway_loop, excessive_steps, retry_storm, cost_spike, token_spike
+	Value     float64 `json:"value"`
+	Threshold float64 `json:"threshold"`
+	Action    string  `json:"action"` // warn or halt
+}
+
+// RunSucceededData is the payload of run_succeeded.
+type RunSucceededData struct {
+	Output json.RawMessage `json:"output"`
+}
+
+// Error codes of run_failed.
+const (
+	CodeStepFailed      = "step_failed"
+	CodeInvalidWorkflow = "invalid_workflow"
+	CodeCrashLoop       = "crash_loop"
+	CodeDepthExceeded   = "depth_exceeded"
+	CodeInternal        = "internal"
+)
+
+// RunFailedData is the payload of run_failed.
+type RunFailedData struct {
+	Error  string `json:"error"`
+	Code   string `json:"code"`
+	StepID string `json:"step_id,omitempty"`
+}
+
+// RunCancelledData is the payload of run_cancelled.
+type RunCancelledData struct {
+	Reason string `json:"reason,omitempty"`
+	By     string `json:"by,omitempty"`
+}

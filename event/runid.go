@@ -1,0 +1,55 @@
+package event
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// MaxRunIDLen bounds run ids so subjects and keys stay short.
+const MaxRunIDLen = 128
+
+// NewRunID returns a fresh run id: "run_" followed by a ULID, so ids sort by
+// creation time and are safe as a NATS subject token.
+func NewRunID() string {
+	return "run_" + ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
+}
+
+// ChildRunID derives a child run's id from its parent run and the parent's
+// step, so a re-driven parent finds the child it created before a crash.
+func ChildRunID(parentRunID, parentStepID string) string {
+	sum := sha256.Sum256([]byte(parentRunID + "|" + parentStepID))
+	return fmt.Sprintf("run_c%x", sum[:13])
+}
+
+// ValidateRunID checks that id can be used as one NATS subject token and KV
+// key: 1 to 128 characters from A–Z, a–z, 0–9, '_' and '-'. Anything else
+// (dots, spaces, '*', '>') could widen a subject and is refused.
+func ValidateRunID(id string) error {
+	if id == "" {
+		return fmt.Errorf("invalid run id: empty")
+	}
+	if len(id) > MaxRunIDLen {
+		return fmt.Errorf("invalid run id %q: longer than %d characters", truncate(id), MaxRunIDLen)
+	}
+	for _, r := range id {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+		default:
+			return fmt.Errorf("invalid run id %q: character %q not allowed (use letters, digits, '_' and '-'; "+
+				"dots, spaces, '*' and '>' would change the NATS subject)", truncate(id), r)
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return strings.ToValidUTF8(s[:40], "") + "…"
+	}
+	return s
+}

@@ -1,0 +1,136 @@
+// Package provider is PAL's seam to LLM APIs. A Provider sends one model
+// call; the worker journals it. Implementations live in provider/openai and
+// provider/anthropic (official SDKs, SDK retries off, Idempotency-Key header
+// on every call); provider/providertest is an HTTP fake that speaks both wire
+// formats and records every request with its idempotency key.
+//
+// Retries are PAL's, never the SDK's: a failed call returns an *Error that
+// says whether it may be retried and whether its outcome is unknown (the
+// request may have reached the provider), in which case the retry must reuse
+// the same idempotency key.
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Message roles.
+const (
+	RoleSystem    = "system"
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+	RoleTool      = "tool"
+)
+
+// Message is one chat message. An assistant message may carry ToolCalls; a
+// tool message answers the call named by ToolCallID.
+type Message struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// Tool describes a function the model may call. Parameters is a JSON Schema
+// object.
+type Tool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ToolCall is a model's request to call a tool.
+type ToolCall struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// Request is one model call.
+type Request struct {
+	Model       string    `json:"model"`
+	System      string    `json:"system,omitempty"`
+	Messages    []Message `json:"messages"`
+	MaxTokens   int       `json:"max_tokens,omitempty"`
+	Temperature *float64  `json:"temperature,omitempty"`
+	Tools       []Tool    `json:"tools,omitempty"`
+	// IdempotencyKey is sent as the Idempotency-Key header. Required.
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// Usage is the token accounting the provider reported.
+type Usage struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
+
+// Response is a model's answer.
+type Response struct {
+	ID           string     `json:"id,omitempty"`
+	Model        string     `json:"model"`
+	Text         string     `json:"text"`
+	ToolCalls    []ToolCall `json:"tool_calls,omitempty"`
+	FinishReason string     `json:"finish_reason,omitempty"`
+	Usage        Usage      `json:"usage"`
+}
+
+// Provider sends model calls. Complete returns an *Error for failures the
+// caller can classify.
+type Provider interface {
+	// Name is the provider name used in workflows ("openai", "anthropic").
+	Name() string
+	// Complete sends req once (no retries) and returns the model's answer.
+	Complete(ctx context.Context, req Request) (*Response, error)
+}
+
+// Error is a failed model call.
+type Error struct {
+	Provider string
+	// Status is the HTTP status, 0 when no response arrived.
+	Status int
+	// Retryable reports that trying again may succeed (429, 5xx, timeouts,
+	// connection failures).
+	Retryable bool
+	// Unknown reports that the request may have reached the provider (a
+	// timeout or a connection cut after sending): a retry must reuse the
+	// same idempotency key.
+	Unknown bool
+	// Timeout reports that the call ran out of time.
+	Timeout bool
+	Err     error
+}
+
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("%s: HTTP %d: %v", e.Provider, e.Status, e.Err)
+	}
+	return fmt.Sprintf("%s: %v", e.Provider, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ErrUnknownProvider is returned by Registry.Get for a name nobody registered.
+var ErrUnknownProvider = errors.New("unknown provider")
+
+// Registry maps provider names to providers.
+type Registry map[string]Provider
+
+// Get returns the named provider.
+func (r Registry) Get(name string) (Provider, error) {
+	p, ok := r[name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q (configured: %v)", ErrUnknownProvider, name, r.names())
+	}
+	return p, nil
+}
+
+func (r Registry) names() []string {
+	out := make([]string, 0, len(r))
+	for n := range r {
+		out = append(out, n)
+	}
+	return out
+}

@@ -1,0 +1,140 @@
+package workflow
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Node types.
+const (
+	TypeTrigger   = "trigger"
+	TypeAIStep    = "ai-step"
+	TypeAgent     = "agent"
+	TypeTool      = "tool"
+	TypeConnector = "connector"
+	TypeSubagent  = "subagent"
+	TypeApproval  = "approval"
+	TypeLoop      = "loop"
+	TypeCondition = "condition"
+)
+
+// Workflow is a parsed, validated workflow graph. Build one with Parse; the
+// zero value is not usable.
+type Workflow struct {
+	Name  string `json:"name"`
+	Nodes []Node `json:"nodes"`
+	Edges []Edge `json:"edges"`
+
+	// derived by Parse
+	byID     map[string]int
+	incoming map[string][]int // node id → indexes into Edges
+	outgoing map[string][]int
+	order    []string // topological order, ties broken by declaration order
+	raw      json.RawMessage
+	hash     string
+}
+
+// Node is one node of the graph. Data holds the type's settings, decoded by
+// the typed accessors (AIStep, Tool, Connector, …).
+type Node struct {
+	ID   string          `json:"id"`
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Edge connects two nodes. Condition, when set, is an expression over the
+// run (input, steps) that must be true for the edge to fire.
+type Edge struct {
+	From      string `json:"from"`
+	To        string `json:"to"`
+	Condition string `json:"condition,omitempty"`
+}
+
+// RetryPolicy is node.data.retry. MaxAttempts counts the first try.
+type RetryPolicy struct {
+	MaxAttempts      int      `json:"maxAttempts,omitempty"`
+	BackoffMs        int      `json:"backoffMs,omitempty"`
+	RetryableClasses []string `json:"retryableClasses,omitempty"`
+}
+
+// Attempts returns the effective number of attempts (at least 1).
+func (p *RetryPolicy) Attempts() int {
+	if p == nil || p.MaxAttempts < 1 {
+		return 1
+	}
+	return p.MaxAttempts
+}
+
+// Retries reports whether an error of class may be retried under p.
+func (p *RetryPolicy) Retries(class string) bool {
+	if p == nil {
+		return false
+	}
+	for _, c := range p.RetryableClasses {
+		if c == "any" || c == class {
+			return true
+		}
+	}
+	return false
+}
+
+// Backoff returns the base delay between attempts.
+func (p *RetryPolicy) Backoff() time.Duration {
+	if p == nil || p.BackoffMs <= 0 {
+		return 0
+	}
+	return time.Duration(p.BackoffMs) * time.Millisecond
+}
+
+// Message is one chat message of an ai-step; Content is a template.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// AIStepData is the data of an ai-step node: one LLM call. Prompt, System
+// and message contents are templates.
+type AIStepData struct {
+	Provider    string       `json:"provider"`
+	Model       string       `json:"model"`
+	Prompt      string       `json:"prompt,omitempty"`
+	System      string       `json:"system,omitempty"`
+	Messages    []Message    `json:"messages,omitempty"`
+	MaxTokens   int          `json:"maxTokens,omitempty"`
+	Temperature *float64     `json:"temperature,omitempty"`
+	TimeoutMs   int          `json:"timeoutMs,omitempty"`
+	Retry       *RetryPolicy `json:"retry,omitempty"`
+}
+
+// ToolData is the data of a tool node: a Go function registered on the
+// worker under Tool, or the built-in "http" tool. Input is a template.
+type ToolData struct {
+	Tool      string          `json:"tool"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	TimeoutMs int             `json:"timeoutMs,omitempty"`
+	Retry     *RetryPolicy    `json:"retry,omitempty"`
+}
+
+// HTTPToolName is the name of the built-in HTTP tool.
+const HTTPToolName = "http"
+
+// ConnectorData is the data of a connector node: an external delivery with
+// a receipt. URL, Headers and Body are templates.
+type ConnectorData struct {
+	Kind      string            `json:"kind"`
+	URL       string            `json:"url"`
+	Method    string            `json:"method,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Body      json.RawMessage   `json:"body,omitempty"`
+	TimeoutMs int               `json:"timeoutMs,omitempty"`
+	Retry     *RetryPolicy      `json:"retry,omitempty"`
+}
+
+// ConnectorWebhook is the webhook connector kind.
+const ConnectorWebhook = "webhook"
+
+// ConditionData is the data of a condition node: it evaluates Expression and
+// outputs {"result": value}; outgoing edges branch on it.
+type ConditionData struct {
+	Expression string `json:"expression"`
+}
