@@ -32,6 +32,7 @@ type Workflow struct {
 	order    []string // topological order, ties broken by declaration order
 	raw      json.RawMessage
 	hash     string
+	exprs    *conditions // compiled conditions, by expression
 }
 
 // Node is one node of the graph. Data holds the type's settings, decoded by

@@ -1,0 +1,233 @@
+package workflow_test
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/workflow"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/invalid/*.want from the current messages")
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return raw
+}
+
+func mustParse(t *testing.T, raw string) *workflow.Workflow {
+	t.Helper()
+	w, err := workflow.Parse([]byte(raw))
+	require.NoError(t, err)
+	return w
+}
+
+// TestParseValid parses every testdata/valid/*.json.
+func TestParseValid(t *testing.T) {
+	t.Parallel()
+
+	files, err := filepath.Glob("testdata/valid/*.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".json"), func(t *testing.T) {
+			t.Parallel()
+			w, err := workflow.Parse(readFile(t, f))
+			require.NoError(t, err)
+			require.Len(t, w.Order(), len(w.Nodes))
+			require.Equal(t, workflow.TypeTrigger, w.Trigger().Type)
+			require.Equal(t, w.Trigger().ID, w.Order()[0])
+		})
+	}
+}
+
+// TestParseInvalid parses every testdata/invalid/*.json and compares the
+// error with the .want file beside it (go test -run TestParseInvalid
+// -update rewrites them; review the diff).
+func TestParseInvalid(t *testing.T) {
+	t.Parallel()
+
+	files, err := filepath.Glob("testdata/invalid/*.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		name := strings.TrimSuffix(f, ".json")
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			t.Parallel()
+			w, err := workflow.Parse(readFile(t, f))
+			require.Nil(t, w)
+			require.ErrorIs(t, err, workflow.ErrInvalid)
+			var ve *workflow.ValidationError
+			require.ErrorAs(t, err, &ve)
+			require.NotEmpty(t, ve.Problems)
+			if *update {
+				require.NoError(t, os.WriteFile(name+".want", []byte(err.Error()+"\n"), 0o644))
+				return
+			}
+			want := strings.TrimSpace(string(readFile(t, name+".want")))
+			require.Equal(t, want, err.Error())
+		})
+	}
+}
+
+func TestValidationErrorProblems(t *testing.T) {
+	t.Parallel()
+
+	_, err := workflow.Parse(readFile(t, "testdata/invalid/many_problems.json"))
+	var ve *workflow.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "summarise", ve.Workflow)
+	require.Equal(t, []workflow.Problem{
+		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes)"},
+		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
+		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
+		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition)"},
+	}, ve.Problems[:4])
+	edge := ve.Problems[4]
+	require.Equal(t, 0, edge.Edge)
+	require.Equal(t, "extra", edge.Field)
+	require.Equal(t, "edge start→draft: extra: unknown field (want one of condition, from, to)", edge.String())
+
+	_, err = workflow.Parse(readFile(t, "testdata/invalid/condition_syntax.json"))
+	require.ErrorAs(t, err, &ve)
+	require.Len(t, ve.Problems, 1)
+	require.Equal(t, 1, ve.Problems[0].Edge)
+	require.Equal(t, "condition", ve.Problems[0].Field)
+	require.Equal(t, "", ve.Problems[0].NodeID)
+}
+
+func TestParseErrorsAreNotWrappedSchemaErrors(t *testing.T) {
+	t.Parallel()
+
+	// A bad workflow is ErrInvalid; nothing else is.
+	_, err := workflow.Parse([]byte(`{`))
+	require.True(t, errors.Is(err, workflow.ErrInvalid))
+	require.EqualError(t, err, "workflow: invalid JSON at line 1 column 2: unexpected end of input")
+}
+
+const diamond = `{
+  "name": "diamond",
+  "nodes": [
+    {"id": "d", "type": "tool", "data": {"tool": "join", "retry": {"maxAttempts": 4, "backoffMs": 250, "retryableClasses": ["tool"]}}},
+    {"id": "c", "type": "tool", "data": {"tool": "right"}},
+    {"id": "start", "type": "trigger"},
+    {"id": "b", "type": "tool", "data": {"tool": "left"}},
+    {"id": "e", "type": "condition", "data": {"expression": "steps.d.output.ok"}}
+  ],
+  "edges": [
+    {"from": "b", "to": "d"},
+    {"from": "start", "to": "c"},
+    {"from": "start", "to": "b"},
+    {"from": "c", "to": "d", "condition": "steps.c.output.go"},
+    {"from": "d", "to": "e"}
+  ]
+}`
+
+func TestGraphAccessors(t *testing.T) {
+	t.Parallel()
+
+	w := mustParse(t, diamond)
+	require.Equal(t, "diamond", w.Name)
+	// c is declared before b, so among the trigger's successors it comes first.
+	require.Equal(t, []string{"start", "c", "b", "d", "e"}, w.Order())
+
+	require.Equal(t, []workflow.Edge{{From: "b", To: "d"}, {From: "c", To: "d", Condition: "steps.c.output.go"}}, w.Incoming("d"))
+	require.Equal(t, []workflow.Edge{{From: "start", To: "c"}, {From: "start", To: "b"}}, w.Outgoing("start"))
+	require.Nil(t, w.Incoming("start"))
+	require.Nil(t, w.Outgoing("e"))
+	require.Nil(t, w.Outgoing("nope"))
+
+	n, ok := w.Node("b")
+	require.True(t, ok)
+	require.Equal(t, workflow.TypeTool, n.Type)
+	_, ok = w.Node("zz")
+	require.False(t, ok)
+	require.Equal(t, "start", w.Trigger().ID)
+
+	// Order returns a copy.
+	o := w.Order()
+	o[0] = "changed"
+	require.Equal(t, "start", w.Order()[0])
+}
+
+func TestRawAndHash(t *testing.T) {
+	t.Parallel()
+
+	w := mustParse(t, diamond)
+	require.True(t, json.Valid(w.Raw()))
+	require.NotContains(t, string(w.Raw()), "\n")
+	require.True(t, strings.HasPrefix(string(w.Raw()), `{"name":"diamond","nodes":[{"id":"d",`), "keys keep their order")
+	require.Len(t, w.Hash(), 64)
+
+	// Whitespace does not change the hash; content does.
+	w2 := mustParse(t, string(w.Raw()))
+	require.Equal(t, w.Hash(), w2.Hash())
+	require.Equal(t, w.Raw(), w2.Raw())
+	w3 := mustParse(t, strings.Replace(diamond, `"join"`, `"join2"`, 1))
+	require.NotEqual(t, w.Hash(), w3.Hash())
+
+	// The known hash of a fixed document.
+	w4 := mustParse(t, `{ "name": "noop", "nodes": [ {"id": "start", "type": "trigger"} ] }`)
+	require.Equal(t, `{"name":"noop","nodes":[{"id":"start","type":"trigger"}]}`, string(w4.Raw()))
+	require.Equal(t, "d86b96663d002c8924168446119ea006a2f384ab3b22e32533252043a271363f", w4.Hash())
+}
+
+func TestTypedAccessors(t *testing.T) {
+	t.Parallel()
+
+	w := mustParse(t, string(readFile(t, "testdata/valid/branching.json")))
+
+	n, _ := w.Node("classify")
+	ai, err := n.AIStep()
+	require.NoError(t, err)
+	require.Equal(t, "openai", ai.Provider)
+	require.Equal(t, "gpt-4o-mini", ai.Model)
+	require.Equal(t, []workflow.Message{{Role: "user", Content: "Label: {{ input.ticket.body }}"}}, ai.Messages)
+	require.Equal(t, 64, ai.MaxTokens)
+	require.NotNil(t, ai.Temperature)
+	require.Zero(t, *ai.Temperature)
+	require.Nil(t, n.Retry())
+	require.Equal(t, 1, n.Retry().Attempts())
+
+	_, err = n.Tool()
+	var wt *workflow.WrongTypeError
+	require.ErrorAs(t, err, &wt)
+	require.EqualError(t, err, `node "classify" is of type "ai-step", not "tool"`)
+
+	n, _ = w.Node("fetch")
+	tool, err := n.Tool()
+	require.NoError(t, err)
+	require.Equal(t, workflow.HTTPToolName, tool.Tool)
+	require.JSONEq(t, `{"url":"https://api.example.test/users/{{input.ticket.user_id}}","ids":"{{input.ids}}","nested":[{"first":"{{input.ids[0]}}"}],"n":3}`, string(tool.Input))
+	require.Equal(t, &workflow.RetryPolicy{MaxAttempts: 2, RetryableClasses: []string{"tool", "timeout"}}, n.Retry())
+
+	n, _ = w.Node("page")
+	c, err := n.Connector()
+	require.NoError(t, err)
+	require.Equal(t, workflow.ConnectorWebhook, c.Kind)
+	require.Equal(t, "PUT", c.Method)
+	require.Equal(t, map[string]string{"X-Ticket": "{{input.ticket.id}}"}, c.Headers)
+	require.Equal(t, 5, n.Retry().Attempts())
+	require.True(t, n.Retry().Retries("connector"))
+	require.Zero(t, n.Retry().Backoff())
+
+	n, _ = w.Node("urgent")
+	cond, err := n.Condition()
+	require.NoError(t, err)
+	require.Contains(t, cond.Expression, "steps.classify.output.label")
+	_, err = n.AIStep()
+	require.ErrorAs(t, err, &wt)
+	_, err = n.Connector()
+	require.ErrorAs(t, err, &wt)
+	_, err = w.Trigger().Condition()
+	require.ErrorAs(t, err, &wt)
+	require.Nil(t, w.Trigger().Retry())
+}
