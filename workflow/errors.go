@@ -119,14 +119,13 @@ func (ps *problems) edge(i int, e Edge, field, format string, args ...any) {
 // suggest returns ` (did you mean "x"?)` when one of candidates is close to
 // s, else "".
 func suggest(s string, candidates []string) string {
-	best, bestD := "", 3
+	best, bestD := "", 3 // at most 2 edits away
 	for _, c := range candidates {
-		d := distance(strings.ToLower(s), strings.ToLower(c))
-		if d < bestD || (d == bestD && best == "") {
+		if d := distance(strings.ToLower(s), strings.ToLower(c)); d < bestD && d < len(s) {
 			best, bestD = c, d
 		}
 	}
-	if best == "" || bestD > 2 || bestD >= len(s) {
+	if best == "" {
 		return ""
 	}
 	return fmt.Sprintf(" (did you mean %q?)", best)

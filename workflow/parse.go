@@ -135,7 +135,7 @@ func (w *Workflow) check() problems {
 		w.checkReachable(triggers[0], &ps)
 	}
 	var anc ancestry
-	if acyclic && len(ps) == 0 {
+	if acyclic {
 		anc = w.ancestry()
 	}
 
@@ -296,8 +296,8 @@ func (w *Workflow) checkReachable(trigger string, ps *problems) {
 	}
 }
 
-// ancestry answers "does a run before b": a is an ancestor of b in the
-// graph. It is nil when the graph has problems, and then answers true.
+// ancestry answers "does x run before y": x is an ancestor of y in the
+// graph. It is nil when the graph has a cycle, and then answers true.
 type ancestry map[string]map[string]bool
 
 func (a ancestry) before(x, y string) bool {
@@ -457,17 +457,17 @@ func (w *Workflow) checkPath(path []segment, self string, anc ancestry) string {
 	if path[0].field != rootSteps {
 		return ""
 	}
-	return w.checkStepRef(path[1].field, self, true, anc)
+	return w.checkStepRef(path[1].field, self, false, anc)
 }
 
-// checkStepRef checks that node id exists and runs before self (or is self,
-// when selfOK: an edge's condition may read the edge's source).
-func (w *Workflow) checkStepRef(id, self string, strict bool, anc ancestry) string {
+// checkStepRef checks that node id exists and runs before self, or is self
+// when selfOK (an edge's condition may read the edge's source node).
+func (w *Workflow) checkStepRef(id, self string, selfOK bool, anc ancestry) string {
 	if _, ok := w.byID[id]; !ok {
 		return fmt.Sprintf("no node %q%s", id, suggest(id, w.nodeIDs()))
 	}
 	if id == self {
-		if strict {
+		if !selfOK {
 			return fmt.Sprintf("node %q cannot use its own output", self)
 		}
 		return ""
@@ -483,7 +483,7 @@ func (w *Workflow) checkStepRef(id, self string, strict bool, anc ancestry) stri
 // ownOK).
 func (w *Workflow) checkExprRefs(c *condition, self string, ownOK bool, anc ancestry, report func(string)) {
 	for _, r := range c.refs {
-		if msg := w.checkStepRef(r.id, self, !ownOK, anc); msg != "" {
+		if msg := w.checkStepRef(r.id, self, ownOK, anc); msg != "" {
 			report("steps." + r.id + ": " + msg)
 			continue
 		}

@@ -159,9 +159,6 @@ func parsePath(s string) ([]segment, error) {
 			return nil, fmt.Errorf("unexpected %q in path", r)
 		}
 	}
-	if path[0].isIndex {
-		return nil, errors.New("path starts with an index")
-	}
 	return path, nil
 }
 
@@ -463,6 +460,10 @@ func renderJSONString(s string, env Env) ([]byte, error) {
 // value (not object keys) by what fn returns for it. fn gets the string's
 // location ("body.items[1]", "" for the root).
 func walkJSON(v []byte, fn func(loc, s string) ([]byte, error), out *bytes.Buffer) error {
+	// Check the syntax first: the decoder's token errors are less precise.
+	if err := json.Unmarshal(v, new(json.RawMessage)); err != nil {
+		return fmt.Errorf("invalid JSON value: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(v))
 	dec.UseNumber()
 	if err := walkValue(dec, "", fn, out, 0); err != nil {

@@ -1,0 +1,127 @@
+// Package workflow defines PAL's workflow graphs: the JSON format, its
+// validation (Parse), the templates that feed step inputs (RenderString,
+// RenderJSON) and the conditions that choose edges (EdgeFires, Eval).
+//
+// # Format
+//
+// A workflow is a JSON object with a name, nodes and edges. It is checked
+// against schemas/workflow.schema.json, which refuses unknown fields at every
+// level so that a typo is an error rather than a silently ignored setting.
+//
+//	{
+//	  "name": "summarise-and-notify",
+//	  "nodes": [
+//	    {"id": "start",  "type": "trigger"},
+//	    {"id": "draft",  "type": "ai-step",
+//	     "data": {"provider": "openai", "model": "gpt-4o-mini",
+//	              "prompt": "Summarise: {{input.text}}",
+//	              "retry": {"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}}},
+//	    {"id": "review", "type": "ai-step",
+//	     "data": {"provider": "anthropic", "model": "claude-sonnet-4-5",
+//	              "prompt": "Check this summary: {{steps.draft.output.text}}"}},
+//	    {"id": "notify", "type": "connector",
+//	     "data": {"kind": "webhook", "url": "https://example.test/hook",
+//	              "body": {"summary": "{{steps.review.output.text}}"}}}
+//	  ],
+//	  "edges": [{"from": "start", "to": "draft"}, {"from": "draft", "to": "review"},
+//	            {"from": "review", "to": "notify"}]
+//	}
+//
+// Node ids are 1 to 64 letters, digits, '_' or '-', unique in the workflow;
+// a node's id is its step id in the journal, so renaming a node changes the
+// workflow's identity for runs in flight. The node types are:
+//
+//   - trigger: where the run starts, with the run input. Exactly one; it takes
+//     no data and no edge may lead into it.
+//   - ai-step: one LLM call. data: provider and model (required), prompt or
+//     messages (at least one; each message has a role of system, user or
+//     assistant and a content), system, maxTokens, temperature (0 to 2),
+//     timeoutMs, retry. prompt, system and message contents are templates.
+//   - tool: a Go function registered on the worker under data.tool, or the
+//     built-in "http" tool. data: tool (required), input (any JSON; every
+//     string in it is a template), timeoutMs, retry.
+//   - connector: an external delivery with a receipt. data: kind ("webhook")
+//     and url (required), method (POST, PUT, PATCH, DELETE or GET), headers
+//     (string values), body (any JSON), timeoutMs, retry. The url, header
+//     values and every string in body are templates. A url must start with
+//     http:// or https://, or with a placeholder.
+//   - condition: evaluates data.expression and outputs {"result": value};
+//     the edges out of it branch on steps.<id>.output.result.
+//
+// The agent, subagent, approval and loop types of the design are not
+// implemented yet and are refused.
+//
+// The retry policy, data.retry on ai-step, tool and connector nodes, is
+// {"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}:
+// maxAttempts counts the first try (default 1), classes are any, timeout,
+// llm, connector and tool.
+//
+// # Graph
+//
+// Edges go from one node to another and may carry a condition. The graph
+// must be acyclic (loops will be a node type of their own), every node must
+// be reachable from the trigger, and two edges may not join the same pair of
+// nodes. Order returns the nodes in topological order, ties broken by
+// declaration order; Incoming and Outgoing return a node's edges.
+//
+// # Templates
+//
+// A template is a string with placeholders: {{path}}, where path starts with
+// input (the run input) or steps.<node id>.output (that step's output), and
+// continues with .field and [index] steps:
+//
+//	{{input.text}}
+//	{{steps.draft.output.text}}
+//	{{ steps.fetch.output.items[0].url }}
+//
+// Spaces inside the braces are allowed; `\{{` writes a literal "{{". A
+// template may only read the output of a node that runs before its own
+// node: one from which a path of edges leads to it. Parse checks this, as
+// it checks that every named node exists.
+//
+// RenderString inserts strings as they are, numbers as written and other
+// values as compact JSON. RenderJSON renders every string inside a JSON
+// value (tool input, connector body); a string that is exactly one
+// placeholder is replaced by the value itself, so "{{steps.fetch.output}}"
+// becomes an object and "{{input.count}}" a number. A placeholder whose value
+// is missing is an error that names it:
+//
+//	template {{steps.draft.output.txt}}: steps.draft.output has no field "txt"
+//
+// Rendering is pure: the same template and values always give the same
+// result, which is what lets a re-driven run rebuild a step's input
+// exactly.
+//
+// # Conditions
+//
+// Edge conditions and condition nodes are expressions in the expr language
+// over input and steps:
+//
+//	steps.draft.output.score > 0.8 && input.notify
+//	len(steps.fetch.output.items) > 0
+//	steps.check.output.result == "urgent"
+//	steps.review?.output?.approved ?? false
+//
+// Parse compiles every expression once and checks the steps it names the
+// way it checks templates (an edge's condition may also read the edge's
+// source node). An edge without a condition always fires; a condition must
+// give a boolean, and a missing value is nil, so use ?? to default one.
+// JSON numbers are int when whole, float64 otherwise. Evaluation is
+// deterministic: now, date and timezone are not available, and keys, values
+// and toPairs return object keys in sorted order.
+//
+// # Errors
+//
+// Parse reports every problem it finds in one *ValidationError, which
+// matches ErrInvalid. Each Problem names the node (by id) or the edge (by
+// index, shown as from→to), the field, and what is wrong:
+//
+//	workflow "summarise": node "draft": data.model: missing required field (an ai-step needs provider, model, and prompt or messages)
+//	workflow "x": node "y": unknown type "z" (want one of trigger, ai-step, tool, connector, condition)
+//	workflow "x": edge draft→review: condition: unknown name inptu at column 1 (an expression can use input and steps)
+//	workflow: invalid JSON at line 4 column 16: invalid character '"' after object key:value pair
+//
+// A parsed Workflow is immutable and safe for concurrent use. Raw returns
+// the document as given (compacted) and Hash its sha256: run_created stores
+// both, so a run keeps the exact workflow it started with.
+package workflow
