@@ -224,19 +224,44 @@ func (e *TemplateError) Error() string {
 
 func (e *TemplateError) Unwrap() error { return e.Err }
 
-// resolve finds the value of path in env.
-func resolve(path []segment, env Env) (any, error) {
+// resolver looks values up in an Env for one rendering, decoding each raw
+// step output (and the input) at most once.
+type resolver struct {
+	env     Env
+	decoded map[string]any // "" for the input, else node id
+}
+
+func newResolver(env Env) *resolver { return &resolver{env: env, decoded: map[string]any{}} }
+
+func (r *resolver) root(key string, v any) (any, error) {
+	if d, ok := r.decoded[key]; ok {
+		return d, nil
+	}
+	d, err := normalize(v)
+	if err != nil {
+		return nil, err
+	}
+	r.decoded[key] = d
+	return d, nil
+}
+
+// resolve finds the value of path.
+func (r *resolver) resolve(path []segment) (any, error) {
 	if err := checkPathShape(path); err != nil {
 		return nil, err
 	}
-	cur, k := env.Input, 1 // k: how many segments of path cur stands for
+	key, raw, k := "", r.env.Input, 1 // k: how many segments of path cur stands for
 	if path[0].field == rootSteps {
 		id := path[1].field
-		out, ok := env.Steps[id]
+		out, ok := r.env.Steps[id]
 		if !ok {
 			return nil, fmt.Errorf("no output for step %q", id)
 		}
-		cur, k = out, 3
+		key, raw, k = id, out, 3
+	}
+	cur, err := r.root(key, raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pathString(path[:k]), err)
 	}
 	for ; k < len(path); k++ {
 		seg := path[k]
@@ -365,14 +390,14 @@ func stringify(v any) (string, error) {
 	return string(b), nil
 }
 
-func (t *template) render(env Env) (string, error) {
+func (t *template) render(r *resolver) (string, error) {
 	if len(t.phs) == 0 {
 		return t.lits[0], nil
 	}
 	var b strings.Builder
 	for i, ph := range t.phs {
 		b.WriteString(t.lits[i])
-		v, err := resolve(ph.path, env)
+		v, err := r.resolve(ph.path)
 		if err != nil {
 			return "", &TemplateError{Placeholder: ph.String(), Err: err}
 		}
@@ -403,7 +428,7 @@ func RenderString(s string, env Env) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return t.render(env)
+	return t.render(newResolver(env))
 }
 
 // RenderJSON renders every string in the JSON value v (object keys excepted)
@@ -417,8 +442,9 @@ func RenderJSON(v json.RawMessage, env Env) (json.RawMessage, error) {
 		return v, nil
 	}
 	var out bytes.Buffer
+	r := newResolver(env)
 	err := walkJSON(v, func(loc string, s string) ([]byte, error) {
-		raw, err := renderJSONString(s, env)
+		raw, err := renderJSONString(s, r)
 		if err != nil && loc != "" {
 			return nil, fmt.Errorf("%s: %w", loc, err)
 		}
@@ -430,7 +456,7 @@ func RenderJSON(v json.RawMessage, env Env) (json.RawMessage, error) {
 	return out.Bytes(), nil
 }
 
-func renderJSONString(s string, env Env) ([]byte, error) {
+func renderJSONString(s string, r *resolver) ([]byte, error) {
 	if !strings.Contains(s, "{{") {
 		return marshalCompact(s)
 	}
@@ -439,7 +465,7 @@ func renderJSONString(s string, env Env) ([]byte, error) {
 		return nil, err
 	}
 	if t.single() {
-		v, err := resolve(t.phs[0].path, env)
+		v, err := r.resolve(t.phs[0].path)
 		if err != nil {
 			return nil, &TemplateError{Placeholder: t.phs[0].String(), Err: err}
 		}
@@ -449,11 +475,11 @@ func renderJSONString(s string, env Env) ([]byte, error) {
 		}
 		return b, nil
 	}
-	r, err := t.render(env)
+	rendered, err := t.render(r)
 	if err != nil {
 		return nil, err
 	}
-	return marshalCompact(r)
+	return marshalCompact(rendered)
 }
 
 // walkJSON copies the JSON value v to out compactly, replacing each string
