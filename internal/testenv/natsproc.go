@@ -45,11 +45,7 @@ func NATSProcess(tb testing.TB, opts ...NATSOption) *NATSProc {
 	bin := natsServerBinary(tb)
 	dir := tb.TempDir()
 	storeDir := filepath.Join(dir, "store")
-	port := cfg.port
-	if port == 0 {
-		port = FreePort(tb)
-	}
-	args := []string{"-js", "-sd", storeDir, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-n", "pal-test"}
+	args := []string{"-js", "-sd", storeDir, "-a", "127.0.0.1", "-n", "pal-test"}
 	if cfg.strict {
 		conf := filepath.Join(dir, "nats.conf")
 		if err := os.WriteFile(conf, []byte(strictNATSConfig), 0o644); err != nil {
@@ -57,13 +53,23 @@ func NATSProcess(tb testing.TB, opts ...NATSOption) *NATSProc {
 		}
 		args = append(args, "-c", conf)
 	}
-	n := &NATSProc{
-		bin:  bin,
-		args: args,
-		url:  "nats://127.0.0.1:" + strconv.Itoa(port),
+	n := &NATSProc{bin: bin}
+	// Another process may take the free port before the server binds it.
+	for attempt := 1; ; attempt++ {
+		port := cfg.port
+		if port == 0 {
+			port = FreePort(tb)
+		}
+		n.args = append(args[:len(args):len(args)], "-p", strconv.Itoa(port))
+		n.url = "nats://127.0.0.1:" + strconv.Itoa(port)
+		err := n.launch(tb)
+		if err == nil {
+			return n
+		}
+		if cfg.port != 0 || attempt == 3 {
+			tb.Fatalf("testenv: %v", err)
+		}
 	}
-	n.Start(tb)
-	return n
 }
 
 // URL returns the client URL, nats://127.0.0.1:<port>.
@@ -99,16 +105,26 @@ func (n *NATSProc) Start(tb testing.TB) {
 		}
 	}
 	n.mu.Unlock()
+	if err := n.launch(tb); err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+}
 
+// launch starts the server process and waits until JetStream answers; if
+// it does not, launch kills the process and returns why.
+func (n *NATSProc) launch(tb testing.TB) error {
+	tb.Helper()
 	p := StartProcess(tb, n.bin, n.args, nil)
-	n.mu.Lock()
-	n.proc = p
-	n.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), natsProcReady)
 	defer cancel()
 	if err := waitJetStream(ctx, n.url, p); err != nil {
-		tb.Fatalf("testenv: nats-server on %s: %v\noutput:\n%s", n.url, err, p.Output())
+		p.Kill()
+		return fmt.Errorf("nats-server on %s: %w\noutput:\n%s", n.url, err, tail(p.Output(), 4000))
 	}
+	n.mu.Lock()
+	n.proc = p
+	n.mu.Unlock()
+	return nil
 }
 
 // Kill kills the server with SIGKILL and waits until it is gone.

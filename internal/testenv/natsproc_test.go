@@ -1,6 +1,7 @@
 package testenv_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,7 +39,9 @@ func TestNATSProcessKillKeepsAckedMessage(t *testing.T) {
 
 func TestNATSProcessStop(t *testing.T) {
 	t.Parallel()
-	n := testenv.NATSProcess(t)
+	port := testenv.FreePort(t)
+	n := testenv.NATSProcess(t, testenv.Port(port))
+	require.Equal(t, "nats://127.0.0.1:"+strconv.Itoa(port), n.URL())
 	p := n.Process()
 	n.Stop()
 	select {

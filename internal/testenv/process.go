@@ -37,7 +37,7 @@ type Process struct {
 // if the process cannot be started.
 func StartProcess(tb testing.TB, bin string, args []string, env []string) *Process {
 	tb.Helper()
-	p, err := startProcess(bin, args, env, nil)
+	p, err := startProcess(bin, args, env)
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
@@ -50,18 +50,14 @@ func StartProcess(tb testing.TB, bin string, args []string, env []string) *Proce
 	return p
 }
 
-// startProcess starts a process without tying it to a test. attr, when not
-// nil, replaces the default SysProcAttr.
-func startProcess(bin string, args, env []string, attr *syscall.SysProcAttr) (*Process, error) {
+// startProcess starts a process without tying it to a test.
+func startProcess(bin string, args, env []string) (*Process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(hermeticEnv(os.Environ()), env...)
 	out := newOutputBuffer()
 	cmd.Stdout = out
 	cmd.Stderr = out
-	if attr == nil {
-		attr = childAttr()
-	}
-	cmd.SysProcAttr = attr
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
