@@ -1,0 +1,498 @@
+// Package providertest is a fake LLM provider for PAL's tests and for the
+// `pal dev` demo: an HTTP server on 127.0.0.1 that speaks both the OpenAI
+// Chat Completions wire format (POST /v1/chat/completions) and the Anthropic
+// Messages wire format (POST /v1/messages), well enough for the official
+// SDKs to parse its answers, tool calls included.
+//
+// It records every request with its idempotency key, so that tests can
+// assert that a key reached the provider once, and it can misbehave on cue:
+// hold requests until released (Hold), answer with an HTTP error (FailNext),
+// cut the connection without answering (Drop) and replay the first answer
+// for a repeated idempotency key (Dedup), like a provider that honours keys.
+//
+// The default answer is deterministic: "echo: " followed by the last user
+// message, with token counts taken from word counts. SetResponder scripts
+// other answers.
+//
+// A Server listens on TCP so that worker processes started by a test can
+// reach it: pass Env() to their environment.
+package providertest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/palrun/pal/provider"
+)
+
+// Provider names recorded in Call.Provider.
+const (
+	OpenAI    = "openai"
+	Anthropic = "anthropic"
+)
+
+// ErrClosed is returned by Hold.Wait once the server is closed.
+var ErrClosed = errors.New("providertest: server closed")
+
+// Call is one request the server received.
+type Call struct {
+	// Provider is the wire format: OpenAI or Anthropic.
+	Provider string
+	Path     string
+	// IdempotencyKey is the Idempotency-Key header ("" when absent).
+	IdempotencyKey string
+	Model          string
+	// Messages are the conversation in PAL's form. System prompts are in
+	// System, not here; Anthropic tool_result blocks are tool messages.
+	Messages []provider.Message
+	System   string
+	// Tools are the names of the tools the request offered.
+	Tools  []string
+	Body   []byte
+	Header http.Header
+	At     time.Time
+}
+
+// LastUser returns the content of the call's last user message.
+func (c Call) LastUser() string {
+	for i := len(c.Messages) - 1; i >= 0; i-- {
+		if c.Messages[i].Role == provider.RoleUser {
+			return c.Messages[i].Content
+		}
+	}
+	return ""
+}
+
+// Reply is a scripted answer.
+type Reply struct {
+	Text      string
+	ToolCalls []provider.ToolCall
+	// Status, unless 0 or 200, makes the answer an error with this HTTP
+	// status and the provider's error body.
+	Status int
+	// InputTokens and OutputTokens override the word counts when non-zero.
+	InputTokens, OutputTokens int64
+}
+
+// Server is the fake provider. Its methods are safe for concurrent use.
+type Server struct {
+	ln   net.Listener
+	srv  *http.Server
+	url  string
+	done chan struct{} // closed when Serve returned
+
+	mu        sync.Mutex
+	closed    bool
+	closing   chan struct{} // closed by Close: wakes held requests
+	handlers  sync.WaitGroup
+	calls     []Call
+	responder func(Call) Reply
+	dedup     bool
+	answers   map[string]answer   // by idempotency key, with Dedup
+	inFlight  map[string]struct{} // keys being answered, with Dedup
+	holds     []*Hold
+	faults    []*fault
+	seq       int
+}
+
+// answer is an HTTP answer the server wrote, kept for Dedup.
+type answer struct {
+	status int
+	body   []byte
+}
+
+// fault is a FailNext or Drop rule.
+type fault struct {
+	match  func(Call) bool
+	status int // 0: drop the connection
+	left   int
+}
+
+// New starts a server on a free port of 127.0.0.1.
+func New() (*Server, error) { return Start("127.0.0.1:0") }
+
+// NewServer starts a server on a free port of 127.0.0.1 and closes it when
+// the test ends. It fails the test if the server cannot start.
+func NewServer(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := New()
+	if err != nil {
+		tb.Fatalf("starting fake provider: %v", err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// Start starts a server listening on addr ("127.0.0.1:0" for a free port),
+// e.g. for the `pal dev` demo.
+func Start(addr string) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("providertest: listening on %s: %w", addr, err)
+	}
+	s := &Server{
+		ln:       ln,
+		url:      "http://" + ln.Addr().String(),
+		done:     make(chan struct{}),
+		closing:  make(chan struct{}),
+		answers:  map[string]answer{},
+		inFlight: map[string]struct{}{},
+	}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+// URL is the server's root, e.g. "http://127.0.0.1:38211".
+func (s *Server) URL() string { return s.url }
+
+// OpenAIBaseURL is the value for OPENAI_BASE_URL: URL()+"/v1".
+func (s *Server) OpenAIBaseURL() string { return s.url + "/v1" }
+
+// AnthropicBaseURL is the value for ANTHROPIC_BASE_URL: URL().
+func (s *Server) AnthropicBaseURL() string { return s.url }
+
+// Env returns the environment that points both providers' SDKs at the
+// server, for worker processes: OPENAI_BASE_URL, OPENAI_API_KEY=test,
+// ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY=test.
+func (s *Server) Env() []string {
+	return []string{
+		"OPENAI_BASE_URL=" + s.OpenAIBaseURL(),
+		"OPENAI_API_KEY=test",
+		"ANTHROPIC_BASE_URL=" + s.AnthropicBaseURL(),
+		"ANTHROPIC_API_KEY=test",
+	}
+}
+
+// Close stops the server: held requests end without an answer, open
+// connections are closed, and Close returns once every handler has
+// returned. It is idempotent.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+
+	_ = s.srv.Close()
+	<-s.done
+	s.handlers.Wait()
+}
+
+// SetResponder scripts the answers: fn is called for every request that is
+// not held up, failed or dropped, and its Reply is sent in the request's wire
+// format. nil restores the default echo answer.
+func (s *Server) SetResponder(fn func(Call) Reply) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.responder = fn
+}
+
+// Dedup makes the server honour idempotency keys: a request whose key was
+// answered successfully before gets the same answer again (and is still
+// recorded); a request whose key is being answered right now gets 409
+// Conflict. Error answers are not kept, so a failed request can be retried
+// with its key.
+func (s *Server) Dedup(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dedup = on
+}
+
+// FailNext makes the next n requests that match (nil matches all) fail with
+// status and the provider's error body.
+func (s *Server) FailNext(match func(Call) bool, status int, n int) {
+	s.addFault(match, status, n)
+}
+
+// Drop makes the next n requests that match (nil matches all) end with their
+// connection closed and no answer, after the request was read in full: the
+// client cannot know whether the provider did the work.
+func (s *Server) Drop(match func(Call) bool, n int) {
+	s.addFault(match, 0, n)
+}
+
+func (s *Server) addFault(match func(Call) bool, status, n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &fault{match: match, status: status, left: n})
+}
+
+// Calls returns every request received since the start or the last Reset, in
+// order of arrival.
+func (s *Server) Calls() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.calls...)
+}
+
+// Keys returns, for each idempotency key received, how many requests
+// carried it. Requests without a key are not counted.
+func (s *Server) Keys() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := map[string]int{}
+	for _, c := range s.calls {
+		if c.IdempotencyKey != "" {
+			keys[c.IdempotencyKey]++
+		}
+	}
+	return keys
+}
+
+// CallsWithKey returns the requests that carried key, in order of arrival.
+func (s *Server) CallsWithKey(key string) []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Call
+	for _, c := range s.calls {
+		if c.IdempotencyKey == key {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Reset forgets the recorded requests, the answers kept for Dedup and the
+// pending FailNext and Drop rules. The responder, the Dedup setting and the
+// holds stay.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = nil
+	s.answers = map[string]answer{}
+	s.faults = nil
+}
+
+// ByKey matches the calls that carry the idempotency key.
+func ByKey(key string) func(Call) bool {
+	return func(c Call) bool { return c.IdempotencyKey == key }
+}
+
+// ByProvider matches the calls in a provider's wire format (OpenAI or
+// Anthropic).
+func ByProvider(name string) func(Call) bool {
+	return func(c Call) bool { return c.Provider == name }
+}
+
+// wire is one provider's wire format.
+type wire interface {
+	name() string
+	// parse fills the call's parsed fields from its body.
+	parse(c *Call) error
+	// reply encodes a successful answer; id numbers it.
+	reply(c Call, r Reply, id int) []byte
+	// fail encodes an error answer.
+	fail(status int, msg string) []byte
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.handlers.Add(1)
+	s.mu.Unlock()
+	defer s.handlers.Done()
+
+	var wf wire
+	switch strings.TrimSuffix(r.URL.Path, "/") {
+	case "/v1/chat/completions", "/chat/completions":
+		wf = openAIWire{}
+	case "/v1/messages":
+		wf = anthropicWire{}
+	default:
+		writeJSON(w, http.StatusNotFound, openAIWire{}.fail(http.StatusNotFound,
+			fmt.Sprintf("fake provider: no route %s %s (want POST /v1/chat/completions or POST /v1/messages)", r.Method, r.URL.Path)))
+		return
+	}
+	if r.Method != http.MethodPost {
+		writeJSON(w, http.StatusMethodNotAllowed, wf.fail(http.StatusMethodNotAllowed, "fake provider: use POST"))
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the client went away
+	}
+	call := Call{
+		Provider:       wf.name(),
+		Path:           r.URL.Path,
+		IdempotencyKey: r.Header.Get("Idempotency-Key"),
+		Body:           body,
+		Header:         r.Header.Clone(),
+		At:             time.Now(),
+	}
+	parseErr := wf.parse(&call)
+
+	// With Dedup, the first request for a key owns it until it is answered
+	// (held requests included): others get 409 meanwhile.
+	key := call.IdempotencyKey
+	owner := false
+	s.mu.Lock()
+	s.calls = append(s.calls, call)
+	holds := s.matchingHolds(call)
+	if s.dedup && key != "" {
+		owner = s.claim(key)
+	}
+	s.mu.Unlock()
+	defer func() {
+		if owner {
+			s.mu.Lock()
+			delete(s.inFlight, key)
+			s.mu.Unlock()
+		}
+	}()
+
+	for _, h := range holds {
+		if !h.hold(r.Context(), s.closing, call) {
+			return // the client went away or the server is closing
+		}
+	}
+
+	if parseErr != nil {
+		writeJSON(w, http.StatusBadRequest, wf.fail(http.StatusBadRequest, "fake provider: "+parseErr.Error()))
+		return
+	}
+
+	s.mu.Lock()
+	f := s.takeFault(call)
+	s.mu.Unlock()
+	if f != nil {
+		if f.status == 0 {
+			dropConn(w)
+			return
+		}
+		writeJSON(w, f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
+		return
+	}
+
+	s.mu.Lock()
+	dedup := s.dedup && key != ""
+	if dedup {
+		if a, ok := s.answers[key]; ok {
+			s.mu.Unlock()
+			writeJSON(w, a.status, a.body)
+			return
+		}
+		if !owner {
+			if owner = s.claim(key); !owner {
+				s.mu.Unlock()
+				writeJSON(w, http.StatusConflict, wf.fail(http.StatusConflict,
+					"fake provider: another request with this idempotency key is in progress"))
+				return
+			}
+		}
+	}
+	responder := s.responder
+	s.seq++
+	id := s.seq
+	s.mu.Unlock()
+
+	reply := Reply{Text: "echo: " + call.LastUser()}
+	if responder != nil {
+		reply = responder(call)
+	}
+	a := answer{status: http.StatusOK}
+	if reply.Status != 0 && reply.Status != http.StatusOK {
+		a = answer{status: reply.Status, body: wf.fail(reply.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", reply.Status))}
+	} else {
+		a.body = wf.reply(call, withUsage(call, reply), id)
+	}
+
+	if dedup && a.status == http.StatusOK {
+		s.mu.Lock()
+		s.answers[key] = a
+		s.mu.Unlock()
+	}
+	writeJSON(w, a.status, a.body)
+}
+
+// claim marks key as being answered, unless it is answered or being
+// answered already; it reports whether it did. s.mu is held.
+func (s *Server) claim(key string) bool {
+	if _, ok := s.answers[key]; ok {
+		return false
+	}
+	if _, busy := s.inFlight[key]; busy {
+		return false
+	}
+	s.inFlight[key] = struct{}{}
+	return true
+}
+
+// matchingHolds returns the unreleased holds that match c. s.mu is held.
+func (s *Server) matchingHolds(c Call) []*Hold {
+	var out []*Hold
+	for _, h := range s.holds {
+		if h.matches(c) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// takeFault returns the first FailNext or Drop rule that matches c, using
+// one of its turns. s.mu is held.
+func (s *Server) takeFault(c Call) *fault {
+	for i, f := range s.faults {
+		if f.match != nil && !f.match(c) {
+			continue
+		}
+		f.left--
+		if f.left == 0 {
+			s.faults = append(s.faults[:i:i], s.faults[i+1:]...)
+		}
+		return f
+	}
+	return nil
+}
+
+// withUsage fills in the word-count usage that r leaves at zero.
+func withUsage(c Call, r Reply) Reply {
+	if r.InputTokens == 0 {
+		n := words(c.System)
+		for _, m := range c.Messages {
+			n += words(m.Content)
+		}
+		r.InputTokens = int64(n)
+	}
+	if r.OutputTokens == 0 {
+		r.OutputTokens = int64(words(r.Text))
+	}
+	return r
+}
+
+func words(s string) int { return len(strings.Fields(s)) }
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(status)
+	_, _ = io.Copy(w, bytes.NewReader(body))
+}
+
+// dropConn closes the request's connection without writing an answer.
+func dropConn(w http.ResponseWriter) {
+	// The server speaks HTTP/1.1 only, so the connection can be hijacked.
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}
