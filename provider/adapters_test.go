@@ -1,0 +1,483 @@
+package provider_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/provider/anthropic"
+	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/provider/providertest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// adapter is one provider implementation under test, built against the
+// fake server.
+type adapter struct {
+	name string
+	// finish is the finish reason of a plain answer and of one with tool calls.
+	finish, finishTools string
+	// new builds the provider for baseURL (the server's root) and hc.
+	new func(root string, hc *http.Client) provider.Provider
+}
+
+var adapters = []adapter{
+	{
+		name: "openai", finish: "stop", finishTools: "tool_calls",
+		new: func(root string, hc *http.Client) provider.Provider {
+			return openai.New(openai.Config{APIKey: "test", BaseURL: root + "/v1", HTTPClient: hc})
+		},
+	},
+	{
+		name: "anthropic", finish: "end_turn", finishTools: "tool_use",
+		new: func(root string, hc *http.Client) provider.Provider {
+			return anthropic.New(anthropic.Config{APIKey: "test", BaseURL: root, HTTPClient: hc})
+		},
+	},
+}
+
+// TestAdapters runs the same assertions against every adapter.
+func TestAdapters(t *testing.T) {
+	t.Parallel()
+	for _, a := range adapters {
+		t.Run(a.name, func(t *testing.T) {
+			t.Parallel()
+			exercise(t, a)
+		})
+	}
+}
+
+type testBundle struct {
+	srv *providertest.Server
+	p   provider.Provider
+	hc  *http.Client
+}
+
+func setup(t *testing.T, a adapter) *testBundle {
+	t.Helper()
+	srv := providertest.NewServer(t)
+	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	t.Cleanup(hc.CloseIdleConnections)
+	return &testBundle{srv: srv, p: a.new(srv.URL(), hc), hc: hc}
+}
+
+var keySeq atomic.Int64
+
+// key returns a fresh idempotency key shaped like PAL's.
+func key(t *testing.T) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s|step|%d", t.Name(), keySeq.Add(1)))
+	return hex.EncodeToString(sum[:])
+}
+
+func hello(k string) provider.Request {
+	return provider.Request{
+		Model:          "test-model",
+		Messages:       []provider.Message{{Role: provider.RoleUser, Content: "hello there"}},
+		IdempotencyKey: k,
+	}
+}
+
+// requireError asserts that err is a *provider.Error of the named provider
+// and returns it.
+func requireError(t *testing.T, name string, err error) *provider.Error {
+	t.Helper()
+	require.Error(t, err)
+	var pe *provider.Error
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, name, pe.Provider)
+	return pe
+}
+
+func exercise(t *testing.T, a adapter) {
+	ctx := context.Background()
+
+	t.Run("Name", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		require.Equal(t, a.name, b.p.Name())
+	})
+
+	t.Run("PlainText", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		resp, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		require.Equal(t, "echo: hello there", resp.Text)
+		require.Equal(t, "test-model", resp.Model)
+		require.NotEmpty(t, resp.ID)
+		require.Equal(t, a.finish, resp.FinishReason)
+		require.Empty(t, resp.ToolCalls)
+		require.Equal(t, provider.Usage{InputTokens: 2, OutputTokens: 3}, resp.Usage)
+
+		calls := b.srv.Calls()
+		require.Len(t, calls, 1)
+		require.Equal(t, a.name, calls[0].Provider)
+		require.Equal(t, "test-model", calls[0].Model)
+		require.Equal(t, []provider.Message{{Role: provider.RoleUser, Content: "hello there"}}, calls[0].Messages)
+		require.Empty(t, calls[0].System)
+	})
+
+	t.Run("SystemPrompt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		req := hello(key(t))
+		req.System = "answer in one word"
+		resp, err := b.p.Complete(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, provider.Usage{InputTokens: 6, OutputTokens: 3}, resp.Usage)
+
+		calls := b.srv.Calls()
+		require.Len(t, calls, 1)
+		require.Equal(t, "answer in one word", calls[0].System)
+		require.Equal(t, []provider.Message{{Role: provider.RoleUser, Content: "hello there"}}, calls[0].Messages)
+	})
+
+	t.Run("MultiTurn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		req := hello(key(t))
+		req.Messages = []provider.Message{
+			{Role: provider.RoleUser, Content: "first"},
+			{Role: provider.RoleAssistant, Content: "echo: first"},
+			{Role: provider.RoleUser, Content: "second"},
+		}
+		resp, err := b.p.Complete(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, "echo: second", resp.Text)
+		require.Equal(t, req.Messages, b.srv.Calls()[0].Messages)
+	})
+
+	t.Run("ToolCallsRoundTrip", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(c providertest.Call) providertest.Reply {
+			if len(c.Messages) == 1 {
+				return providertest.Reply{ToolCalls: []provider.ToolCall{
+					{ID: "call_1", Name: "get_weather", Arguments: json.RawMessage(`{"city":"Oslo","days":2}`)},
+					{ID: "call_2", Name: "get_time", Arguments: json.RawMessage(`{}`)},
+				}}
+			}
+			return providertest.Reply{Text: "rainy"}
+		})
+		tools := []provider.Tool{
+			{Name: "get_weather", Description: "Weather by city", Parameters: json.RawMessage(
+				`{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}`)},
+			{Name: "get_time"},
+		}
+		req := hello(key(t))
+		req.Tools = tools
+		resp, err := b.p.Complete(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, a.finishTools, resp.FinishReason)
+		require.Empty(t, resp.Text)
+		require.Len(t, resp.ToolCalls, 2)
+		require.Equal(t, "call_1", resp.ToolCalls[0].ID)
+		require.Equal(t, "get_weather", resp.ToolCalls[0].Name)
+		require.JSONEq(t, `{"city":"Oslo","days":2}`, string(resp.ToolCalls[0].Arguments))
+		require.Equal(t, "get_time", resp.ToolCalls[1].Name)
+		require.JSONEq(t, `{}`, string(resp.ToolCalls[1].Arguments))
+		require.Equal(t, []string{"get_weather", "get_time"}, b.srv.Calls()[0].Tools)
+
+		// Send the calls back with their results.
+		next := hello(key(t))
+		next.Tools = tools
+		next.Messages = append(next.Messages,
+			provider.Message{Role: provider.RoleAssistant, ToolCalls: resp.ToolCalls},
+			provider.Message{Role: provider.RoleTool, ToolCallID: "call_1", Content: "rain"},
+			provider.Message{Role: provider.RoleTool, ToolCallID: "call_2", Content: "noon"},
+		)
+		resp, err = b.p.Complete(ctx, next)
+		require.NoError(t, err)
+		require.Equal(t, "rainy", resp.Text)
+
+		got := b.srv.Calls()[1].Messages
+		require.Len(t, got, 4)
+		require.Equal(t, provider.Message{Role: provider.RoleUser, Content: "hello there"}, got[0])
+		require.Equal(t, provider.RoleAssistant, got[1].Role)
+		require.Len(t, got[1].ToolCalls, 2)
+		require.Equal(t, "call_1", got[1].ToolCalls[0].ID)
+		require.Equal(t, "get_weather", got[1].ToolCalls[0].Name)
+		require.JSONEq(t, `{"city":"Oslo","days":2}`, string(got[1].ToolCalls[0].Arguments))
+		require.Equal(t, provider.Message{Role: provider.RoleTool, ToolCallID: "call_1", Content: "rain"}, got[2])
+		require.Equal(t, provider.Message{Role: provider.RoleTool, ToolCallID: "call_2", Content: "noon"}, got[3])
+	})
+
+	t.Run("Usage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: "ok", InputTokens: 1234, OutputTokens: 56}
+		})
+		resp, err := b.p.Complete(ctx, hello(key(t)))
+		require.NoError(t, err)
+		require.Equal(t, provider.Usage{InputTokens: 1234, OutputTokens: 56}, resp.Usage)
+	})
+
+	t.Run("IdempotencyKeyHeader", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		_, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		calls := b.srv.Calls()
+		require.Len(t, calls, 1)
+		require.Equal(t, k, calls[0].IdempotencyKey)
+		require.Equal(t, []string{k}, calls[0].Header.Values("Idempotency-Key"))
+		require.Equal(t, map[string]int{k: 1}, b.srv.Keys())
+		require.Len(t, b.srv.CallsWithKey(k), 1)
+	})
+
+	t.Run("MissingKeyIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		_, err := b.p.Complete(ctx, hello(""))
+		pe := requireError(t, a.name, err)
+		require.False(t, pe.Retryable)
+		require.False(t, pe.Unknown)
+		require.Empty(t, b.srv.Calls())
+	})
+
+	for _, status := range []int{http.StatusInternalServerError, http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusRequestTimeout} {
+		t.Run(fmt.Sprintf("HTTP%dIsRetryableAndNotRetriedBySDK", status), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, a)
+			b.srv.FailNext(nil, status, 10)
+			k := key(t)
+			_, err := b.p.Complete(ctx, hello(k))
+			pe := requireError(t, a.name, err)
+			require.Equal(t, status, pe.Status)
+			require.True(t, pe.Retryable)
+			require.False(t, pe.Unknown)
+			require.False(t, pe.Timeout)
+			require.Equal(t, map[string]int{k: 1}, b.srv.Keys(), "the SDK must not retry")
+		})
+	}
+
+	for _, status := range []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound} {
+		t.Run(fmt.Sprintf("HTTP%dIsPermanent", status), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, a)
+			b.srv.SetResponder(func(providertest.Call) providertest.Reply { return providertest.Reply{Status: status} })
+			k := key(t)
+			_, err := b.p.Complete(ctx, hello(k))
+			pe := requireError(t, a.name, err)
+			require.Equal(t, status, pe.Status)
+			require.False(t, pe.Retryable)
+			require.False(t, pe.Unknown)
+			require.Equal(t, map[string]int{k: 1}, b.srv.Keys())
+		})
+	}
+
+	t.Run("DropIsUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		b.srv.Drop(providertest.ByKey(k), 1)
+		_, err := b.p.Complete(ctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.Zero(t, pe.Status)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown)
+		require.False(t, pe.Timeout)
+		require.Equal(t, map[string]int{k: 1}, b.srv.Keys())
+
+		// The same key goes through once the fault is spent.
+		resp, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		require.Equal(t, "echo: hello there", resp.Text)
+	})
+
+	t.Run("DropOnReusedConnectionIsNotResent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		// Warm the connection pool so the next request reuses a connection:
+		// net/http would resend a request with an Idempotency-Key on its own.
+		_, err := b.p.Complete(ctx, hello(key(t)))
+		require.NoError(t, err)
+		k := key(t)
+		b.srv.Drop(providertest.ByKey(k), 1)
+		_, err = b.p.Complete(ctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown)
+		require.Equal(t, 1, b.srv.Keys()[k], "the request must reach the provider once")
+	})
+
+	t.Run("ContextDeadlineIsTimeoutAndUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		hold := b.srv.Hold(providertest.ByKey(k))
+		defer hold.Release()
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := b.p.Complete(cctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.True(t, pe.Timeout)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		c, err := hold.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, k, c.IdempotencyKey)
+	})
+
+	t.Run("ClientTimeoutIsTimeoutAndUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 200 * time.Millisecond}
+		t.Cleanup(hc.CloseIdleConnections)
+		p := a.new(b.srv.URL(), hc)
+		k := key(t)
+		hold := b.srv.Hold(providertest.ByKey(k))
+		defer hold.Release()
+		_, err := p.Complete(ctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.True(t, pe.Timeout)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown)
+	})
+
+	t.Run("CancelIsNotRetryable", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		hold := b.srv.Hold(providertest.ByKey(k))
+		defer hold.Release()
+		cctx, cancel := context.WithCancel(ctx)
+		go func() {
+			_, _ = hold.Wait(ctx)
+			cancel()
+		}()
+		_, err := b.p.Complete(cctx, hello(k))
+		require.ErrorIs(t, err, context.Canceled)
+		pe := requireError(t, a.name, err)
+		require.False(t, pe.Retryable)
+		require.False(t, pe.Timeout)
+	})
+
+	t.Run("ConnectionRefusedIsRetryableNotUnknown", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		root := "http://" + ln.Addr().String()
+		require.NoError(t, ln.Close())
+		p := a.new(root, &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()})
+		_, err = p.Complete(ctx, hello(key(t)))
+		pe := requireError(t, a.name, err)
+		require.Zero(t, pe.Status)
+		require.True(t, pe.Retryable)
+		require.False(t, pe.Unknown)
+		require.False(t, pe.Timeout)
+	})
+
+	t.Run("HoldAndRelease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		k := key(t)
+		hold := b.srv.Hold(providertest.ByKey(k))
+		type result struct {
+			resp *provider.Response
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := b.p.Complete(ctx, hello(k))
+			done <- result{resp, err}
+		}()
+		c, err := hold.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, k, c.IdempotencyKey)
+		require.Equal(t, a.name, c.Provider)
+
+		// Other keys are not held.
+		_, err = b.p.Complete(ctx, hello(key(t)))
+		require.NoError(t, err)
+		select {
+		case r := <-done:
+			t.Fatalf("held call returned before Release: %+v", r)
+		default:
+		}
+
+		hold.Release()
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, "echo: hello there", r.resp.Text)
+	})
+
+	t.Run("Dedup", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.Dedup(true)
+		var n atomic.Int64
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: fmt.Sprintf("answer %d", n.Add(1))}
+		})
+		k := key(t)
+		first, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		again, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		require.Equal(t, first, again)
+		require.Equal(t, "answer 1", again.Text)
+		require.Equal(t, 2, b.srv.Keys()[k], "a deduplicated request is still recorded")
+
+		other, err := b.p.Complete(ctx, hello(key(t)))
+		require.NoError(t, err)
+		require.Equal(t, "answer 2", other.Text)
+	})
+
+	t.Run("DedupInProgressIsConflictAndUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.Dedup(true)
+		k := key(t)
+		var first atomic.Bool
+		hold := b.srv.Hold(func(c providertest.Call) bool { return c.IdempotencyKey == k && first.CompareAndSwap(false, true) })
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.p.Complete(ctx, hello(k))
+			done <- err
+		}()
+		_, err := hold.Wait(ctx)
+		require.NoError(t, err)
+
+		_, err = b.p.Complete(ctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.Equal(t, http.StatusConflict, pe.Status)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown, "a retry must reuse the key")
+
+		hold.Release()
+		require.NoError(t, <-done)
+		resp, err := b.p.Complete(ctx, hello(k))
+		require.NoError(t, err)
+		require.Equal(t, "echo: hello there", resp.Text)
+	})
+
+	t.Run("ErrorUnwrapsToSentinel", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.FailNext(nil, http.StatusBadGateway, 1)
+		_, err := b.p.Complete(ctx, hello(key(t)))
+		pe := requireError(t, a.name, err)
+		require.True(t, pe.Unknown, "502: a gateway may have lost the answer")
+		require.NotNil(t, errors.Unwrap(err))
+	})
+}

@@ -1,0 +1,256 @@
+// Package anthropic is PAL's provider for the Anthropic Messages API, built
+// on the official Go SDK.
+//
+// Every call is sent once: the SDK's retries are off and the HTTP transport
+// is kept from resending a request that was already written (see
+// provider.Attempt). PAL journals its own retries. Each call carries the
+// request's idempotency key in the Idempotency-Key header.
+//
+// The SDK speaks API version 2026-10-21, which refuses sampling parameters:
+// Request.Temperature is not sent.
+package anthropic
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/anthropics/anthropic-sdk-go/v2/packages/param"
+
+	"github.com/palrun/pal/provider"
+)
+
+// Name is the provider name used in workflows.
+const Name = "anthropic"
+
+// DefaultMaxTokens is sent when a request leaves MaxTokens at 0; the API
+// requires a limit.
+const DefaultMaxTokens = 1024
+
+// Config configures a Provider.
+type Config struct {
+	// APIKey is the API key. Empty sends none.
+	APIKey string
+	// BaseURL is the API root without the /v1 path, e.g.
+	// "https://api.anthropic.com". Empty means the SDK's default.
+	BaseURL string
+	// HTTPClient sends the requests; nil means http.DefaultClient.
+	HTTPClient *http.Client
+}
+
+// Provider calls the Messages API. It is safe for concurrent use.
+type Provider struct {
+	messages anthropic.MessageService
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New returns a Provider configured by cfg alone: it reads no environment
+// variables, profiles or credential files.
+func New(cfg Config) *Provider {
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	opts := []option.RequestOption{
+		option.WithoutEnvironmentDefaults(),
+		option.WithHTTPClient(hc),
+		option.WithMaxRetries(0),
+	}
+	if cfg.APIKey != "" {
+		opts = append(opts, option.WithAPIKey(cfg.APIKey))
+	}
+	if cfg.BaseURL != "" {
+		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
+	}
+	client := anthropic.NewClient(opts...)
+	return &Provider{messages: client.Messages}
+}
+
+// FromEnv returns a Provider configured from ANTHROPIC_API_KEY and
+// ANTHROPIC_BASE_URL (unset or empty means the SDK's default).
+func FromEnv() *Provider {
+	return New(Config{APIKey: os.Getenv("ANTHROPIC_API_KEY"), BaseURL: os.Getenv("ANTHROPIC_BASE_URL")})
+}
+
+// Name returns "anthropic".
+func (p *Provider) Name() string { return Name }
+
+// Complete sends req once. Failures are *provider.Error values (see
+// provider.Classify); a request that cannot be expressed (no idempotency
+// key, an unknown role, a tool schema that is not a JSON object) fails with
+// a permanent *provider.Error before anything is sent.
+//
+// System messages among req.Messages are added to the system prompt; tool
+// messages become tool_result blocks of a user turn, and consecutive
+// messages of one turn are merged, as the API requires. Usage.InputTokens
+// counts cached input too (input + cache writes + cache reads).
+func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provider.Response, error) {
+	params, err := buildParams(req)
+	if err != nil {
+		return nil, &provider.Error{Provider: Name, Err: err}
+	}
+	var attempt provider.Attempt
+	out, err := p.messages.New(ctx, params,
+		option.WithHeader("Idempotency-Key", req.IdempotencyKey),
+		option.WithMiddleware(attempt.Middleware),
+	)
+	if err != nil {
+		var apiErr *anthropic.Error
+		status := 0
+		if errors.As(err, &apiErr) {
+			status = apiErr.StatusCode
+		}
+		return nil, attempt.Error(Name, status, err)
+	}
+	return toResponse(out), nil
+}
+
+func buildParams(req provider.Request) (anthropic.MessageNewParams, error) {
+	var params anthropic.MessageNewParams
+	if req.IdempotencyKey == "" {
+		return params, errors.New("request has no idempotency key")
+	}
+	params.Model = anthropic.Model(req.Model)
+	params.MaxTokens = int64(req.MaxTokens)
+	if params.MaxTokens <= 0 {
+		params.MaxTokens = DefaultMaxTokens
+	}
+	system := []string{}
+	if req.System != "" {
+		system = append(system, req.System)
+	}
+	for i, m := range req.Messages {
+		var user bool
+		var blocks []anthropic.ContentBlockParamUnion
+		switch m.Role {
+		case provider.RoleSystem:
+			system = append(system, m.Content)
+			continue
+		case provider.RoleUser:
+			user = true
+			blocks = append(blocks, anthropic.NewTextBlock(m.Content))
+		case provider.RoleTool:
+			if m.ToolCallID == "" {
+				return params, fmt.Errorf("message %d: tool message has no tool_call_id", i)
+			}
+			user = true
+			blocks = append(blocks, anthropic.NewToolResultBlock(m.ToolCallID, m.Content, false))
+		case provider.RoleAssistant:
+			if m.Content != "" {
+				blocks = append(blocks, anthropic.NewTextBlock(m.Content))
+			}
+			for _, tc := range m.ToolCalls {
+				input := tc.Arguments
+				if len(input) == 0 {
+					input = json.RawMessage("{}")
+				}
+				blocks = append(blocks, anthropic.NewToolUseBlock(tc.ID, input, tc.Name))
+			}
+			if len(blocks) == 0 {
+				return params, fmt.Errorf("message %d: assistant message has neither content nor tool calls", i)
+			}
+		default:
+			return params, fmt.Errorf("message %d: unknown role %q (want one of system, user, assistant, tool)", i, m.Role)
+		}
+		params.Messages = appendTurn(params.Messages, user, blocks)
+	}
+	if len(system) > 0 {
+		params.System = []anthropic.TextBlockParam{{Text: strings.Join(system, "\n\n")}}
+	}
+	for _, t := range req.Tools {
+		schema, err := inputSchema(t.Parameters)
+		if err != nil {
+			return params, fmt.Errorf("tool %q: %w", t.Name, err)
+		}
+		tool := anthropic.ToolParam{Name: t.Name, InputSchema: schema}
+		if t.Description != "" {
+			tool.Description = param.NewOpt(t.Description)
+		}
+		params.Tools = append(params.Tools, anthropic.ToolUnionParam{OfTool: &tool})
+	}
+	return params, nil
+}
+
+// appendTurn adds blocks to the conversation, merging them into the last
+// turn when it has the same role.
+func appendTurn(msgs []anthropic.MessageParam, user bool, blocks []anthropic.ContentBlockParamUnion) []anthropic.MessageParam {
+	if n := len(msgs); n > 0 {
+		last := msgs[n-1]
+		switch {
+		case user && last.OfUser != nil:
+			last.OfUser.Content = append(last.OfUser.Content, blocks...)
+			return msgs
+		case !user && last.OfAssistant != nil:
+			last.OfAssistant.Content = append(last.OfAssistant.Content, blocks...)
+			return msgs
+		}
+	}
+	if user {
+		return append(msgs, anthropic.NewUserMessage(blocks...))
+	}
+	return append(msgs, anthropic.NewAssistantMessage(blocks...))
+}
+
+// inputSchema turns a tool's JSON Schema into the SDK's input schema.
+func inputSchema(raw json.RawMessage) (anthropic.ToolInputSchemaParam, error) {
+	var schema anthropic.ToolInputSchemaParam
+	if len(raw) == 0 {
+		schema.Properties = map[string]any{}
+		return schema, nil
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return schema, fmt.Errorf("parameters are not a JSON object: %w", err)
+	}
+	if p, ok := fields["properties"]; ok {
+		schema.Properties = p
+		delete(fields, "properties")
+	}
+	if r, ok := fields["required"].([]any); ok {
+		for _, name := range r {
+			if s, ok := name.(string); ok {
+				schema.Required = append(schema.Required, s)
+			}
+		}
+		delete(fields, "required")
+	}
+	delete(fields, "type")
+	if len(fields) > 0 {
+		schema.ExtraFields = fields
+	}
+	return schema, nil
+}
+
+func toResponse(out *anthropic.Message) *provider.Response {
+	resp := &provider.Response{
+		ID:           out.ID,
+		Model:        string(out.Model),
+		FinishReason: string(out.StopReason),
+		Usage: provider.Usage{
+			InputTokens:  out.Usage.InputTokens + out.Usage.CacheCreationInputTokens + out.Usage.CacheReadInputTokens,
+			OutputTokens: out.Usage.OutputTokens,
+		},
+	}
+	var text strings.Builder
+	for _, block := range out.Content {
+		switch block.Type {
+		case "text":
+			text.WriteString(block.Text)
+		case "tool_use":
+			args := append(json.RawMessage(nil), block.Input...)
+			if len(args) == 0 {
+				args = json.RawMessage("{}")
+			}
+			resp.ToolCalls = append(resp.ToolCalls, provider.ToolCall{ID: block.ID, Name: block.Name, Arguments: args})
+		}
+	}
+	resp.Text = text.String()
+	return resp
+}
