@@ -53,8 +53,9 @@ type pgConfig struct {
 
 // OwnServer gives the test a throwaway cluster of its own instead of the one
 // the test binary shares, even when DATABASE_URL is set. Use it for tests
-// that call StopServer while other tests run in parallel. It costs an initdb
-// (about a second) and needs the PostgreSQL binaries.
+// that call StopServer while other tests run in parallel. It costs about a
+// second (a copy of the cached initdb result and a server start) and needs
+// the PostgreSQL binaries.
 func OwnServer() PGOption { return func(c *pgConfig) { c.ownServer = true } }
 
 // Postgres creates a new database, pal_test_<random>, for the test and drops
@@ -97,6 +98,9 @@ func Postgres(tb testing.TB, opts ...PGOption) *PG {
 	}
 	p := &PG{tb: tb, name: name, dsn: withDatabase(admin, name), cluster: cluster}
 	tb.Cleanup(func() {
+		if cfg.ownServer {
+			return // the whole cluster goes away
+		}
 		if cluster != nil && !cluster.isRunning() {
 			// The test stopped the server and left it stopped: start it
 			// again for the tests that share it.
@@ -104,9 +108,6 @@ func Postgres(tb testing.TB, opts ...PGOption) *PG {
 				tb.Errorf("testenv: restarting PostgreSQL after the test stopped it: %v", err)
 				return
 			}
-		}
-		if cfg.ownServer {
-			return // the whole cluster goes away
 		}
 		if err := dropDatabase(admin, name); err != nil {
 			tb.Logf("testenv: dropping database %s: %v", name, err)
