@@ -1,0 +1,27 @@
+// Package eventstore is PAL's write side on NATS JetStream: the streams and
+// the KV bucket of DESIGN §3, the fenced journal append, reading and
+// watching a run, the per-run lease and the work queue.
+//
+// Layout (names are public interface):
+//
+//	PAL_EVENTS    stream  pal.events.<run_id>   the journal, one subject per run
+//	PAL_WORK      stream  pal.work.<run_id>     work queue, at most one pending per run
+//	PAL_CMDS      stream  pal.cmd.runs.>        durable commands
+//	PAL_LEASES    KV      <run_id> → owner      lease with a TTL
+//
+// Invariants:
+//
+//   - Every append states the stream sequence of the last message it saw on
+//     the run's subject (ExpectLastSequencePerSubject) and carries
+//     Nats-Msg-Id "<run_id>:<seq>". A writer whose view is stale gets a
+//     *ConflictError and appends nothing. An append whose acknowledgement
+//     was lost is recognised on retry: the server answers wrong-sequence
+//     (10071, or 10164 on a cluster), the store reads the subject's last
+//     message, and if its Nats-Msg-Id is ours the append landed.
+//   - The run's first event (run_created) is appended with an expected
+//     subject sequence of 0, so a run id is created at most once.
+//   - A lease is a KV entry created with a per-key TTL and renewed by a
+//     sequence-checked publish that carries a fresh TTL. A lease is never
+//     assumed held past its TTL measured from before the last renewal was
+//     sent.
+package eventstore

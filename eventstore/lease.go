@@ -1,0 +1,148 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Leases grants per-run leases from the PAL_LEASES bucket.
+type Leases struct {
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	ttl time.Duration
+}
+
+// OpenLeases returns the lease bucket created by Setup, handing out leases
+// of the given TTL (rounded to whole seconds, at least 1s).
+func OpenLeases(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Leases, error) {
+	kv, err := js.KeyValue(ctx, LeaseBucket)
+	if err != nil {
+		return nil, fmt.Errorf("opening KV bucket %s: %w", LeaseBucket, err)
+	}
+	return &Leases{js: js, kv: kv, ttl: Config{LeaseTTL: ttl}.withDefaults().LeaseTTL}, nil
+}
+
+// TTL is the lease time-to-live.
+func (l *Leases) TTL() time.Duration { return l.ttl }
+
+// Lease is a held lease. It is not safe for concurrent use.
+type Lease struct {
+	RunID    string
+	Owner    string
+	Revision uint64
+	ttl      time.Duration
+	// sent is when the last successful create or renewal was sent; the
+	// server's TTL runs from a moment after it.
+	sent time.Time
+}
+
+// Acquire takes the run's lease for owner. Errors: *LeaseHeldError
+// (matches ErrLeaseHeld) when someone holds it.
+func (l *Leases) Acquire(ctx context.Context, runID, owner string) (*Lease, error) {
+	sent := time.Now()
+	rev, err := l.kv.Create(ctx, runID, []byte(owner), jetstream.KeyTTL(l.ttl))
+	if err == nil {
+		return &Lease{RunID: runID, Owner: owner, Revision: rev, ttl: l.ttl, sent: sent}, nil
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		holder := "another worker"
+		if e, gerr := l.kv.Get(ctx, runID); gerr == nil {
+			holder = string(e.Value())
+		}
+		return nil, &LeaseHeldError{RunID: runID, Owner: holder}
+	}
+	return nil, fmt.Errorf("acquiring lease on run %s: %w", runID, err)
+}
+
+// Renew extends the lease by its TTL. Errors: ErrLeaseLost when another
+// owner took it or it expired; other errors are transient (the lease may
+// still be held until Valid says otherwise).
+func (l *Leases) Renew(ctx context.Context, ls *Lease) error {
+	sent := time.Now()
+	msg := &nats.Msg{Subject: leasePrefix + ls.RunID, Data: []byte(ls.Owner)}
+	ack, err := l.js.PublishMsg(ctx, msg,
+		jetstream.WithExpectStream(leaseStream),
+		jetstream.WithExpectLastSequencePerSubject(ls.Revision),
+		jetstream.WithMsgTTL(ls.ttl))
+	if err != nil {
+		if isWrongLastSeq(err) {
+			return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, ErrLeaseLost)
+		}
+		return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, err)
+	}
+	ls.Revision = ack.Sequence
+	ls.sent = sent
+	return nil
+}
+
+// Release gives the lease up if ls still holds it. Releasing a lost lease
+// is not an error.
+func (l *Leases) Release(ctx context.Context, ls *Lease) error {
+	err := l.kv.Purge(ctx, ls.RunID, jetstream.LastRevision(ls.Revision), jetstream.PurgeTTL(time.Minute))
+	if err != nil && !isWrongLastSeq(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("releasing lease on run %s: %w", ls.RunID, err)
+	}
+	return nil
+}
+
+// Holder returns the current owner of a run's lease, or "" when free.
+func (l *Leases) Holder(ctx context.Context, runID string) (string, error) {
+	e, err := l.kv.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading lease on run %s: %w", runID, err)
+	}
+	return string(e.Value()), nil
+}
+
+// WaitFree blocks until the run's lease is free (released or expired) or
+// ctx ends.
+func (l *Leases) WaitFree(ctx context.Context, runID string) error {
+	w, err := l.kv.Watch(ctx, runID)
+	if err != nil {
+		return fmt.Errorf("watching lease on run %s: %w", runID, err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ctx.Err()
+			}
+			// nil marks the end of the initial values: the key is absent.
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				if e != nil || l.free(ctx, runID) {
+					return nil
+				}
+			}
+		}
+	}
+}
+
+func (l *Leases) free(ctx context.Context, runID string) bool {
+	h, err := l.Holder(ctx, runID)
+	return err == nil && h == ""
+}
+
+// Valid reports whether the lease is certainly still held at now: the
+// TTL, less a safety margin, has not passed since the last renewal was
+// sent. A writer checks it before every append.
+func (ls *Lease) Valid(now time.Time) bool {
+	margin := ls.ttl / 5
+	if margin > 500*time.Millisecond {
+		margin = 500 * time.Millisecond
+	}
+	return now.Sub(ls.sent) < ls.ttl-margin
+}
+
+// TTL is the lease's time-to-live.
+func (ls *Lease) TTL() time.Duration { return ls.ttl }

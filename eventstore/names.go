@@ -1,0 +1,26 @@
+package eventstore
+
+// Stream, bucket and consumer names (public interface, DESIGN §3).
+const (
+	EventsStream   = "PAL_EVENTS"
+	WorkStream     = "PAL_WORK"
+	CommandsStream = "PAL_CMDS"
+	LeaseBucket    = "PAL_LEASES"
+	WorkConsumer   = "pal-workers"
+
+	EventsPrefix  = "pal.events."
+	WorkPrefix    = "pal.work."
+	CommandPrefix = "pal.cmd.runs."
+
+	// leaseStream is the stream behind the lease bucket.
+	leaseStream  = "KV_" + LeaseBucket
+	leasePrefix  = "$KV." + LeaseBucket + "."
+	kindHeader   = "Pal-Kind"
+	reasonHeader = "Pal-Reason"
+)
+
+// EventsSubject is the journal subject of a run.
+func EventsSubject(runID string) string { return EventsPrefix + runID }
+
+// WorkSubject is the work-queue subject of a run.
+func WorkSubject(runID string) string { return WorkPrefix + runID }

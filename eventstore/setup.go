@@ -1,0 +1,130 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config shapes the streams and the lease bucket.
+type Config struct {
+	// Replicas is the stream replica count: 1 on one server, 3 in a cluster.
+	Replicas int
+	// LeaseTTL is the lease time-to-live (whole seconds, at least 1s). The
+	// work consumer's AckWait follows it, so a crashed worker's runs are
+	// redelivered when its leases expire.
+	LeaseTTL time.Duration
+	// MaxEventBytes caps one event message; 0 means 1 MiB.
+	MaxEventBytes int32
+}
+
+// DefaultLeaseTTL is the lease TTL when none is configured.
+const DefaultLeaseTTL = 3 * time.Second
+
+// DefaultMaxEventBytes is the largest event message PAL writes by default.
+const DefaultMaxEventBytes = 1 << 20
+
+func (c Config) withDefaults() Config {
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	c.LeaseTTL = c.LeaseTTL.Round(time.Second)
+	if c.LeaseTTL < time.Second {
+		c.LeaseTTL = time.Second
+	}
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	return c
+}
+
+// Setup creates or updates PAL's streams, the lease bucket and the work
+// consumer. It is idempotent: running it again with the same config
+// changes nothing.
+func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	cfg = cfg.withDefaults()
+	streams := []jetstream.StreamConfig{
+		{
+			Name:        EventsStream,
+			Description: "PAL journal: one subject per run",
+			Subjects:    []string{EventsPrefix + "*"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+			MaxMsgSize:  cfg.MaxEventBytes,
+			Duplicates:  2 * time.Minute,
+			AllowDirect: true,
+			DenyDelete:  true,
+			DenyPurge:   true,
+		},
+		{
+			Name:                 WorkStream,
+			Description:          "PAL work queue: drive this run",
+			Subjects:             []string{WorkPrefix + "*"},
+			Retention:            jetstream.WorkQueuePolicy,
+			Storage:              jetstream.FileStorage,
+			Replicas:             cfg.Replicas,
+			MaxMsgsPerSubject:    1,
+			Discard:              jetstream.DiscardNew,
+			DiscardNewPerSubject: true,
+			Duplicates:           time.Second,
+			AllowDirect:          true,
+		},
+		{
+			Name:        CommandsStream,
+			Description: "PAL durable commands",
+			Subjects:    []string{CommandPrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+			MaxMsgSize:  cfg.MaxEventBytes,
+			Duplicates:  2 * time.Minute,
+		},
+	}
+	for _, sc := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("setting up stream %s: %w", sc.Name, err)
+		}
+	}
+	_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         LeaseBucket,
+		Description:    "PAL run leases: run id → owning worker",
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       cfg.Replicas,
+		LimitMarkerTTL: time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up KV bucket %s: %w", LeaseBucket, err)
+	}
+	_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
+	if err != nil {
+		return fmt.Errorf("setting up consumer %s: %w", WorkConsumer, err)
+	}
+	return nil
+}
+
+func workConsumerConfig(cfg Config) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       WorkConsumer,
+		Description:   "PAL workers: drive runs",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.LeaseTTL,
+		MaxDeliver:    -1,
+		MaxAckPending: 100_000,
+		MaxWaiting:    4096,
+		FilterSubject: WorkPrefix + "*",
+	}
+}
+
+// IsMissing reports whether err means PAL's streams are not set up.
+func IsMissing(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound)
+}

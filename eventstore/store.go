@@ -1,0 +1,365 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/palrun/pal/event"
+)
+
+// Head is a writer's view of the end of a run's journal.
+type Head struct {
+	// Seq is the run-level seq of the last event (0 before run_created).
+	Seq uint64
+	// StreamSeq is the PAL_EVENTS sequence of the last message on the
+	// run's subject (0 when there is none); appends are fenced on it.
+	StreamSeq uint64
+}
+
+// Store reads and appends run journals.
+type Store struct {
+	js      jetstream.JetStream
+	events  jetstream.Stream
+	work    jetstream.Stream
+	maxMsg  int
+	pack    bool
+	timeout time.Duration
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithPacking makes Append carry all the events of one call in one message
+// (a JSON array), so a step boundary costs one append. PAL uses it in
+// strict durability mode, where every append is an fsync.
+func WithPacking(on bool) Option { return func(s *Store) { s.pack = on } }
+
+// WithRequestTimeout bounds each JetStream request (default 5s).
+func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
+
+// Open returns a Store over streams created by Setup.
+func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
+	s := &Store{js: js, timeout: 5 * time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	var err error
+	if s.events, err = js.Stream(ctx, EventsStream); err != nil {
+		return nil, fmt.Errorf("opening stream %s: %w", EventsStream, err)
+	}
+	if s.work, err = js.Stream(ctx, WorkStream); err != nil {
+		return nil, fmt.Errorf("opening stream %s: %w", WorkStream, err)
+	}
+	s.maxMsg = int(s.events.CachedInfo().Config.MaxMsgSize)
+	if mp := int(js.Conn().MaxPayload()); s.maxMsg <= 0 || (mp > 0 && mp < s.maxMsg) {
+		s.maxMsg = mp
+	}
+	return s, nil
+}
+
+// JetStream returns the JetStream context the store uses.
+func (s *Store) JetStream() jetstream.JetStream { return s.js }
+
+// Packing reports whether appends pack several events into one message.
+func (s *Store) Packing() bool { return s.pack }
+
+// Append writes evs after head, fenced: it succeeds only if head is still
+// the end of the run's journal. It fills in v, run_id, seq and (when zero)
+// ts, and returns the new head.
+//
+// Without packing each event is one message and Append publishes them in
+// order; if one fails, the returned head covers those that landed.
+// Transient failures (timeouts, no responders, a reconnecting connection)
+// are retried until ctx ends; a retry whose first try had landed is
+// recognised by its Nats-Msg-Id.
+//
+// Errors: *ConflictError (matches ErrConflict) when the journal moved on;
+// ErrPayloadTooLarge; ctx.Err() when ctx ends first.
+func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
+	if len(evs) == 0 {
+		return head, nil
+	}
+	now := time.Now().UTC()
+	for i := range evs {
+		evs[i].V = event.Version
+		evs[i].RunID = runID
+		evs[i].Seq = head.Seq + uint64(i) + 1
+		if evs[i].TS.IsZero() {
+			evs[i].TS = now
+		}
+		if len(evs[i].Data) == 0 {
+			evs[i].Data = []byte("{}")
+		}
+	}
+	if s.pack {
+		return s.publish(ctx, runID, head, evs)
+	}
+	for i := range evs {
+		h, err := s.publish(ctx, runID, head, evs[i:i+1])
+		if err != nil {
+			return head, err
+		}
+		head = h
+	}
+	return head, nil
+}
+
+func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event) (Head, error) {
+	body, err := event.Encode(evs...)
+	if err != nil {
+		return head, err
+	}
+	if s.maxMsg > 0 && len(body)+256 > s.maxMsg {
+		return head, fmt.Errorf("%w: run %s seq %d (%s) is %d bytes, the stream accepts %d",
+			ErrPayloadTooLarge, runID, evs[0].Seq, evs[0].Kind, len(body), s.maxMsg)
+	}
+	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10)
+	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
+	msg.Header.Set(kindHeader, kindsOf(evs))
+	last := evs[len(evs)-1].Seq
+
+	bo := newBackoff()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, s.timeout)
+		ack, err := s.js.PublishMsg(pctx, msg,
+			jetstream.WithMsgID(msgID),
+			jetstream.WithExpectStream(EventsStream),
+			jetstream.WithExpectLastSequencePerSubject(head.StreamSeq))
+		cancel()
+		if err == nil {
+			return Head{Seq: last, StreamSeq: ack.Sequence}, nil
+		}
+		if isWrongLastSeq(err) {
+			return s.checkLanded(ctx, runID, head, msgID, last)
+		}
+		if isTooLarge(err) {
+			return head, fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, runID, evs[0].Seq, err)
+		}
+		if !transient(err) {
+			return head, fmt.Errorf("appending to run %s: %w", runID, err)
+		}
+		if werr := wait(ctx, bo); werr != nil {
+			return head, fmt.Errorf("appending to run %s: %w (last error: %v)", runID, werr, err)
+		}
+	}
+}
+
+// checkLanded resolves a wrong-sequence answer: either our earlier try
+// landed (its ack was lost) or someone else appended.
+func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, last uint64) (Head, error) {
+	bo := newBackoff()
+	for {
+		gctx, cancel := context.WithTimeout(ctx, s.timeout)
+		m, err := s.events.GetLastMsgForSubject(gctx, EventsSubject(runID))
+		cancel()
+		if err == nil {
+			if m.Header.Get(jetstream.MsgIDHeader) == msgID {
+				return Head{Seq: last, StreamSeq: m.Sequence}, nil
+			}
+			ce := &ConflictError{RunID: runID, Expected: head.Seq}
+			if evs, derr := event.Decode(m.Data); derr == nil {
+				ce.Actual = evs[len(evs)-1].Seq
+			}
+			return head, ce
+		}
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return head, &ConflictError{RunID: runID, Expected: head.Seq}
+		}
+		if !transient(err) {
+			return head, fmt.Errorf("appending to run %s: checking the journal after a conflict: %w", runID, err)
+		}
+		if werr := wait(ctx, bo); werr != nil {
+			return head, werr
+		}
+	}
+}
+
+// Read returns every event of a run, in order, and the head after them.
+// It uses batched Direct Get. Errors: ErrRunNotFound when the run has no
+// events.
+func (s *Store) Read(ctx context.Context, runID string) ([]event.Event, Head, error) {
+	evs, head, err := s.ReadAfter(ctx, runID, Head{})
+	if err == nil && len(evs) == 0 {
+		return nil, head, fmt.Errorf("reading run %s: %w", runID, ErrRunNotFound)
+	}
+	return evs, head, err
+}
+
+// readBatch is how many messages one Direct Get batch asks for.
+const readBatch = 512
+
+// numPendingHeader carries, on each batched Direct Get reply, how many
+// matching messages follow it.
+const numPendingHeader = "Nats-Num-Pending"
+
+// errIncompleteBatch reports a batch that ended before the server said it
+// was complete (the reply stream stalled or timed out).
+var errIncompleteBatch = errors.New("direct get batch ended early")
+
+// ReadAfter returns the events of a run written after head, and the new
+// head. An empty result with head unchanged means nothing new.
+//
+// Completeness is checked, not assumed: every batched reply carries the
+// number of matching messages still pending after it, and reading goes on
+// until that reaches zero.
+func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event.Event, Head, error) {
+	subj := EventsSubject(runID)
+	var out []event.Event
+	bo := newBackoff()
+	for {
+		batch, h, pending, err := s.readBatch(ctx, subj, head)
+		if err == nil {
+			out, head = append(out, batch...), h
+			if pending == 0 {
+				return out, head, nil
+			}
+			continue
+		}
+		if !transient(err) && !errors.Is(err, errIncompleteBatch) {
+			return nil, head, fmt.Errorf("reading run %s: %w", runID, err)
+		}
+		// Keep what arrived intact and retry from there.
+		out, head = append(out, batch...), h
+		if werr := wait(ctx, bo); werr != nil {
+			return nil, head, fmt.Errorf("reading run %s: %w (last error: %v)", runID, werr, err)
+		}
+	}
+}
+
+// readBatch reads one batch after head. It returns the decoded events, the
+// head after them and how many matching messages are still pending.
+func (s *Store) readBatch(ctx context.Context, subj string, head Head) ([]event.Event, Head, uint64, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	msgs, err := jetstreamext.GetBatch(rctx, s.js, EventsStream, readBatch,
+		jetstreamext.GetBatchSubject(subj), jetstreamext.GetBatchSeq(head.StreamSeq+1))
+	if err != nil {
+		return nil, head, 0, err
+	}
+	var out []event.Event
+	pending := uint64(1) // unknown until a reply says otherwise
+	for m, err := range msgs {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			return out, head, 0, nil
+		}
+		if err != nil {
+			return out, head, pending, err
+		}
+		evs, err := event.Decode(m.Data)
+		if err != nil {
+			return out, head, pending, fmt.Errorf("stream seq %d: %w", m.Sequence, err)
+		}
+		h := head
+		for _, ev := range evs {
+			if ev.Seq != h.Seq+1 {
+				return out, head, pending, fmt.Errorf("journal gap: seq %d follows %d", ev.Seq, h.Seq)
+			}
+			h.Seq = ev.Seq
+		}
+		h.StreamSeq = m.Sequence
+		out, head = append(out, evs...), h
+		if pending, err = strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64); err != nil {
+			return out, head, 1, fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
+		}
+	}
+	if len(out) == 0 {
+		// No reply at all and no "no messages": the request timed out.
+		return out, head, pending, errIncompleteBatch
+	}
+	return out, head, pending, nil
+}
+
+// LastHead returns the current head of a run without reading its events
+// (one Direct Get). A run with no events has the zero Head.
+func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
+	m, err := s.events.GetLastMsgForSubject(ctx, EventsSubject(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Head{}, nil
+	}
+	if err != nil {
+		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
+	}
+	evs, err := event.Decode(m.Data)
+	if err != nil {
+		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
+	}
+	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence}, nil
+}
+
+func kindsOf(evs []event.Event) string {
+	if len(evs) == 1 {
+		return string(evs[0].Kind)
+	}
+	ks := make([]string, len(evs))
+	for i, ev := range evs {
+		ks[i] = string(ev.Kind)
+	}
+	return strings.Join(ks, ",")
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+func isTooLarge(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		return true
+	}
+	return errors.Is(err, nats.ErrMaxPayload)
+}
+
+// transient reports whether a JetStream call may succeed if tried again.
+func transient(err error) bool {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return false
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503s: JetStream temporarily unavailable (cluster leader election, restart).
+		return apiErr.Code == 503
+	}
+	return false
+}
+
+func newBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 20 * time.Millisecond
+	bo.MaxInterval = time.Second
+	bo.MaxElapsedTime = 0
+	return bo
+}
+
+// wait sleeps for the next backoff interval or until ctx ends.
+func wait(ctx context.Context, bo backoff.BackOff) error {
+	t := time.NewTimer(bo.NextBackOff())
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

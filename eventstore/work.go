@@ -1,0 +1,72 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Enqueue asks the workers to drive a run. At most one work message is
+// pending per run: if one is already pending, Enqueue does nothing.
+// reason is recorded in a header for operators (start, sweep, approve …).
+func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
+	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
+	msg.Header.Set(reasonHeader, reason)
+	bo := newBackoff()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, s.timeout)
+		_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(WorkStream))
+		cancel()
+		if err == nil || alreadyPending(err) {
+			return nil
+		}
+		if !transient(err) {
+			return fmt.Errorf("enqueueing run %s: %w", runID, err)
+		}
+		if werr := wait(ctx, bo); werr != nil {
+			return fmt.Errorf("enqueueing run %s: %w (last error: %v)", runID, werr, err)
+		}
+	}
+}
+
+// WorkPending reports whether a work message for the run is in PAL_WORK
+// (waiting or being worked on).
+func (s *Store) WorkPending(ctx context.Context, runID string) (bool, error) {
+	_, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checking work of run %s: %w", runID, err)
+	}
+	return true, nil
+}
+
+// WorkConsumer returns the durable pull consumer workers take work from.
+func (s *Store) WorkConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	c, err := s.js.Consumer(ctx, WorkStream, WorkConsumer)
+	if err != nil {
+		return nil, fmt.Errorf("opening consumer %s: %w", WorkConsumer, err)
+	}
+	return c, nil
+}
+
+// RunIDFromWork extracts the run id from a work message subject.
+func RunIDFromWork(subject string) (string, bool) {
+	id, ok := strings.CutPrefix(subject, WorkPrefix)
+	return id, ok && id != "" && !strings.Contains(id, ".")
+}
+
+// alreadyPending reports the per-subject discard-new refusal of a second
+// work message for the same run.
+func alreadyPending(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return strings.Contains(strings.ToLower(apiErr.Description), "maximum messages per subject")
+	}
+	return false
+}
