@@ -1,0 +1,18 @@
+// Package engine is PAL's pure core: Fold turns a run's journal into its
+// state, and Next decides what the run does next. Nothing here does I/O or
+// reads a clock; the worker (package workers) does the I/O, the projector
+// (package projections) uses the same fold to compute status and step rows.
+//
+// The fold is strict: seq must be gapless from 1 and run_created must come
+// first. Every step transition is a journal event, so the state is only a
+// cache of the journal: replaying the same events always gives the same
+// state (golden histories in testdata check this).
+//
+// Next walks the workflow graph from the trigger in topological order. A
+// node runs when every node with an edge into it is resolved (completed, or
+// dead because none of its own incoming edges fired) and at least one of
+// its incoming edges fired; nodes run one at a time, first in declaration
+// order. A completed step is never run again: its journaled output is
+// reused. When nothing is left to run the run succeeds with the output of
+// the last completed step.
+package engine

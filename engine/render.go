@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/palrun/pal/workflow"
+)
+
+// RenderInput renders a node's templates against env and returns the
+// step's input as journaled in step_started:
+//
+//	ai-step:   {"provider","model","system"?,"messages":[{"role","content"}],"maxTokens"?,"temperature"?}
+//	tool:      {"tool","input"}
+//	connector: {"kind","url","method","headers"?,"body"?}
+//	condition: {"expression"}
+func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error) {
+	switch node.Type {
+	case workflow.TypeAIStep:
+		d, err := node.AIStep()
+		if err != nil {
+			return nil, err
+		}
+		return renderAIStep(d, env)
+	case workflow.TypeTool:
+		d, err := node.Tool()
+		if err != nil {
+			return nil, err
+		}
+		in := json.RawMessage("null")
+		if len(d.Input) > 0 {
+			if in, err = workflow.RenderJSON(d.Input, env); err != nil {
+				return nil, err
+			}
+		}
+		return json.Marshal(struct {
+			Tool  string          `json:"tool"`
+			Input json.RawMessage `json:"input"`
+		}{d.Tool, in})
+	case workflow.TypeConnector:
+		d, err := node.Connector()
+		if err != nil {
+			return nil, err
+		}
+		return renderConnector(d, env)
+	case workflow.TypeCondition:
+		d, err := node.Condition()
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(map[string]string{"expression": d.Expression})
+	default:
+		return nil, fmt.Errorf("node type %q cannot run here", node.Type)
+	}
+}
+
+// AIInput is the rendered input of an ai-step.
+type AIInput struct {
+	Provider    string             `json:"provider"`
+	Model       string             `json:"model"`
+	System      string             `json:"system,omitempty"`
+	Messages    []workflow.Message `json:"messages"`
+	MaxTokens   int                `json:"maxTokens,omitempty"`
+	Temperature *float64           `json:"temperature,omitempty"`
+}
+
+func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, error) {
+	in := AIInput{Provider: d.Provider, Model: d.Model, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
+	var err error
+	if in.System, err = workflow.RenderString(d.System, env); err != nil {
+		return nil, fmt.Errorf("system: %w", err)
+	}
+	for i, m := range d.Messages {
+		c, err := workflow.RenderString(m.Content, env)
+		if err != nil {
+			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		in.Messages = append(in.Messages, workflow.Message{Role: m.Role, Content: c})
+	}
+	if d.Prompt != "" {
+		p, err := workflow.RenderString(d.Prompt, env)
+		if err != nil {
+			return nil, fmt.Errorf("prompt: %w", err)
+		}
+		in.Messages = append(in.Messages, workflow.Message{Role: "user", Content: p})
+	}
+	return json.Marshal(in)
+}
+
+// ConnectorInput is the rendered input of a connector step.
+type ConnectorInput struct {
+	Kind    string            `json:"kind"`
+	URL     string            `json:"url"`
+	Method  string            `json:"method"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    json.RawMessage   `json:"body,omitempty"`
+}
+
+func renderConnector(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, error) {
+	in := ConnectorInput{Kind: d.Kind, Method: d.Method}
+	if in.Method == "" {
+		in.Method = "POST"
+	}
+	var err error
+	if in.URL, err = workflow.RenderString(d.URL, env); err != nil {
+		return nil, fmt.Errorf("url: %w", err)
+	}
+	if len(d.Headers) > 0 {
+		in.Headers = make(map[string]string, len(d.Headers))
+		for k, v := range d.Headers {
+			if in.Headers[k], err = workflow.RenderString(v, env); err != nil {
+				return nil, fmt.Errorf("headers.%s: %w", k, err)
+			}
+		}
+	}
+	if len(d.Body) > 0 {
+		if in.Body, err = workflow.RenderJSON(d.Body, env); err != nil {
+			return nil, fmt.Errorf("body: %w", err)
+		}
+	}
+	return json.Marshal(in)
+}

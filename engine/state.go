@@ -1,0 +1,358 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/workflow"
+)
+
+// Status is a run's status (the runs.status column).
+type Status string
+
+// Run statuses.
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusWaiting   Status = "waiting"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+)
+
+// Terminal reports whether s is final.
+func (s Status) Terminal() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
+}
+
+// Rank orders statuses so projections only move forward.
+func (s Status) Rank() int {
+	switch s {
+	case StatusQueued:
+		return 0
+	case StatusRunning, StatusWaiting:
+		return 1
+	default:
+		return 2
+	}
+}
+
+// StepStatus is a step's status.
+type StepStatus string
+
+// Step statuses.
+const (
+	StepRunning   StepStatus = "running"
+	StepRetrying  StepStatus = "retrying"
+	StepCompleted StepStatus = "completed"
+	StepFailed    StepStatus = "failed"
+	StepWaiting   StepStatus = "waiting"
+)
+
+// Step is the folded state of one step (its latest attempt).
+type Step struct {
+	ID       string
+	NodeID   string
+	NodeType string
+	// Attempt is the current attempt; it keys the idempotency key.
+	Attempt int
+	// Retries counts journaled retries (step_retrying events).
+	Retries   int
+	Status    StepStatus
+	Input     json.RawMessage
+	Key       string
+	Output    json.RawMessage
+	Usage     *event.Usage
+	Error     string
+	Class     string
+	Delivery  string
+	Claimed   bool // side_effect_claimed for the current attempt
+	Delivered bool // side_effect_delivered for the current attempt
+	// DeliveryStatus is the receiver's HTTP status, once delivered.
+	DeliveryStatus int
+	ChildRunID     string
+	StartedAt      time.Time
+	EndedAt        time.Time
+	// RetryAt is when the next attempt may start, after a step_retrying.
+	RetryAt    time.Time
+	DurationMs int64
+
+	outVal  any
+	decoded bool
+}
+
+// OutputValue returns the decoded output (numbers as json.Number).
+func (s *Step) OutputValue() any {
+	if !s.decoded {
+		s.outVal = decode(s.Output)
+		s.decoded = true
+	}
+	return s.outVal
+}
+
+// RunState is the folded state of a run.
+type RunState struct {
+	RunID  string
+	Status Status
+	// Created is the run_created payload.
+	Created event.RunCreatedData
+	// Workflow is the parsed snapshot; nil for a run whose snapshot does
+	// not parse (WorkflowErr says why).
+	Workflow    *workflow.Workflow
+	WorkflowErr error
+
+	Steps map[string]*Step
+	// Order lists step ids in the order they first started.
+	Order []string
+
+	LastSeq uint64
+	// Resumes counts run_resumed events.
+	Resumes int
+	// CrashesAtStep counts consecutive crashed drives without progress.
+	CrashesAtStep int
+	// DriveOpen is true while a drive has begun (run_resumed) and has not
+	// finished or parked the run. A new drive that finds it true knows the
+	// previous one crashed.
+	DriveOpen  bool
+	LastWorker string
+
+	Usage         event.Usage
+	Output        json.RawMessage
+	Error         string
+	ErrorCode     string
+	FailedStep    string
+	LastCompleted string
+
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	EndedAt   time.Time
+
+	input   any
+	decoded bool
+}
+
+// Input returns the decoded run input.
+func (st *RunState) Input() any {
+	if !st.decoded {
+		st.input = decode(st.Created.Input)
+		st.decoded = true
+	}
+	return st.input
+}
+
+// Step returns a step's state.
+func (st *RunState) Step(id string) (*Step, bool) {
+	s, ok := st.Steps[id]
+	return s, ok
+}
+
+// Fold replays events into a fresh state. It fails on a malformed history:
+// a gap in seq, a first event other than run_created, or data that does
+// not decode.
+func Fold(evs []event.Event) (*RunState, error) {
+	st := &RunState{}
+	for _, ev := range evs {
+		if err := st.Apply(ev); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// Apply folds one more event into st.
+func (st *RunState) Apply(ev event.Event) error {
+	if ev.Seq != st.LastSeq+1 {
+		return fmt.Errorf("run %s: event seq %d after %d: journal is not gapless", ev.RunID, ev.Seq, st.LastSeq)
+	}
+	if st.LastSeq == 0 {
+		if ev.Kind != event.RunCreated {
+			return fmt.Errorf("run %s: first event is %s, want run_created", ev.RunID, ev.Kind)
+		}
+		st.RunID = ev.RunID
+		st.Steps = map[string]*Step{}
+	} else if ev.RunID != st.RunID {
+		return fmt.Errorf("run %s: event of run %s in its journal", st.RunID, ev.RunID)
+	}
+	if st.Status.Terminal() {
+		return fmt.Errorf("run %s: %s at seq %d after the run ended", st.RunID, ev.Kind, ev.Seq)
+	}
+	if err := st.apply(ev); err != nil {
+		return err
+	}
+	st.LastSeq = ev.Seq
+	st.UpdatedAt = ev.TS
+	return nil
+}
+
+func (st *RunState) apply(ev event.Event) error {
+	switch ev.Kind {
+	case event.RunCreated:
+		if err := ev.DecodeData(&st.Created); err != nil {
+			return err
+		}
+		st.Status = StatusQueued
+		st.CreatedAt = ev.TS
+		if len(st.Created.Workflow) > 0 {
+			st.Workflow, st.WorkflowErr = parseCached(st.Created.WorkflowHash, st.Created.Workflow)
+		}
+	case event.RunResumed:
+		var d event.RunResumedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		st.Resumes = d.ResumeCount
+		st.CrashesAtStep = d.CrashesAtStep
+		st.LastWorker = d.Worker
+		st.DriveOpen = true
+		st.Status = StatusRunning
+	case event.StepStarted:
+		var d event.StepStartedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		if s.Attempt != ev.Attempt {
+			s.Claimed, s.Delivered = false, false
+		}
+		s.NodeID, s.NodeType, s.Attempt = d.NodeID, d.NodeType, ev.Attempt
+		s.Input, s.Key = d.Input, d.IdempotencyKey
+		s.Status = StepRunning
+		s.StartedAt = ev.TS
+		s.Error, s.Class = "", ""
+	case event.SideEffectClaimed:
+		s := st.step(ev.StepID)
+		if ev.Attempt == s.Attempt {
+			s.Claimed = true
+		}
+	case event.SideEffectDelivered:
+		var d event.SideEffectDeliveredData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		if ev.Attempt == s.Attempt {
+			s.Delivered = true
+			s.DeliveryStatus = d.Status
+		}
+	case event.StepCompleted:
+		var d event.StepCompletedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		if ev.Attempt != 0 {
+			s.Attempt = ev.Attempt
+		}
+		s.Status = StepCompleted
+		s.Output, s.Usage, s.Delivery, s.DurationMs = d.Output, d.Usage, d.Delivery, d.DurationMs
+		s.decoded = false
+		s.EndedAt = ev.TS
+		if d.Usage != nil {
+			st.Usage.Add(*d.Usage)
+		}
+		st.LastCompleted = ev.StepID
+		st.CrashesAtStep = 0
+	case event.StepFailed:
+		var d event.StepFailedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		s.Status = StepFailed
+		s.Error, s.Class, s.DurationMs = d.Error, d.Class, d.DurationMs
+		s.EndedAt = ev.TS
+	case event.StepRetrying:
+		var d event.StepRetryingData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		// A journaled retry authorises one more try, even of a claimed
+		// delivery whose outcome was unknown (same attempt, same key).
+		s.Claimed, s.Delivered = false, false
+		s.Attempt = d.Attempt
+		s.Retries++
+		s.Status = StepRetrying
+		s.Error, s.Class = d.Error, d.Class
+		s.RetryAt = ev.TS.Add(time.Duration(d.DelayMs) * time.Millisecond)
+	case event.StepWaiting:
+		var d event.StepWaitingData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		s.Status = StepWaiting
+		if d.ChildRunID != "" {
+			s.ChildRunID = d.ChildRunID
+		}
+		st.Status = StatusWaiting
+		st.DriveOpen = false
+	case event.ChildRunCreated:
+		var d event.ChildRunCreatedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		st.step(ev.StepID).ChildRunID = d.ChildRunID
+	case event.RunSucceeded:
+		var d event.RunSucceededData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		st.Output = d.Output
+		st.end(StatusSucceeded, ev.TS)
+	case event.RunFailed:
+		var d event.RunFailedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		st.Error, st.ErrorCode, st.FailedStep = d.Error, d.Code, d.StepID
+		st.end(StatusFailed, ev.TS)
+	case event.RunCancelled:
+		var d event.RunCancelledData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		st.Error = "cancelled"
+		if d.Reason != "" {
+			st.Error = "cancelled: " + d.Reason
+		}
+		st.end(StatusCancelled, ev.TS)
+	case event.AnomalyDetected, event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
+		// Recorded in the journal; they do not change the run's state.
+	default:
+		return fmt.Errorf("run %s: unknown event kind %q at seq %d", ev.RunID, ev.Kind, ev.Seq)
+	}
+	return nil
+}
+
+func (st *RunState) end(s Status, ts time.Time) {
+	st.Status = s
+	st.EndedAt = ts
+	st.DriveOpen = false
+}
+
+func (st *RunState) step(id string) *Step {
+	s, ok := st.Steps[id]
+	if !ok {
+		s = &Step{ID: id}
+		st.Steps[id] = s
+		st.Order = append(st.Order, id)
+	}
+	return s
+}
+
+func decode(raw json.RawMessage) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil
+	}
+	return v
+}
