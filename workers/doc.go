@@ -1,0 +1,30 @@
+// Package workers drives runs: it is where PAL's I/O happens.
+//
+// A Worker pulls "drive this run" messages from the PAL_WORK consumer
+// pal-workers, takes the run's lease in PAL_LEASES, folds the run's journal
+// (engine.Fold), appends run_resumed as the fencing token and then loops:
+// engine.Next says what to do, the worker does it (an LLM call, a tool, a
+// webhook delivery) and appends the resulting events with a fenced append.
+// A background keeper renews the lease and keeps the work message alive
+// (InProgress); if either fails, or the lease's TTL runs out without a
+// successful renewal, the drive's context is cancelled at once and nothing
+// more is appended. The work message is acked when the run ends or parks.
+//
+// Crash safety:
+//
+//   - step_started is durable before a step acts; step_completed carries
+//     the full output, so a re-drive skips completed steps.
+//   - Every external call carries the idempotency key
+//     hex(sha256("runID|stepID|attempt")); a re-drive keeps the attempt.
+//   - A webhook delivery is claimed (side_effect_claimed, durable) before it
+//     is sent and confirmed (side_effect_delivered) after; a re-drive that
+//     finds a claim without a confirmation does not send again and completes
+//     the step with delivery "unconfirmed".
+//   - A run whose drives keep crashing with no step completing in between
+//     fails with code crash_loop after Config.MaxCrashes drives.
+//
+// Graceful stop (Stop, SIGTERM in pal worker): the worker stops fetching,
+// cancels its drives (an in-flight webhook delivery is allowed to finish),
+// releases their leases and naks their work so another worker resumes them
+// at once.
+package workers

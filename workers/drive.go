@@ -1,0 +1,311 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+)
+
+// errRunEnded: another writer ended the run (run_cancelled) while we drove it.
+var errRunEnded = errors.New("run ended by another writer")
+
+// drive is one worker's turn at driving one run.
+type drive struct {
+	w       *Worker
+	runID   string
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	keeper  *keeper
+	head    eventstore.Head
+	st      *engine.RunState
+	pending []event.Event
+	log     *slog.Logger
+	bug     error
+}
+
+// handle drives the run named by a work message and settles the message.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	runID, ok := eventstore.RunIDFromWork(msg.Subject())
+	if !ok || event.ValidateRunID(runID) != nil {
+		w.log.Error("dropping work message with a malformed subject", "subject", msg.Subject())
+		_ = msg.Term()
+		return
+	}
+	w.driveRun(ctx, runID, msg)
+}
+
+// Drive drives one run now, outside the work queue (tests, tools). It
+// returns when the run ends or parks, or the drive is interrupted.
+func (w *Worker) Drive(ctx context.Context, runID string) error {
+	if err := event.ValidateRunID(runID); err != nil {
+		return err
+	}
+	return w.driveRun(ctx, runID, nil)
+}
+
+func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) error {
+	log := w.log.With("run_id", runID)
+	lease, err := w.acquire(ctx, runID, msg)
+	if err != nil {
+		if ctx.Err() != nil {
+			if msg != nil {
+				_ = msg.Nak()
+			}
+			return ctx.Err()
+		}
+		log.Info("run is leased by another worker; retrying later", "err", err)
+		if msg != nil {
+			_ = msg.NakWithDelay(w.leases.TTL())
+		}
+		return err
+	}
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	d := &drive{w: w, runID: runID, ctx: dctx, cancel: cancel, log: log}
+	d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
+
+	err = d.run()
+	held := d.keeper.stop()
+	cause := context.Cause(dctx)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	switch {
+	case err == nil || errors.Is(err, errRunEnded) || errors.Is(err, eventstore.ErrRunNotFound):
+		if errors.Is(err, eventstore.ErrRunNotFound) {
+			log.Warn("work for a run with no journal; dropping it")
+		}
+		if msg != nil {
+			if aerr := msg.DoubleAck(rctx); aerr != nil {
+				log.Warn("acking work", "err", aerr)
+			}
+		}
+		if rerr := w.leases.Release(rctx, &held); rerr != nil {
+			log.Warn("releasing lease", "err", rerr)
+		}
+		return nil
+	case errors.Is(cause, errShutdown) || ctx.Err() != nil:
+		// Graceful hand-off: free the lease, then put the work back so
+		// another worker resumes at once.
+		if rerr := w.leases.Release(rctx, &held); rerr != nil {
+			log.Warn("releasing lease", "err", rerr)
+		}
+		if msg != nil {
+			_ = msg.Nak()
+		}
+		log.Info("handed run back", "seq", d.head.Seq)
+		return errShutdown
+	default:
+		// Lost the lease or the journal: someone else owns the run now.
+		// Leave the work message alone; its owner settles it.
+		if cause != nil {
+			err = cause
+		}
+		log.Warn("drive interrupted", "err", err, "seq", d.head.Seq)
+		return err
+	}
+}
+
+// acquire takes the run's lease, waiting for a crashed owner's lease to
+// expire (at most one TTL and a bit) while keeping the message alive.
+func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (*eventstore.Lease, error) {
+	lease, err := w.leases.Acquire(ctx, runID, w.owner)
+	if err == nil || !errors.Is(err, eventstore.ErrLeaseHeld) {
+		return lease, err
+	}
+	ttl := w.leases.TTL()
+	wctx, cancel := context.WithTimeout(ctx, ttl+2*time.Second)
+	defer cancel()
+	if msg != nil {
+		_ = msg.InProgress()
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(ttl / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					_ = msg.InProgress()
+				}
+			}
+		}()
+	}
+	if werr := w.leases.WaitFree(wctx, runID); werr != nil {
+		return nil, err
+	}
+	return w.leases.Acquire(ctx, runID, w.owner)
+}
+
+// run folds the journal, appends the fencing token and drives the run
+// until it ends or parks.
+func (d *drive) run() error {
+	if err := d.load(); err != nil {
+		return err
+	}
+	if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
+		d.log.Debug("nothing to do", "status", d.st.Status)
+		return nil
+	}
+	if err := d.resume(); err != nil {
+		return err
+	}
+	for {
+		if err := d.ctx.Err(); err != nil {
+			return context.Cause(d.ctx)
+		}
+		switch a := engine.Next(d.st.Workflow, d.st).(type) {
+		case engine.Done:
+			return d.flush()
+		case engine.Complete:
+			d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
+			return d.flush()
+		case engine.Fail:
+			d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID})
+			return d.flush()
+		case engine.RunStep:
+			if err := d.runStep(a.Plan); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("run %s: unexpected action %T", d.runID, a)
+		}
+	}
+}
+
+// load reads and folds the whole journal.
+func (d *drive) load() error {
+	evs, head, err := d.w.store.Read(d.ctx, d.runID)
+	if err != nil {
+		return err
+	}
+	st, err := engine.Fold(evs)
+	if err != nil {
+		return fmt.Errorf("folding run %s: %w", d.runID, err)
+	}
+	d.st, d.head, d.pending = st, head, nil
+	return nil
+}
+
+// resume appends run_resumed, the fencing token of this drive. A run
+// whose drives keep crashing without progress fails instead.
+func (d *drive) resume() error {
+	for tries := 0; ; tries++ {
+		crashed := d.st.DriveOpen
+		crashes := 0
+		if crashed {
+			crashes = d.st.CrashesAtStep + 1
+		}
+		d.emit(event.RunResumed, "", 0, event.RunResumedData{
+			Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
+		if crashes >= d.w.cfg.MaxCrashes {
+			step := d.currentStep()
+			d.emit(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeCrashLoop, StepID: step,
+				Error: fmt.Sprintf("run crashed its workers %d times in a row without completing a step (at step %q); giving up", crashes, step)})
+		}
+		err := d.flush()
+		if err == nil {
+			if crashed {
+				d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
+			}
+			return nil
+		}
+		if !errors.Is(err, eventstore.ErrConflict) || tries >= 2 {
+			return err
+		}
+		// A stale writer slipped an append in before our token: reload
+		// and try again; we hold the lease.
+		if err := d.load(); err != nil {
+			return err
+		}
+		if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
+			return nil
+		}
+	}
+}
+
+func (d *drive) currentStep() string {
+	for i := len(d.st.Order) - 1; i >= 0; i-- {
+		if s := d.st.Steps[d.st.Order[i]]; s.Status != engine.StepCompleted {
+			return s.ID
+		}
+	}
+	return ""
+}
+
+// emit stamps an event, folds it into the state and queues it for the
+// next flush. The state therefore runs ahead of the journal by the pending
+// events; flush makes them durable before anything depends on them
+// outside this process.
+func (d *drive) emit(kind event.Kind, stepID string, attempt int, payload any) {
+	ev := event.MustNew(kind, stepID, attempt, payload)
+	ev.RunID = d.runID
+	ev.WorkerID = d.w.cfg.ID
+	ev.Seq = d.st.LastSeq + 1
+	ev.TS = time.Now().UTC()
+	if err := d.st.Apply(ev); err != nil {
+		// The engine produced an event its own fold rejects: a bug. Stop
+		// the drive before anything is appended.
+		d.bug = fmt.Errorf("run %s: emitting %s: %w", d.runID, kind, err)
+		d.cancel(d.bug)
+		return
+	}
+	d.pending = append(d.pending, ev)
+}
+
+// flush appends the pending events, fenced on the head this drive last
+// saw. It refuses to append once the lease may have expired.
+func (d *drive) flush() error {
+	if d.bug != nil {
+		return d.bug
+	}
+	if len(d.pending) == 0 {
+		return nil
+	}
+	if !d.keeper.valid() {
+		d.cancel(errLeaseExpired)
+		return errLeaseExpired
+	}
+	before := d.head
+	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
+	d.pending = d.pending[head.Seq-before.Seq:]
+	d.head = head
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, eventstore.ErrConflict) {
+		return d.onConflict(err)
+	}
+	if c := context.Cause(d.ctx); c != nil {
+		return c
+	}
+	return err
+}
+
+// onConflict finds out who moved the journal: another worker's
+// run_resumed means we lost the run; a terminal event (a cancel) means
+// the run is over.
+func (d *drive) onConflict(cerr error) error {
+	evs, _, err := d.w.store.ReadAfter(d.ctx, d.runID, d.head)
+	if err != nil {
+		return fmt.Errorf("%w (then reading the journal: %v)", cerr, err)
+	}
+	for _, ev := range evs {
+		if ev.Kind.Terminal() {
+			d.log.Info("run ended by another writer", "kind", ev.Kind, "seq", ev.Seq)
+			d.cancel(errRunEnded)
+			return errRunEnded
+		}
+	}
+	d.cancel(errOwnership)
+	return fmt.Errorf("%w: %v", errOwnership, cerr)
+}

@@ -1,0 +1,235 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
+)
+
+// Default step timeouts when a node sets none.
+const (
+	defaultLLMTimeout       = 2 * time.Minute
+	defaultToolTimeout      = time.Minute
+	defaultConnectorTimeout = 30 * time.Second
+)
+
+// stepResult is a completed step's journaled outcome.
+type stepResult struct {
+	output   json.RawMessage
+	usage    *event.Usage
+	delivery string
+}
+
+// runStep executes one planned step and journals its outcome.
+func (d *drive) runStep(p engine.StepPlan) error {
+	if wait := time.Until(p.NotBefore); wait > 0 {
+		// A retry's backoff; flush first so nothing waits in memory.
+		if err := d.flush(); err != nil {
+			return err
+		}
+		sleep(d.ctx, wait)
+		if d.ctx.Err() != nil {
+			return context.Cause(d.ctx)
+		}
+	}
+	if !p.Started {
+		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	}
+	if p.Pure {
+		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output})
+		return nil
+	}
+	// Barrier: step_started is durable before the step acts.
+	if err := d.flush(); err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := d.execute(p)
+	if c := context.Cause(d.ctx); c != nil {
+		// Interrupted (lease lost, shutdown): journal nothing more.
+		return c
+	}
+	dur := time.Since(start).Milliseconds()
+	if err == nil {
+		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
+			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery})
+		return nil
+	}
+	f := classify(p.NodeType, err)
+	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.unknown)
+	if retry {
+		delay := retryDelay(p.Node.Retry(), p.Tries+1)
+		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", err, "delay", delay)
+		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
+			Attempt: attempt, Of: of, Error: err.Error(), Class: f.classes[0], DelayMs: delay.Milliseconds()})
+		return d.flush()
+	}
+	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", err)
+	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
+		Error: err.Error(), Class: f.classes[0], DurationMs: dur})
+	return nil
+}
+
+func (d *drive) execute(p engine.StepPlan) (stepResult, error) {
+	switch p.NodeType {
+	case workflow.TypeAIStep:
+		return d.execAI(p)
+	case workflow.TypeTool:
+		return d.execTool(p)
+	case workflow.TypeConnector:
+		return d.execConnector(p)
+	default:
+		return stepResult{}, permanent("node type %q is not supported by this worker", p.NodeType)
+	}
+}
+
+func timeoutOf(ms int, def time.Duration) time.Duration {
+	if ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return def
+}
+
+func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
+	var in engine.AIInput
+	if err := json.Unmarshal(p.Input, &in); err != nil {
+		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
+	}
+	prov, err := d.w.providers.Get(in.Provider)
+	if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	nd, err := p.Node.AIStep()
+	if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
+		Temperature: in.Temperature, IdempotencyKey: p.Key}
+	for _, m := range in.Messages {
+		req.Messages = append(req.Messages, provider.Message{Role: m.Role, Content: m.Content})
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(nd.TimeoutMs, defaultLLMTimeout))
+	defer cancel()
+	resp, err := prov.Complete(ctx, req)
+	if err != nil {
+		return stepResult{}, err
+	}
+	out, err := json.Marshal(struct {
+		Text         string              `json:"text"`
+		Model        string              `json:"model"`
+		FinishReason string              `json:"finish_reason,omitempty"`
+		ToolCalls    []provider.ToolCall `json:"tool_calls,omitempty"`
+		ID           string              `json:"id,omitempty"`
+	}{resp.Text, resp.Model, resp.FinishReason, resp.ToolCalls, resp.ID})
+	if err != nil {
+		return stepResult{}, err
+	}
+	model := resp.Model
+	if model == "" {
+		model = in.Model
+	}
+	u := &event.Usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens,
+		TotalTokens: resp.Usage.InputTokens + resp.Usage.OutputTokens, CostUSD: provider.Cost(model, resp.Usage)}
+	return stepResult{output: out, usage: u}, nil
+}
+
+func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
+	var in struct {
+		Tool  string          `json:"tool"`
+		Input json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(p.Input, &in); err != nil {
+		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
+	}
+	fn, ok := d.w.tools[in.Tool]
+	if !ok {
+		names := make([]string, 0, len(d.w.tools))
+		for n := range d.w.tools {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return stepResult{}, permanent("step %s: tool %q is not registered on worker %s (registered: %v)", p.StepID, in.Tool, d.w.cfg.ID, names)
+	}
+	nd, err := p.Node.Tool()
+	if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(nd.TimeoutMs, defaultToolTimeout))
+	defer cancel()
+	ctx = context.WithValue(ctx, stepInfoKey{}, StepInfo{RunID: d.runID, StepID: p.StepID, Attempt: p.Attempt, IdempotencyKey: p.Key})
+	out, err := fn(ctx, in.Input)
+	if err != nil {
+		return stepResult{}, err
+	}
+	if len(out) == 0 {
+		out = json.RawMessage("null")
+	}
+	if !json.Valid(out) {
+		return stepResult{}, &ToolError{Err: fmt.Errorf("tool %q returned output that is not JSON", in.Tool)}
+	}
+	return stepResult{output: out}, nil
+}
+
+// execConnector delivers once, with a receipt: claim (durable) → send →
+// confirm. A claim without a confirmation from an earlier drive means the
+// outcome is unknown; it is not sent again.
+func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
+	var in engine.ConnectorInput
+	if err := json.Unmarshal(p.Input, &in); err != nil {
+		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
+	}
+	switch {
+	case p.Delivered:
+		return deliveryResult(event.DeliveryDelivered, d.st.Steps[p.StepID].DeliveryStatus)
+	case p.Claimed:
+		d.log.Warn("delivery was claimed by an interrupted drive and never confirmed; not sending again",
+			"step_id", p.StepID, "attempt", p.Attempt, "idempotency_key", p.Key)
+		return deliveryResult(event.DeliveryUnconfirmed, 0)
+	}
+	conn, err := d.w.connectors.Get(in.Kind)
+	if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	nd, err := p.Node.Connector()
+	if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	d.emit(event.SideEffectClaimed, p.StepID, p.Attempt, event.SideEffectClaimedData{
+		IdempotencyKey: p.Key, Connector: in.Kind, Target: in.URL})
+	if err := d.flush(); err != nil {
+		return stepResult{}, err
+	}
+	// The delivery is claimed: let it finish even if the drive is being
+	// stopped, so the receiver is not left with a cut request.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(nd.TimeoutMs, defaultConnectorTimeout))
+	defer cancel()
+	rec, err := conn.Deliver(ctx, connector.Delivery{RunID: d.runID, StepID: p.StepID, IdempotencyKey: p.Key,
+		URL: in.URL, Method: in.Method, Headers: in.Headers, Body: in.Body})
+	if err != nil {
+		return stepResult{}, err
+	}
+	d.emit(event.SideEffectDelivered, p.StepID, p.Attempt, event.SideEffectDeliveredData{
+		IdempotencyKey: p.Key, Status: rec.Status})
+	return deliveryResult(event.DeliveryDelivered, rec.Status)
+}
+
+func deliveryResult(delivery string, status int) (stepResult, error) {
+	out := map[string]any{"delivery": delivery}
+	if status != 0 {
+		out["status"] = status
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return stepResult{}, err
+	}
+	return stepResult{output: b, delivery: delivery}, nil
+}

@@ -1,0 +1,86 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
+)
+
+// failure is a classified step failure.
+type failure struct {
+	// classes lists the retry classes the error belongs to, most specific
+	// first (a timed-out LLM call is "timeout" and "llm").
+	classes   []string
+	retryable bool
+	// unknown: the call may have reached its target; retry with the same
+	// idempotency key.
+	unknown bool
+}
+
+func classify(nodeType string, err error) failure {
+	base := baseClass(nodeType)
+	var pe *provider.Error
+	var ce *connector.Error
+	var te *ToolError
+	switch {
+	case errors.Is(err, errPermanent):
+		return failure{classes: []string{base}}
+	case errors.As(err, &pe):
+		f := failure{classes: []string{event.ClassLLM}, retryable: pe.Retryable, unknown: pe.Unknown}
+		if pe.Timeout {
+			f.classes = []string{event.ClassTimeout, event.ClassLLM}
+		}
+		return f
+	case errors.As(err, &ce):
+		f := failure{classes: []string{event.ClassConnector}, retryable: ce.Retryable, unknown: ce.Unknown}
+		if ce.Timeout {
+			f.classes = []string{event.ClassTimeout, event.ClassConnector}
+		}
+		return f
+	case errors.As(err, &te):
+		return failure{classes: []string{event.ClassTool}, retryable: te.Retryable}
+	case errors.Is(err, context.DeadlineExceeded):
+		return failure{classes: []string{event.ClassTimeout, base}, retryable: true, unknown: true}
+	default:
+		return failure{classes: []string{base}, retryable: true}
+	}
+}
+
+func baseClass(nodeType string) string {
+	switch nodeType {
+	case workflow.TypeAIStep, workflow.TypeAgent:
+		return event.ClassLLM
+	case workflow.TypeConnector:
+		return event.ClassConnector
+	default:
+		return event.ClassTool
+	}
+}
+
+// retryDelay is the backoff before try number tries+1 (tries ≥ 1), from
+// an exponential backoff starting at the policy's backoffMs.
+func retryDelay(p *workflow.RetryPolicy, tries int) time.Duration {
+	base := p.Backoff()
+	if base <= 0 {
+		return 0
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = base
+	bo.Multiplier = 2
+	bo.RandomizationFactor = 0.2
+	bo.MaxInterval = time.Minute
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	d := bo.NextBackOff()
+	for i := 1; i < tries; i++ {
+		d = bo.NextBackOff()
+	}
+	return d
+}

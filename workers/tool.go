@@ -1,0 +1,134 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Tool is a Go function callable from tool nodes. It receives the rendered
+// input and returns JSON output. A tool may be called again after a crash
+// (with the same idempotency key, see StepFromContext), so it must
+// tolerate re-invocation. Return a *ToolError to say whether a failure may
+// be retried; other errors are retryable when the node's policy allows.
+type Tool func(ctx context.Context, input json.RawMessage) (json.RawMessage, error)
+
+// ToolError is a tool failure that says whether retrying may help.
+type ToolError struct {
+	Err       error
+	Retryable bool
+}
+
+func (e *ToolError) Error() string { return e.Err.Error() }
+func (e *ToolError) Unwrap() error { return e.Err }
+
+// StepInfo identifies the step a tool runs for.
+type StepInfo struct {
+	RunID          string
+	StepID         string
+	Attempt        int
+	IdempotencyKey string
+}
+
+type stepInfoKey struct{}
+
+// StepFromContext returns the step a tool is running for.
+func StepFromContext(ctx context.Context) (StepInfo, bool) {
+	si, ok := ctx.Value(stepInfoKey{}).(StepInfo)
+	return si, ok
+}
+
+// httpToolInput is the input of the built-in http tool.
+type httpToolInput struct {
+	Method  string            `json:"method"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers"`
+	Body    json.RawMessage   `json:"body"`
+}
+
+// maxHTTPToolBody caps the response body the http tool keeps.
+const maxHTTPToolBody = 256 << 10
+
+// httpTool is the built-in "http" tool: it sends one HTTP request and
+// returns {"status","headers","body"}; a JSON response body is kept as
+// JSON. It sends the step's idempotency key as Idempotency-Key.
+func httpTool(client *http.Client) Tool {
+	return func(ctx context.Context, input json.RawMessage) (json.RawMessage, error) {
+		var in httpToolInput
+		dec := json.NewDecoder(bytes.NewReader(input))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&in); err != nil {
+			return nil, &ToolError{Err: fmt.Errorf("http tool: input: %w", err)}
+		}
+		if in.Method == "" {
+			in.Method = http.MethodGet
+		}
+		if !strings.HasPrefix(in.URL, "http://") && !strings.HasPrefix(in.URL, "https://") {
+			return nil, &ToolError{Err: fmt.Errorf("http tool: url %q: want http:// or https://", in.URL)}
+		}
+		var body io.Reader
+		if len(in.Body) > 0 && string(in.Body) != "null" {
+			body = bytes.NewReader(in.Body)
+		}
+		req, err := http.NewRequestWithContext(ctx, strings.ToUpper(in.Method), in.URL, body)
+		if err != nil {
+			return nil, &ToolError{Err: fmt.Errorf("http tool: %w", err)}
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, v := range in.Headers {
+			req.Header.Set(k, v)
+		}
+		if si, ok := StepFromContext(ctx); ok {
+			req.Header.Set("Idempotency-Key", si.IdempotencyKey)
+		}
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("http tool: %s %s: %w", req.Method, in.URL, err)
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxHTTPToolBody))
+		if err != nil {
+			return nil, fmt.Errorf("http tool: reading response: %w", err)
+		}
+		out := map[string]any{"status": resp.StatusCode, "duration_ms": time.Since(start).Milliseconds()}
+		headers := map[string]string{}
+		for k := range resp.Header {
+			headers[k] = resp.Header.Get(k)
+		}
+		out["headers"] = headers
+		mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+		if (mt == "application/json" || strings.HasSuffix(mt, "+json")) && json.Valid(raw) {
+			out["body"] = json.RawMessage(raw)
+		} else {
+			out["body"] = string(raw)
+		}
+		if resp.StatusCode >= 400 {
+			retry := resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout
+			return nil, &ToolError{Err: fmt.Errorf("http tool: %s %s: HTTP %d", req.Method, in.URL, resp.StatusCode), Retryable: retry}
+		}
+		return json.Marshal(out)
+	}
+}
+
+// errPermanent marks configuration errors that no retry can fix.
+var errPermanent = errors.New("permanent")
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string        { return e.err.Error() }
+func (e *permanentError) Unwrap() error        { return e.err }
+func (e *permanentError) Is(target error) bool { return target == errPermanent }
+
+func permanent(format string, args ...any) error {
+	return &permanentError{err: fmt.Errorf(format, args...)}
+}

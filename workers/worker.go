@@ -1,0 +1,213 @@
+package workers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/provider"
+)
+
+// Config configures a Worker.
+type Config struct {
+	// ID names the worker in leases and events (worker_id). Default:
+	// hostname-pid.
+	ID string
+	// Concurrency is how many runs the worker drives at once (default 64).
+	Concurrency int
+	// MaxCrashes is how many consecutive crashed drives without progress a
+	// run survives before it fails with code crash_loop (default 5).
+	MaxCrashes int
+	// Logger receives the worker's logs (default slog.Default()).
+	Logger *slog.Logger
+	// HTTPClient is used by the built-in http tool (default: 30s timeout).
+	HTTPClient *http.Client
+}
+
+func (c Config) withDefaults() Config {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "worker"
+		}
+		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 64
+	}
+	if c.MaxCrashes <= 0 {
+		c.MaxCrashes = 5
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	return c
+}
+
+// Worker drives runs taken from the work queue.
+type Worker struct {
+	cfg        Config
+	owner      string // lease value: id plus a per-process nonce
+	store      *eventstore.Store
+	leases     *eventstore.Leases
+	providers  provider.Registry
+	connectors connector.Registry
+	tools      map[string]Tool
+	log        *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+	drives  sync.WaitGroup
+}
+
+// New returns a worker. providers and connectors may be nil for a worker
+// that only runs tools.
+func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, providers provider.Registry, connectors connector.Registry) *Worker {
+	cfg = cfg.withDefaults()
+	nonce := make([]byte, 4)
+	_, _ = rand.Read(nonce)
+	w := &Worker{
+		cfg:        cfg,
+		owner:      cfg.ID + "/" + hex.EncodeToString(nonce),
+		store:      store,
+		leases:     leases,
+		providers:  providers,
+		connectors: connectors,
+		tools:      map[string]Tool{},
+		log:        cfg.Logger.With("worker", cfg.ID),
+	}
+	w.tools["http"] = httpTool(cfg.HTTPClient)
+	return w
+}
+
+// ID returns the worker id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// RegisterTool makes fn callable from tool nodes as name. Register tools
+// before Start.
+func (w *Worker) RegisterTool(name string, fn Tool) {
+	w.tools[name] = fn
+}
+
+// Start begins taking work. It returns at once; Stop ends it.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("worker already started")
+	}
+	cons, err := w.store.WorkConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	w.started = true
+	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	w.done = make(chan struct{})
+	go func() {
+		defer close(w.done)
+		w.fetchLoop(ctx, cons)
+	}()
+	w.log.Info("worker started", "concurrency", w.cfg.Concurrency, "lease_ttl", w.leases.TTL())
+	return nil
+}
+
+// Stop stops taking work, cancels the running drives, releases their
+// leases and hands their work back so other workers resume them at once.
+// It waits for the drives to wind down or ctx to end. Stop is idempotent.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	if !w.started || w.stopped {
+		w.mu.Unlock()
+		return nil
+	}
+	w.stopped = true
+	w.cancel(errShutdown)
+	done := w.done
+	w.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	wait := make(chan struct{})
+	go func() { w.drives.Wait(); close(wait) }()
+	select {
+	case <-wait:
+		w.log.Info("worker stopped")
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// fetchLoop pulls work while slots are free and starts a drive for each
+// message. It never holds more messages than free slots, so no message
+// waits unattended while its ack wait runs.
+func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	bo := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		free := cap(slots) - len(slots)
+		if free == 0 {
+			select { // wait for a slot
+			case slots <- struct{}{}:
+				<-slots
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		batch, err := cons.Fetch(free, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("fetching work", "err", err)
+			sleep(ctx, bo)
+			bo = min(bo*2, 2*time.Second)
+			continue
+		}
+		for msg := range batch.Messages() {
+			slots <- struct{}{}
+			w.drives.Add(1)
+			go func() {
+				defer w.drives.Done()
+				defer func() { <-slots }()
+				w.handle(ctx, msg)
+			}()
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+			w.log.Warn("fetching work", "err", err)
+			sleep(ctx, bo)
+			bo = min(bo*2, 2*time.Second)
+			continue
+		}
+		bo = 50 * time.Millisecond
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
