@@ -1,0 +1,268 @@
+// Package bench measures PAL's per-step overhead and throughput: a worker
+// drives runs of no-op tool steps against a real JetStream server (embedded,
+// reached over loopback TCP unless told otherwise), and the journal's own
+// timestamps give the per-step latency. pal bench and the go test
+// benchmarks in package workers both use it.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workers"
+)
+
+// Options configure a benchmark environment.
+type Options struct {
+	// Strict turns on fsync-before-ack (SyncAlways) and event packing.
+	Strict bool
+	// InProcess connects the worker to the server in-process instead of
+	// over loopback TCP.
+	InProcess bool
+	// Dir is where JetStream stores data (a temp dir when empty).
+	Dir string
+	// Concurrency is the worker's concurrency (default 64).
+	Concurrency int
+	// Logger receives worker logs (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Env is a running benchmark environment: a JetStream server and a worker.
+type Env struct {
+	srv    *server.Server
+	nc     *nats.Conn
+	Store  *eventstore.Store
+	worker *workers.Worker
+	dir    string
+	ownDir bool
+	subNC  *nats.Conn
+}
+
+// Start brings up the server and a worker with an "echo" tool.
+func Start(ctx context.Context, o Options) (*Env, error) {
+	e := &Env{dir: o.Dir}
+	if e.dir == "" {
+		d, err := os.MkdirTemp("", "pal-bench-*")
+		if err != nil {
+			return nil, err
+		}
+		e.dir, e.ownDir = d, true
+	}
+	opts := &server.Options{JetStream: true, StoreDir: e.dir, Host: "127.0.0.1", Port: -1, NoSigs: true,
+		NoLog: true, SyncAlways: o.Strict, JetStreamMaxMemory: 256 << 20}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	srv.Start()
+	e.srv = srv
+	if !srv.ReadyForConnections(10 * time.Second) {
+		e.Close()
+		return nil, fmt.Errorf("bench: NATS server did not start")
+	}
+	if o.InProcess {
+		e.nc, err = nats.Connect("", nats.InProcessServer(srv))
+	} else {
+		e.nc, err = nats.Connect(srv.ClientURL())
+	}
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := eventstore.Setup(ctx, js, eventstore.Config{}); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithPacking(o.Strict)); err != nil {
+		e.Close()
+		return nil, err
+	}
+	leases, err := eventstore.OpenLeases(ctx, js, eventstore.DefaultLeaseTTL)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	e.worker = workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, store(e), leases, nil, nil)
+	e.worker.RegisterTool("echo", func(_ context.Context, in json.RawMessage) (json.RawMessage, error) { return in, nil })
+	if err := e.worker.Start(ctx); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.subNC, err = nats.Connect(srv.ClientURL()); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func store(e *Env) *eventstore.Store { return e.Store }
+
+// Close stops the worker and the server and removes a temp store.
+func (e *Env) Close() {
+	if e.worker != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = e.worker.Stop(ctx)
+		cancel()
+	}
+	if e.subNC != nil {
+		e.subNC.Close()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+	}
+	if e.ownDir {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+// Workflow returns a sequential workflow of n echo tool steps.
+func Workflow(n int) json.RawMessage {
+	type node struct {
+		ID   string          `json:"id"`
+		Type string          `json:"type"`
+		Data json.RawMessage `json:"data,omitempty"`
+	}
+	type edge struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	wf := struct {
+		Name  string `json:"name"`
+		Nodes []node `json:"nodes"`
+		Edges []edge `json:"edges"`
+	}{Name: fmt.Sprintf("bench-%d", n)}
+	wf.Nodes = append(wf.Nodes, node{ID: "start", Type: "trigger"})
+	prev := "start"
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("s%d", i)
+		wf.Nodes = append(wf.Nodes, node{ID: id, Type: "tool", Data: json.RawMessage(`{"tool":"echo","input":{"i":` + fmt.Sprint(i) + `}}`)})
+		wf.Edges = append(wf.Edges, edge{From: prev, To: id})
+		prev = id
+	}
+	b, _ := json.Marshal(wf)
+	return b
+}
+
+// Result is one measurement.
+type Result struct {
+	Runs, StepsPerRun int
+	Elapsed           time.Duration
+	// StepLatencies are the gaps between consecutive step_completed events
+	// of each run: the wall time of one step, journal included.
+	StepLatencies []time.Duration
+}
+
+// StepsPerSecond is the throughput over the whole measurement.
+func (r Result) StepsPerSecond() float64 {
+	return float64(r.Runs*r.StepsPerRun) / r.Elapsed.Seconds()
+}
+
+// Percentile returns the q-quantile (0..1) of the step latencies.
+func (r Result) Percentile(q float64) time.Duration {
+	if len(r.StepLatencies) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.StepLatencies)
+	slices.Sort(s)
+	i := int(q * float64(len(s)-1))
+	return s[i]
+}
+
+// Runs starts `runs` runs of a steps-long sequential workflow at once and
+// waits for all of them to end; every run must succeed.
+func (e *Env) Runs(ctx context.Context, runs, steps int) (Result, error) {
+	wf := Workflow(steps)
+	done := make(chan string, runs)
+	sub, err := e.subNC.Subscribe(eventstore.EventsPrefix+"*", func(m *nats.Msg) {
+		k := m.Header.Get("Pal-Kind")
+		if strings.HasSuffix(k, string(event.RunSucceeded)) || strings.HasSuffix(k, string(event.RunFailed)) ||
+			strings.HasSuffix(k, string(event.RunCancelled)) {
+			done <- strings.TrimPrefix(m.Subject, eventstore.EventsPrefix)
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := e.subNC.Flush(); err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	ids := make([]string, runs)
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := workers.StartRun(ctx, e.Store, workers.StartRequest{Workflow: wf, Writer: "bench"})
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids[i] = res.RunID
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	for n := 0; n < runs; n++ {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return Result{}, fmt.Errorf("bench: %d of %d runs ended before %v", n, runs, ctx.Err())
+		}
+	}
+	res := Result{Runs: runs, StepsPerRun: steps, Elapsed: time.Since(start)}
+	for _, id := range ids {
+		evs, _, err := e.Store.Read(ctx, id)
+		if err != nil {
+			return res, err
+		}
+		last := evs[len(evs)-1]
+		if last.Kind != event.RunSucceeded {
+			return res, fmt.Errorf("bench: run %s ended with %s", id, last.Kind)
+		}
+		var prev time.Time
+		for _, ev := range evs {
+			if ev.Kind != event.StepCompleted {
+				continue
+			}
+			if !prev.IsZero() {
+				res.StepLatencies = append(res.StepLatencies, ev.TS.Sub(prev))
+			}
+			prev = ev.TS
+		}
+	}
+	return res, nil
+}
