@@ -156,4 +156,3 @@ func sanitizeID(s string) string {
 	}
 	return string(out)
 }
-
