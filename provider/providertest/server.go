@@ -363,7 +363,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 	for _, h := range holds {
 		if !h.hold(r.Context(), s.closing, call) {
-			return // the client went away or the server is closing
+			// The client went away or the server is closing: no answer.
+			dropConn(w)
+			return
 		}
 	}
 
