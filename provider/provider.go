@@ -15,6 +15,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 )
 
 // Message roles.
@@ -128,9 +130,5 @@ func (r Registry) Get(name string) (Provider, error) {
 }
 
 func (r Registry) names() []string {
-	out := make([]string, 0, len(r))
-	for n := range r {
-		out = append(out, n)
-	}
-	return out
+	return slices.Sorted(maps.Keys(r))
 }

@@ -307,6 +307,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		dropConn(w)
 		return
 	}
 	s.handlers.Add(1)
