@@ -77,6 +77,7 @@ func TestRequestBody(t *testing.T) {
 }
 
 func TestMaxTokens(t *testing.T) {
+	t.Setenv("ANTHROPIC_API_KEY", "must-not-be-read")
 	srv := providertest.NewServer(t)
 	p := anthropic.New(anthropic.Config{BaseURL: srv.AnthropicBaseURL()})
 	_, err := p.Complete(context.Background(), provider.Request{Model: "m", MaxTokens: 77, IdempotencyKey: "k",
@@ -87,7 +88,8 @@ func TestMaxTokens(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(srv.Calls()[0].Body, &body))
 	require.Equal(t, 77, body.MaxTokens)
-	require.Empty(t, srv.Calls()[0].Header.Get("Authorization"), "no key, no credential")
+	require.Empty(t, srv.Calls()[0].Header.Get("Authorization"), "New reads no environment")
+	require.Empty(t, srv.Calls()[0].Header.Get("X-Api-Key"))
 }
 
 func TestResponseWithCacheUsage(t *testing.T) {

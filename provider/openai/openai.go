@@ -28,7 +28,7 @@ const Name = "openai"
 
 // Config configures a Provider.
 type Config struct {
-	// APIKey is sent as the bearer token.
+	// APIKey is sent as the bearer token. Empty sends none.
 	APIKey string
 	// BaseURL is the API root, e.g. "https://api.openai.com/v1" or a
 	// compatible server's "http://127.0.0.1:8080/v1". Empty means the SDK's
@@ -56,7 +56,9 @@ func New(cfg Config) *Provider {
 		option.WithEnvironmentProduction(),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0),
-		option.WithAPIKey(cfg.APIKey),
+	}
+	if cfg.APIKey != "" {
+		opts = append(opts, option.WithAPIKey(cfg.APIKey))
 	}
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))

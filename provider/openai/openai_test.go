@@ -130,3 +130,13 @@ func TestFromEnv(t *testing.T) {
 	require.Equal(t, "Bearer from-env", srv.Calls()[0].Header.Get("Authorization"))
 	require.Equal(t, "/v1/chat/completions", srv.Calls()[0].Path)
 }
+
+func TestNoKeyNoCredential(t *testing.T) {
+	t.Setenv("OPENAI_API_KEY", "must-not-be-read")
+	srv := providertest.NewServer(t)
+	p := openai.New(openai.Config{BaseURL: srv.OpenAIBaseURL()})
+	_, err := p.Complete(context.Background(), provider.Request{Model: "m", IdempotencyKey: "k",
+		Messages: []provider.Message{{Role: provider.RoleUser, Content: "x"}}})
+	require.NoError(t, err)
+	require.Empty(t, srv.Calls()[0].Header.Get("Authorization"))
+}
