@@ -214,7 +214,9 @@ func (s *Server) Dedup(on bool) {
 }
 
 // FailNext makes the next n requests that match (nil matches all) fail with
-// status and the provider's error body.
+// status and the provider's error body. Rules apply in the order they were
+// added. match, here and in Drop, is called with the server's lock held: it
+// must not call the Server's methods.
 func (s *Server) FailNext(match func(Call) bool, status int, n int) {
 	s.addFault(match, status, n)
 }
