@@ -1,6 +1,7 @@
 package eventstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -135,11 +136,14 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 			jetstream.WithExpectStream(EventsStream),
 			jetstream.WithExpectLastSequencePerSubject(head.StreamSeq))
 		cancel()
-		if err == nil {
+		if err == nil && !ack.Duplicate {
 			return Head{Seq: last, StreamSeq: ack.Sequence}, nil
 		}
-		if isWrongLastSeq(err) {
-			return s.checkLanded(ctx, runID, head, msgID, last)
+		if err == nil || isWrongLastSeq(err) {
+			// Wrong sequence (or a duplicate id): either an earlier try of
+			// this very append landed and its ack was lost, or another
+			// writer appended first.
+			return s.checkLanded(ctx, runID, head, msgID, body, last)
 		}
 		if isTooLarge(err) {
 			return head, fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, runID, evs[0].Seq, err)
@@ -154,15 +158,18 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 }
 
 // checkLanded resolves a wrong-sequence answer: either our earlier try
-// landed (its ack was lost) or someone else appended.
-func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, last uint64) (Head, error) {
+// landed (its ack was lost) or someone else appended. Nats-Msg-Id names
+// only the run and seq, which a competing writer shares, so the append is
+// ours only if the stored message is byte for byte what we sent (the body
+// carries the writer's id and a nanosecond timestamp).
+func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, body []byte, last uint64) (Head, error) {
 	bo := newBackoff()
 	for {
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
 		m, err := s.events.GetLastMsgForSubject(gctx, EventsSubject(runID))
 		cancel()
 		if err == nil {
-			if m.Header.Get(jetstream.MsgIDHeader) == msgID {
+			if m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
 				return Head{Seq: last, StreamSeq: m.Sequence}, nil
 			}
 			ce := &ConflictError{RunID: runID, Expected: head.Seq}
