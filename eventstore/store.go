@@ -78,7 +78,8 @@ func (s *Store) Packing() bool { return s.pack }
 // ts, and returns the new head.
 //
 // Without packing each event is one message and Append publishes them in
-// order; if one fails, the returned head covers those that landed.
+// order; if one fails, the returned head covers those that landed. An
+// oversized event refuses the whole append before anything is published.
 // Transient failures (timeouts, no responders, a reconnecting connection)
 // are retried until ctx ends; a retry whose first try had landed is
 // recognised by its Nats-Msg-Id.
@@ -101,11 +102,25 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 			evs[i].Data = []byte("{}")
 		}
 	}
-	if s.pack {
-		return s.publish(ctx, runID, head, evs)
+	groups := [][]event.Event{evs}
+	if !s.pack {
+		groups = make([][]event.Event, len(evs))
+		for i := range evs {
+			groups[i] = evs[i : i+1]
+		}
 	}
-	for i := range evs {
-		h, err := s.publish(ctx, runID, head, evs[i:i+1])
+	// Encode and size-check every message before publishing any, so an
+	// oversized event refuses the whole append instead of half-applying it.
+	bodies := make([][]byte, len(groups))
+	for i, g := range groups {
+		body, err := s.encode(runID, g)
+		if err != nil {
+			return head, err
+		}
+		bodies[i] = body
+	}
+	for i, g := range groups {
+		h, err := s.publish(ctx, runID, head, g, bodies[i])
 		if err != nil {
 			return head, err
 		}
@@ -114,15 +129,20 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 	return head, nil
 }
 
-func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event) (Head, error) {
+// encode marshals one message's events and checks its size.
+func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 	body, err := event.Encode(evs...)
 	if err != nil {
-		return head, err
+		return nil, err
 	}
 	if s.maxMsg > 0 && len(body)+256 > s.maxMsg {
-		return head, fmt.Errorf("%w: run %s seq %d (%s) is %d bytes, the stream accepts %d",
+		return nil, fmt.Errorf("%w: run %s seq %d (%s) is %d bytes, the stream accepts %d",
 			ErrPayloadTooLarge, runID, evs[0].Seq, evs[0].Kind, len(body), s.maxMsg)
 	}
+	return body, nil
+}
+
+func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte) (Head, error) {
 	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10)
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(kindHeader, kindsOf(evs))
