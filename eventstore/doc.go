@@ -16,8 +16,9 @@
 //     Nats-Msg-Id "<run_id>:<seq>". A writer whose view is stale gets a
 //     *ConflictError and appends nothing. An append whose acknowledgement
 //     was lost is recognised on retry: the server answers wrong-sequence
-//     (10071, or 10164 on a cluster), the store reads the subject's last
-//     message, and if its Nats-Msg-Id is ours the append landed.
+//     (10071, or 10164 on a cluster), the store reads the subject's first
+//     message after the stated head, and if it is byte for byte ours (same
+//     Nats-Msg-Id and body) the append landed.
 //   - The run's first event (run_created) is appended with an expected
 //     subject sequence of 0, so a run id is created at most once.
 //   - A lease is a KV entry created with a per-key TTL and renewed by a

@@ -82,7 +82,9 @@ func (s *Store) Packing() bool { return s.pack }
 // oversized event refuses the whole append before anything is published.
 // Transient failures (timeouts, no responders, a reconnecting connection)
 // are retried until ctx ends; a retry whose first try had landed is
-// recognised by its Nats-Msg-Id.
+// recognised by its Nats-Msg-Id and content. So is a whole Append called
+// again with the same head and the same (stamped) events after it landed:
+// it returns the same head and writes nothing.
 //
 // Errors: *ConflictError (matches ErrConflict) when the journal moved on;
 // ErrPayloadTooLarge; ctx.Err() when ctx ends first.
@@ -181,25 +183,25 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 // landed (its ack was lost) or someone else appended. Nats-Msg-Id names
 // only the run and seq, which a competing writer shares, so the append is
 // ours only if the stored message is byte for byte what we sent (the body
-// carries the writer's id and a nanosecond timestamp).
+// carries the writer's id and a nanosecond timestamp). It looks at the
+// first message after head rather than the last one, so an append is
+// recognised even when more landed after it (an unpacked Append re-sent
+// whole after its acks were lost).
 func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, body []byte, last uint64) (Head, error) {
 	bo := newBackoff()
 	for {
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
-		m, err := s.events.GetLastMsgForSubject(gctx, EventsSubject(runID))
+		m, err := s.events.GetMsg(gctx, head.StreamSeq+1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
 		cancel()
-		if err == nil {
-			if m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
-				return Head{Seq: last, StreamSeq: m.Sequence}, nil
-			}
+		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
+			return Head{Seq: last, StreamSeq: m.Sequence}, nil
+		}
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			ce := &ConflictError{RunID: runID, Expected: head.Seq}
-			if evs, derr := event.Decode(m.Data); derr == nil {
-				ce.Actual = evs[len(evs)-1].Seq
+			if h, herr := s.LastHead(ctx, runID); herr == nil {
+				ce.Actual = h.Seq
 			}
 			return head, ce
-		}
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return head, &ConflictError{RunID: runID, Expected: head.Seq}
 		}
 		if !transient(err) {
 			return head, fmt.Errorf("appending to run %s: checking the journal after a conflict: %w", runID, err)
