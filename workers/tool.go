@@ -45,6 +45,10 @@ func StepFromContext(ctx context.Context) (StepInfo, bool) {
 	return si, ok
 }
 
+// echoTool is the built-in "echo" tool: it returns its input. It is handy
+// in demos and benchmarks.
+func echoTool(_ context.Context, in json.RawMessage) (json.RawMessage, error) { return in, nil }
+
 // httpToolInput is the input of the built-in http tool.
 type httpToolInput struct {
 	Method  string            `json:"method"`

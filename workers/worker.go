@@ -17,6 +17,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 // Config configures a Worker.
@@ -93,7 +94,8 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		tools:      map[string]Tool{},
 		log:        cfg.Logger.With("worker", cfg.ID),
 	}
-	w.tools["http"] = httpTool(cfg.HTTPClient)
+	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
+	w.tools["echo"] = echoTool
 	return w
 }
 

@@ -107,7 +107,6 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	e.worker = workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, store(e), leases, nil, nil)
-	e.worker.RegisterTool("echo", func(_ context.Context, in json.RawMessage) (json.RawMessage, error) { return in, nil })
 	if err := e.worker.Start(ctx); err != nil {
 		e.Close()
 		return nil, err

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -81,12 +80,6 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	return wc, nil
 }
 
-// builtinTools are registered on every pal worker.
-func builtinTools(w *workers.Worker) {
-	// echo returns its input: handy in demos and benchmarks.
-	w.RegisterTool("echo", func(_ context.Context, in json.RawMessage) (json.RawMessage, error) { return in, nil })
-}
-
 // providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*.
 func providersFromEnv() provider.Registry {
 	return provider.Registry{"openai": openai.FromEnv(), "anthropic": anthropic.FromEnv()}
@@ -127,7 +120,6 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 		return withCode(ExitUnavailable, err)
 	}
 	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log}, store, leases, providers, connectors())
-	builtinTools(w)
 	if err := w.Start(ctx); err != nil {
 		return err
 	}
