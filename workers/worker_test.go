@@ -17,7 +17,7 @@ import (
 	"github.com/palrun/pal/connector/connectortest"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-		"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 	"github.com/palrun/pal/workflow"
 )
