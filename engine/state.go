@@ -150,8 +150,8 @@ func (st *RunState) Step(id string) (*Step, bool) {
 }
 
 // Fold replays events into a fresh state. It fails on a malformed history:
-// a gap in seq, a first event other than run_created, or data that does
-// not decode.
+// a gap in seq, a first event other than run_created, a second
+// run_created, or data that does not decode.
 func Fold(evs []event.Event) (*RunState, error) {
 	st := &RunState{}
 	for _, ev := range evs {
@@ -190,6 +190,9 @@ func (st *RunState) Apply(ev event.Event) error {
 func (st *RunState) apply(ev event.Event) error {
 	switch ev.Kind {
 	case event.RunCreated:
+		if st.LastSeq != 0 {
+			return fmt.Errorf("run %s: run_created at seq %d: the run was created at seq 1", st.RunID, ev.Seq)
+		}
 		if err := ev.DecodeData(&st.Created); err != nil {
 			return err
 		}
