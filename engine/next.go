@@ -75,7 +75,7 @@ func Next(wf *workflow.Workflow, st *RunState) Action {
 		}
 		return Fail{Code: event.CodeInvalidWorkflow, Error: msg}
 	}
-	env := Env(st)
+	env := runEnv(st, wf)
 	resolved := make(map[string]bool, len(wf.Nodes))
 	completed := make(map[string]bool, len(wf.Nodes))
 nodes:
@@ -113,7 +113,7 @@ nodes:
 					Error: fmt.Sprintf("step %s failed: %s", id, s.Error)}
 			}
 		}
-		return planStep(st, node, env)
+		return planStep(wf, st, node, env)
 	}
 	out := st.Created.Input
 	if s, ok := st.Steps[st.LastCompleted]; ok {
@@ -125,7 +125,7 @@ nodes:
 	return Complete{Output: out}
 }
 
-func planStep(st *RunState, node *workflow.Node, env workflow.Env) Action {
+func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, env workflow.Env) Action {
 	p := StepPlan{StepID: node.ID, NodeID: node.ID, NodeType: node.Type, Node: node, Attempt: 1}
 	if s, ok := st.Steps[node.ID]; ok {
 		p.Attempt = s.Attempt
@@ -156,7 +156,7 @@ func planStep(st *RunState, node *workflow.Node, env workflow.Env) Action {
 		if err != nil {
 			return Fail{Code: event.CodeInvalidWorkflow, StepID: node.ID, Error: err.Error()}
 		}
-		v, err := st.Workflow.Eval(d.Expression, env)
+		v, err := wf.Eval(d.Expression, env)
 		if err != nil {
 			return Fail{Code: event.CodeStepFailed, StepID: node.ID,
 				Error: fmt.Sprintf("step %s: expression %q: %v", node.ID, d.Expression, err)}
@@ -173,15 +173,19 @@ func planStep(st *RunState, node *workflow.Node, env workflow.Env) Action {
 // Env returns the template and condition environment of a run: its input
 // and the outputs of its completed steps (the trigger's output is the
 // input).
-func Env(st *RunState) workflow.Env {
+func Env(st *RunState) workflow.Env { return runEnv(st, st.Workflow) }
+
+// runEnv is Env with the trigger taken from wf, the workflow Next was
+// given (which may not be the journal's snapshot, when there is none).
+func runEnv(st *RunState, wf *workflow.Workflow) workflow.Env {
 	steps := make(map[string]any, len(st.Steps)+1)
 	for id, s := range st.Steps {
 		if s.Status == StepCompleted {
 			steps[id] = s.OutputValue()
 		}
 	}
-	if st.Workflow != nil {
-		if t := st.Workflow.Trigger(); t != nil {
+	if wf != nil {
+		if t := wf.Trigger(); t != nil {
 			steps[t.ID] = st.Input()
 		}
 	}
