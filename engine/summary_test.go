@@ -1,0 +1,135 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+)
+
+// summary is the JSON form of a folded run and its next action, as the
+// golden files hold it.
+type summary struct {
+	RunID         string          `json:"run_id"`
+	Status        engine.Status   `json:"status"`
+	Workflow      string          `json:"workflow,omitempty"`
+	WorkflowError string          `json:"workflow_error,omitempty"`
+	Steps         []stepSummary   `json:"steps"`
+	Usage         event.Usage     `json:"usage"`
+	LastSeq       uint64          `json:"last_seq"`
+	Resumes       int             `json:"resumes"`
+	CrashesAtStep int             `json:"crashes_at_step"`
+	DriveOpen     bool            `json:"drive_open"`
+	LastWorker    string          `json:"last_worker,omitempty"`
+	LastCompleted string          `json:"last_completed,omitempty"`
+	Output        json.RawMessage `json:"output,omitempty"`
+	Error         string          `json:"error,omitempty"`
+	ErrorCode     string          `json:"error_code,omitempty"`
+	FailedStep    string          `json:"failed_step,omitempty"`
+	CreatedAt     string          `json:"created_at"`
+	UpdatedAt     string          `json:"updated_at"`
+	EndedAt       string          `json:"ended_at,omitempty"`
+	Next          nextSummary     `json:"next"`
+}
+
+type stepSummary struct {
+	ID             string            `json:"id"`
+	NodeType       string            `json:"node_type,omitempty"`
+	Status         engine.StepStatus `json:"status"`
+	Attempt        int               `json:"attempt"`
+	Retries        int               `json:"retries"`
+	Key            string            `json:"key,omitempty"`
+	Output         json.RawMessage   `json:"output,omitempty"`
+	Usage          *event.Usage      `json:"usage,omitempty"`
+	Claimed        bool              `json:"claimed"`
+	Delivered      bool              `json:"delivered"`
+	Delivery       string            `json:"delivery,omitempty"`
+	DeliveryStatus int               `json:"delivery_status,omitempty"`
+	Error          string            `json:"error,omitempty"`
+	Class          string            `json:"class,omitempty"`
+	RetryAt        string            `json:"retry_at,omitempty"`
+}
+
+// nextSummary is Next's action: type is done, run_step, complete or fail.
+type nextSummary struct {
+	Type      string          `json:"type"`
+	Status    engine.Status   `json:"status,omitempty"`
+	StepID    string          `json:"step_id,omitempty"`
+	NodeType  string          `json:"node_type,omitempty"`
+	Attempt   int             `json:"attempt,omitempty"`
+	Tries     int             `json:"tries,omitempty"`
+	Started   bool            `json:"started,omitempty"`
+	Key       string          `json:"key,omitempty"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	Claimed   bool            `json:"claimed,omitempty"`
+	Delivered bool            `json:"delivered,omitempty"`
+	NotBefore string          `json:"not_before,omitempty"`
+	Pure      bool            `json:"pure,omitempty"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Code      string          `json:"code,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+func timeString(ts time.Time) string {
+	if ts.IsZero() {
+		return ""
+	}
+	return ts.UTC().Format(time.RFC3339Nano)
+}
+
+func summarise(st *engine.RunState, next engine.Action) summary {
+	s := summary{
+		RunID: st.RunID, Status: st.Status, Workflow: st.Created.WorkflowName,
+		Steps: []stepSummary{}, Usage: st.Usage, LastSeq: st.LastSeq, Resumes: st.Resumes,
+		CrashesAtStep: st.CrashesAtStep, DriveOpen: st.DriveOpen, LastWorker: st.LastWorker,
+		LastCompleted: st.LastCompleted, Output: st.Output, Error: st.Error, ErrorCode: st.ErrorCode,
+		FailedStep: st.FailedStep, CreatedAt: timeString(st.CreatedAt), UpdatedAt: timeString(st.UpdatedAt),
+		EndedAt: timeString(st.EndedAt), Next: summariseAction(next),
+	}
+	if st.WorkflowErr != nil {
+		s.WorkflowError = st.WorkflowErr.Error()
+	}
+	for _, id := range st.Order {
+		x := st.Steps[id]
+		s.Steps = append(s.Steps, stepSummary{
+			ID: x.ID, NodeType: x.NodeType, Status: x.Status, Attempt: x.Attempt, Retries: x.Retries,
+			Key: x.Key, Output: x.Output, Usage: x.Usage, Claimed: x.Claimed, Delivered: x.Delivered,
+			Delivery: x.Delivery, DeliveryStatus: x.DeliveryStatus, Error: x.Error, Class: x.Class,
+			RetryAt: timeString(x.RetryAt),
+		})
+	}
+	return s
+}
+
+func summariseAction(a engine.Action) nextSummary {
+	switch a := a.(type) {
+	case engine.Done:
+		return nextSummary{Type: "done", Status: a.Status}
+	case engine.Complete:
+		return nextSummary{Type: "complete", Output: a.Output}
+	case engine.Fail:
+		return nextSummary{Type: "fail", Code: a.Code, StepID: a.StepID, Error: a.Error}
+	case engine.RunStep:
+		p := a.Plan
+		return nextSummary{Type: "run_step", StepID: p.StepID, NodeType: p.NodeType, Attempt: p.Attempt,
+			Tries: p.Tries, Started: p.Started, Key: p.Key, Input: p.Input, Claimed: p.Claimed,
+			Delivered: p.Delivered, NotBefore: timeString(p.NotBefore), Pure: p.Pure, Output: p.Output}
+	default:
+		return nextSummary{Type: "unknown"}
+	}
+}
+
+// foldSummary folds evs and summarises the state with its next action, as
+// indented JSON.
+func foldSummary(t testing.TB, evs []event.Event) []byte {
+	t.Helper()
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+	b, err := json.MarshalIndent(summarise(st, engine.Next(st.Workflow, st)), "", "  ")
+	require.NoError(t, err)
+	return append(b, '\n')
+}
