@@ -1,0 +1,116 @@
+package eventstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/eventstore"
+)
+
+func TestEnqueueOnePending(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	const run = "run_w"
+
+	pending, err := b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.False(t, pending)
+
+	require.NoError(t, b.store.Enqueue(ctx, run, "start"))
+	require.NoError(t, b.store.Enqueue(ctx, run, "sweep"), "a second enqueue is a no-op, not an error")
+	require.NoError(t, b.store.Enqueue(ctx, run, "approve"))
+	require.Equal(t, uint64(1), b.msgCount(t, eventstore.WorkStream), "one pending message per run")
+	pending, err = b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.True(t, pending)
+
+	// Other runs queue independently.
+	require.NoError(t, b.store.Enqueue(ctx, "run_w2", "start"))
+	require.Equal(t, uint64(2), b.msgCount(t, eventstore.WorkStream))
+	pending, err = b.store.WorkPending(ctx, "run_w3")
+	require.NoError(t, err)
+	require.False(t, pending)
+}
+
+func TestEnqueueAfterAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{LeaseTTL: 5 * time.Second})
+	ctx := t.Context()
+	const run = "run_w"
+	require.NoError(t, b.store.Enqueue(ctx, run, "start"))
+
+	cons, err := b.store.WorkConsumer(ctx)
+	require.NoError(t, err)
+	require.Equal(t, eventstore.WorkConsumer, cons.CachedInfo().Name)
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	require.NoError(t, batch.Error())
+	require.Len(t, msgs, 1)
+	m := msgs[0]
+	require.Equal(t, eventstore.WorkSubject(run), m.Subject())
+	got, ok := eventstore.RunIDFromWork(m.Subject())
+	require.True(t, ok)
+	require.Equal(t, run, got)
+	require.Equal(t, "start", m.Headers().Get("Pal-Reason"))
+
+	// Being worked on: still pending, and a new enqueue is still a no-op.
+	pending, err := b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.True(t, pending)
+	require.NoError(t, b.store.Enqueue(ctx, run, "approve"))
+	require.Equal(t, uint64(1), b.msgCount(t, eventstore.WorkStream))
+
+	require.NoError(t, m.DoubleAck(ctx))
+	pending, err = b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.False(t, pending, "an acked work message leaves the queue")
+	require.Zero(t, b.msgCount(t, eventstore.WorkStream))
+
+	require.NoError(t, b.store.Enqueue(ctx, run, "approve"))
+	pending, err = b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.True(t, pending, "after the ack the run can be queued again")
+	require.Equal(t, uint64(1), b.msgCount(t, eventstore.WorkStream))
+}
+
+func TestRunIDFromWork(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		subject string
+		id      string
+		ok      bool
+	}{
+		{"pal.work.run_01J5ZQ", "run_01J5ZQ", true},
+		{eventstore.WorkSubject("run_c0a1"), "run_c0a1", true},
+		{"pal.work.a-b_C", "a-b_C", true},
+		{"pal.work.", "", false},
+		{"pal.work", "", false},
+		{"pal.work.a.b", "", false},
+		{"pal.events.run_1", "", false},
+		{"pal.cmd.runs.start", "", false},
+		{"", "", false},
+		{"xpal.work.run_1", "", false},
+	} {
+		t.Run(tc.subject, func(t *testing.T) {
+			id, ok := eventstore.RunIDFromWork(tc.subject)
+			require.Equal(t, tc.ok, ok)
+			if tc.ok {
+				require.Equal(t, tc.id, id)
+			}
+		})
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "pal.events.run_1", eventstore.EventsSubject("run_1"))
+	require.Equal(t, "pal.work.run_1", eventstore.WorkSubject("run_1"))
+}
