@@ -111,7 +111,11 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict))
+	// A try that gets no answer (the server died mid-request) is retried
+	// after this long; the retry is resolved by the lost-ack check.
+	reqTimeout := min(max(wc.leaseTTL/2, time.Second), 5*time.Second)
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
+		eventstore.WithRequestTimeout(reqTimeout))
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}

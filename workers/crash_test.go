@@ -1,0 +1,340 @@
+package workers_test
+
+// Tests that break things: real `pal worker` processes killed with kill -9,
+// frozen with SIGSTOP, told to stop with SIGTERM, and a NATS server killed
+// with kill -9 mid-run.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/connector/connectortest"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/workers"
+)
+
+// procBundle is a bundle whose workers are real pal processes.
+type procBundle struct {
+	*bundle
+	natsURL string
+	bin     string
+	ttl     string
+}
+
+func setupProc(t *testing.T, ttl time.Duration) *procBundle {
+	t.Helper()
+	b := setup(t, func(c *bundleCfg) { c.ttl = ttl })
+	return &procBundle{bundle: b, natsURL: b.nats.URL(), bin: testenv.PalBinary(t), ttl: ttl.String()}
+}
+
+// palWorker starts `pal worker` and waits until it is taking work.
+func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.Process {
+	t.Helper()
+	env = append([]string{
+		"PAL_NATS_URL=" + p.natsURL,
+		"PAL_WORKER_ID=" + id,
+		"PAL_LOG_LEVEL=debug",
+	}, env...)
+	if p.ttl != "" {
+		env = append(env, "PAL_LEASE_TTL="+p.ttl)
+	}
+	env = append(env, p.llm.Env()...)
+	proc := testenv.StartProcess(t, p.bin, []string{"worker"}, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, proc.WaitForOutput(ctx, "worker ready"), "worker %s did not start:\n%s", id, proc.Output())
+	return proc
+}
+
+// startWithID starts a run under a chosen id, so holds can be keyed on it
+// before the run begins.
+func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
+	t.Helper()
+	runID := event.NewRunID()
+	res, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), Writer: "test"})
+	require.NoError(t, err)
+	return res.RunID
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func resumesOf(t *testing.T, evs []event.Event) []event.RunResumedData {
+	var out []event.RunResumedData
+	for _, ev := range find(evs, event.RunResumed, "") {
+		out = append(out, data[event.RunResumedData](t, ev))
+	}
+	return out
+}
+
+func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	runID := event.NewRunID()
+	hold := p.llm.Hold(providertest.ByKey(key(runID, "s3", 1)))
+	w1 := p.palWorker(t, "w1")
+	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+		RunID: runID, Workflow: json.RawMessage(seqWorkflow(6, "openai")), Input: json.RawMessage(`{"topic":"crash"}`)})
+	require.NoError(t, err)
+
+	_, err = hold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err, "w1 never reached step 3:\n%s", w1.Output())
+	w1.Kill() // mid-step: the provider holds step 3's call
+	p.palWorker(t, "w2")
+	hold.Release()
+
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	want := map[string]int{}
+	for i := 1; i <= 6; i++ {
+		want[key(runID, fmt.Sprintf("s%d", i), 1)] = 1
+	}
+	want[key(runID, "s3", 1)] = 2 // re-sent once, with the same key
+	require.Equal(t, want, p.llm.Keys())
+
+	evs := p.events(t, runID)
+	rs := resumesOf(t, evs)
+	require.Len(t, rs, 2)
+	require.Equal(t, "w2", rs[1].Worker)
+	require.True(t, rs[1].Crashed)
+	for _, s := range []string{"s1", "s2", "s3", "s4", "s5", "s6"} {
+		require.Len(t, find(evs, event.StepCompleted, s), 1, s)
+	}
+	j := testenv.ReadJournal(t, p.nc) // gapless, one terminal, schema-valid
+	require.Equal(t, 1, j.Count(runID, event.RunSucceeded, "")+j.Count(runID, event.RunFailed, "")+j.Count(runID, event.RunCancelled, ""))
+}
+
+func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	runID := event.NewRunID()
+	hold := p.llm.Hold(providertest.ByKey(key(runID, "s3", 1)))
+	w1 := p.palWorker(t, "w1")
+	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+		RunID: runID, Workflow: json.RawMessage(seqWorkflow(5, "openai")), Input: json.RawMessage(`{"topic":"freeze"}`)})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err)
+
+	require.NoError(t, w1.Stop()) // SIGSTOP: frozen past its lease
+	p.palWorker(t, "w2")
+	hold.Release() // both calls may now complete; w1 is frozen
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	before := p.events(t, runID)
+
+	require.NoError(t, w1.Cont())
+	require.NoError(t, w1.WaitForOutput(ctxFor(t, 30*time.Second), "drive interrupted"), w1.Output())
+	after := p.events(t, runID)
+	require.Equal(t, before, after, "the frozen worker appended after losing the run")
+	rs := resumesOf(t, after)
+	require.Len(t, rs, 2)
+	require.Equal(t, "w2", rs[1].Worker)
+	// Nothing from w1 after w2's fencing token.
+	seen := false
+	for _, ev := range after {
+		if ev.Kind == event.RunResumed && ev.WorkerID == "w2" {
+			seen = true
+		}
+		if seen {
+			require.NotEqual(t, "w1", ev.WorkerID, "seq %d %s", ev.Seq, ev.Kind)
+		}
+	}
+}
+
+func TestDeliveryCrashBetweenClaimAndDelivery(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	hookHold := p.hook.Hold(func(r connectortest.Request) bool { return r.StepID == "notify" })
+	w1 := p.palWorker(t, "w1")
+	runID := p.startWithID(t, webhookWorkflow(p.hook.URL()), `{}`)
+	_, err := hookHold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err)
+	w1.Kill() // claimed, POST in flight, no confirmation
+	p.palWorker(t, "w2")
+	hookHold.Release()
+
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	require.Equal(t, 1, p.hook.Count(key(runID, "notify", 1)), "no second POST")
+	require.Len(t, p.hook.Requests(), 1)
+	evs := p.events(t, runID)
+	require.Len(t, find(evs, event.SideEffectClaimed, "notify"), 1)
+	require.Empty(t, find(evs, event.SideEffectDelivered, "notify"))
+	require.Equal(t, event.DeliveryUnconfirmed, data[event.StepCompletedData](t, find(evs, event.StepCompleted, "notify")[0]).Delivery)
+}
+
+func TestDeliveryCrashAfterDelivery(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	wf := fmt.Sprintf(`{"name":"notify-then-think","nodes":[{"id":"start","type":"trigger"},
+		{"id":"notify","type":"connector","data":{"kind":"webhook","url":%q,"body":{"n":1}}},
+		{"id":"think","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"after the webhook"}}],
+		"edges":[{"from":"start","to":"notify"},{"from":"notify","to":"think"}]}`, p.hook.URL())
+	runID := event.NewRunID()
+	hold := p.llm.Hold(providertest.ByKey(key(runID, "think", 1)))
+	w1 := p.palWorker(t, "w1")
+	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err)
+	w1.Kill() // the webhook was delivered and journaled; the next step is in flight
+	p.palWorker(t, "w2")
+	hold.Release()
+
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	require.Equal(t, 1, p.hook.Count(key(runID, "notify", 1)), "no second POST")
+	evs := p.events(t, runID)
+	require.Len(t, find(evs, event.StepCompleted, "notify"), 1)
+	require.Equal(t, event.DeliveryDelivered, data[event.StepCompletedData](t, find(evs, event.StepCompleted, "notify")[0]).Delivery)
+}
+
+func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
+	t.Parallel()
+	// A 30 s lease: another worker can only resume quickly if the stopping
+	// worker releases the lease and hands the work back.
+	p := setupProc(t, 30*time.Second)
+	runID := event.NewRunID()
+	hold := p.llm.Hold(providertest.ByKey(key(runID, "s2", 1)))
+	w1 := p.palWorker(t, "w1")
+	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+		RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"term"}`)})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err)
+	p.palWorker(t, "w2")
+	hold.Release()
+	sent := time.Now()
+	require.NoError(t, w1.Term())
+	require.NoError(t, w1.Wait(ctxFor(t, 30*time.Second)), "w1 exits cleanly on SIGTERM:\n%s", w1.Output())
+	require.Contains(t, w1.Output(), "handed run back")
+
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	evs := p.events(t, runID)
+	rs := find(evs, event.RunResumed, "")
+	require.Len(t, rs, 2)
+	require.Equal(t, "w2", rs[1].WorkerID)
+	require.Less(t, rs[1].TS.Sub(sent), 20*time.Second, "w2 resumed without waiting out w1's 30 s lease")
+}
+
+// TestBrokerKill9MidRun kills the NATS server process with kill -9 while
+// runs are appending and while one waits on a held LLM call, restarts it,
+// and checks that every event acknowledged before the kill is still there
+// and every run finishes with a gapless journal.
+func TestBrokerKill9MidRun(t *testing.T) {
+	t.Parallel()
+	nproc := testenv.NATSProcess(t)
+	nc := nproc.Conn(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := ctxFor(t, 3*time.Minute)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{LeaseTTL: time.Second}))
+	store, err := eventstore.Open(ctx, js)
+	require.NoError(t, err)
+	llm := providertest.NewServer(t)
+	// The journal is checked below, not on cleanup: restarting the server
+	// registers a cleanup that stops it before a cleanup check would run.
+
+	env := append([]string{"PAL_NATS_URL=" + nproc.URL(), "PAL_WORKER_ID=w1", "PAL_LEASE_TTL=1s", "PAL_LOG_LEVEL=debug"}, llm.Env()...)
+	w := testenv.StartProcess(t, testenv.PalBinary(t), []string{"worker"}, env)
+	require.NoError(t, w.WaitForOutput(ctx, "worker ready"))
+
+	// Run A parks on a held LLM call at s4; runs B–E append 150 tool
+	// steps each as fast as they can.
+	heldID := event.NewRunID()
+	hold := llm.Hold(providertest.ByKey(key(heldID, "s4", 1)))
+	wfA := strings.Replace(seqWorkflow(6, "openai"), `"name":"seq-6"`, `"name":"held"`, 1)
+	_, err = workers.StartRun(ctx, store, workers.StartRequest{RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
+	require.NoError(t, err)
+	var fast []string
+	for range 4 {
+		res, err := workers.StartRun(ctx, store, workers.StartRequest{Workflow: json.RawMessage(echoChain(150))})
+		require.NoError(t, err)
+		fast = append(fast, res.RunID)
+	}
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err)
+
+	// Observe stored events through an ordered consumer: what it delivers
+	// was acknowledged by the server.
+	seen := observe(t, ctx, js, 200)
+	nproc.Kill()
+	nproc.Start(t)
+	hold.Release()
+
+	for _, id := range append(fast, heldID) {
+		evs := waitEndOn(t, ctx, store, id)
+		require.Equal(t, event.RunSucceeded, evs[len(evs)-1].Kind, "run %s", id)
+	}
+	j := testenv.ReadJournal(t, nc)
+	for _, ev := range seen {
+		got := j[ev.RunID]
+		require.GreaterOrEqual(t, len(got), int(ev.Seq), "run %s lost seq %d", ev.RunID, ev.Seq)
+		require.Equal(t, ev, got[ev.Seq-1], "run %s seq %d changed", ev.RunID, ev.Seq)
+	}
+	require.Equal(t, map[string]int{key(heldID, "s1", 1): 1, key(heldID, "s2", 1): 1, key(heldID, "s3", 1): 1,
+		key(heldID, "s4", 1): llm.Keys()[key(heldID, "s4", 1)], key(heldID, "s5", 1): 1, key(heldID, "s6", 1): 1}, llm.Keys())
+	require.LessOrEqual(t, llm.Keys()[key(heldID, "s4", 1)], 2)
+}
+
+func echoChain(n int) string {
+	var nodes, edges []string
+	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
+	prev := "start"
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("t%d", i)
+		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d}}}`, id, i))
+		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
+		prev = id
+	}
+	return fmt.Sprintf(`{"name":"echo-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+}
+
+// observe reads stored events of all runs until it has seen at least n.
+func observe(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) []event.Event {
+	t.Helper()
+	cons, err := js.OrderedConsumer(ctx, eventstore.EventsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{eventstore.EventsPrefix + "*"}})
+	require.NoError(t, err)
+	it, err := cons.Messages()
+	require.NoError(t, err)
+	defer it.Stop()
+	var seen []event.Event
+	for len(seen) < n {
+		m, err := it.Next()
+		require.NoError(t, err)
+		evs, err := event.Decode(m.Data())
+		require.NoError(t, err)
+		seen = append(seen, evs...)
+	}
+	return seen
+}
+
+// waitEndOn waits for a run's terminal event, tolerating a restarting
+// server, and returns the journal.
+func waitEndOn(t *testing.T, ctx context.Context, store *eventstore.Store, runID string) []event.Event {
+	t.Helper()
+	for {
+		evs, _, err := store.Read(ctx, runID)
+		if err == nil && evs[len(evs)-1].Kind.Terminal() {
+			return evs
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("run %s did not end: %v", runID, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
