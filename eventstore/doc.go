@@ -19,6 +19,9 @@
 //     (10071, or 10164 on a cluster), the store reads the subject's first
 //     message after the stated head, and if it is byte for byte ours (same
 //     Nats-Msg-Id and body) the append landed.
+//   - Every method that takes a run id refuses one that is not a single
+//     NATS subject token (event.ValidateRunID) before touching JetStream,
+//     so no run id can widen a subject or a lease key.
 //   - The run's first event (run_created) is appended with an expected
 //     subject sequence of 0, so a run id is created at most once.
 //   - A lease is a KV entry created with a per-key TTL and renewed by a

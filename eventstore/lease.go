@@ -44,6 +44,9 @@ type Lease struct {
 // Acquire takes the run's lease for owner. Errors: *LeaseHeldError
 // (matches ErrLeaseHeld) when someone holds it.
 func (l *Leases) Acquire(ctx context.Context, runID, owner string) (*Lease, error) {
+	if err := checkRunID(runID); err != nil {
+		return nil, fmt.Errorf("acquiring lease: %w", err)
+	}
 	sent := time.Now()
 	rev, err := l.kv.Create(ctx, runID, []byte(owner), jetstream.KeyTTL(l.ttl))
 	if err == nil {
@@ -92,6 +95,9 @@ func (l *Leases) Release(ctx context.Context, ls *Lease) error {
 
 // Holder returns the current owner of a run's lease, or "" when free.
 func (l *Leases) Holder(ctx context.Context, runID string) (string, error) {
+	if err := checkRunID(runID); err != nil {
+		return "", fmt.Errorf("reading lease: %w", err)
+	}
 	e, err := l.kv.Get(ctx, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return "", nil
@@ -105,6 +111,9 @@ func (l *Leases) Holder(ctx context.Context, runID string) (string, error) {
 // WaitFree blocks until the run's lease is free (released or expired) or
 // ctx ends.
 func (l *Leases) WaitFree(ctx context.Context, runID string) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("watching lease: %w", err)
+	}
 	w, err := l.kv.Watch(ctx, runID)
 	if err != nil {
 		return fmt.Errorf("watching lease on run %s: %w", runID, err)

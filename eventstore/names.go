@@ -1,5 +1,7 @@
 package eventstore
 
+import "github.com/palrun/pal/event"
+
 // Stream, bucket and consumer names (public interface, DESIGN §3).
 const (
 	EventsStream   = "PAL_EVENTS"
@@ -18,6 +20,12 @@ const (
 	kindHeader   = "Pal-Kind"
 	reasonHeader = "Pal-Reason"
 )
+
+// checkRunID refuses a run id that is not a single NATS subject token
+// (DESIGN §3): "*", ">" or "a.b" would make a run's subject or lease key
+// match other runs' (Read, Watch and LastHead would return their events)
+// or none of PAL's streams (Append would retry until its context ends).
+func checkRunID(runID string) error { return event.ValidateRunID(runID) }
 
 // EventsSubject is the journal subject of a run.
 func EventsSubject(runID string) string { return EventsPrefix + runID }

@@ -87,8 +87,12 @@ func (s *Store) Packing() bool { return s.pack }
 // it returns the same head and writes nothing.
 //
 // Errors: *ConflictError (matches ErrConflict) when the journal moved on;
-// ErrPayloadTooLarge; ctx.Err() when ctx ends first.
+// ErrPayloadTooLarge; an invalid run id (event.ValidateRunID); ctx.Err()
+// when ctx ends first.
 func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
+	if err := checkRunID(runID); err != nil {
+		return head, fmt.Errorf("appending: %w", err)
+	}
 	if len(evs) == 0 {
 		return head, nil
 	}
@@ -241,6 +245,9 @@ var errIncompleteBatch = errors.New("direct get batch ended early")
 // number of matching messages still pending after it, and reading goes on
 // until that reaches zero.
 func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event.Event, Head, error) {
+	if err := checkRunID(runID); err != nil {
+		return nil, head, fmt.Errorf("reading: %w", err)
+	}
 	subj := EventsSubject(runID)
 	var out []event.Event
 	bo := newBackoff()
@@ -310,6 +317,9 @@ func (s *Store) readBatch(ctx context.Context, subj string, head Head) ([]event.
 // LastHead returns the current head of a run without reading its events
 // (one Direct Get). A run with no events has the zero Head.
 func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
+	if err := checkRunID(runID); err != nil {
+		return Head{}, fmt.Errorf("reading head: %w", err)
+	}
 	m, err := s.events.GetLastMsgForSubject(ctx, EventsSubject(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Head{}, nil

@@ -23,6 +23,9 @@ var ErrStopWatch = errors.New("stop watching")
 // Watch uses an ordered consumer that the server removes shortly after the
 // watcher goes away.
 func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(event.Event) error) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("watching: %w", err)
+	}
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{EventsSubject(runID)},
 		DeliverPolicy:     jetstream.DeliverAllPolicy,

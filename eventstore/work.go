@@ -14,6 +14,9 @@ import (
 // pending per run: if one is already pending, Enqueue does nothing.
 // reason is recorded in a header for operators (start, sweep, approve …).
 func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("enqueueing: %w", err)
+	}
 	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
 	msg.Header.Set(reasonHeader, reason)
 	bo := newBackoff()
@@ -36,6 +39,9 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 // WorkPending reports whether a work message for the run is in PAL_WORK
 // (waiting or being worked on).
 func (s *Store) WorkPending(ctx context.Context, runID string) (bool, error) {
+	if err := checkRunID(runID); err != nil {
+		return false, fmt.Errorf("checking work: %w", err)
+	}
 	_, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
