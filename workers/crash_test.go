@@ -337,4 +337,3 @@ func waitEndOn(t *testing.T, ctx context.Context, store *eventstore.Store, runID
 		}
 	}
 }
-
