@@ -109,7 +109,8 @@ func (l *Leases) Holder(ctx context.Context, runID string) (string, error) {
 }
 
 // WaitFree blocks until the run's lease is free (released or expired) or
-// ctx ends.
+// ctx ends. It returns nil only when the lease is free: ctx.Err() when ctx
+// ended, an error when the watch itself ended (the connection closed).
 func (l *Leases) WaitFree(ctx context.Context, runID string) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("watching lease: %w", err)
@@ -125,7 +126,12 @@ func (l *Leases) WaitFree(ctx context.Context, runID string) error {
 			return ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return ctx.Err()
+				// The watch ended (its connection closed) without saying
+				// anything about the lease.
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return fmt.Errorf("watching lease on run %s: the watch ended before the lease was free", runID)
 			}
 			// nil marks the end of the initial values: the key is absent.
 			if e == nil || e.Operation() != jetstream.KeyValuePut {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/eventstore"
@@ -314,4 +315,35 @@ func TestLeaseValid(t *testing.T) {
 	require.True(t, fresh.Valid(time.Now()))
 	require.True(t, fresh.Valid(renewed.Add(leaseTTL/2)))
 	require.False(t, fresh.Valid(time.Now().Add(leaseTTL)))
+}
+
+// TestLeaseWaitFreeConnClosed: a watch that ends because the connection
+// closed says nothing about the lease, so WaitFree must not report it free.
+func TestLeaseWaitFreeConnClosed(t *testing.T) {
+	t.Parallel()
+	b, l := openLeases(t)
+	ls, err := l.Acquire(t.Context(), "run_l", "w1")
+	require.NoError(t, err)
+
+	nc := b.srv.Conn(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	waiter, err := eventstore.OpenLeases(t.Context(), js, leaseTTL)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- waiter.WaitFree(timeout(t, 20*time.Second), "run_l") }()
+	select {
+	case err := <-done:
+		require.FailNow(t, "WaitFree returned while the lease was held", "err: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	nc.Close()
+	select {
+	case err := <-done:
+		require.Error(t, err, "the lease is still held")
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "WaitFree did not return after its connection closed")
+	}
+	require.NoError(t, l.Renew(t.Context(), ls))
+	requireHeldBy(t, l, "run_l", "w1")
 }
