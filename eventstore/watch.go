@@ -18,7 +18,8 @@ var ErrStopWatch = errors.New("stop watching")
 // Watch calls fn for every event of a run after the given head, in order,
 // as they are appended, until ctx ends or fn returns an error. Pass the
 // zero Head to start at the beginning. It returns nil when fn returned
-// ErrStopWatch, ctx.Err() when ctx ended, and fn's error otherwise.
+// ErrStopWatch, ctx.Err() when ctx ended, fn's error when fn failed, and
+// an error when the watch itself ended (the connection closed).
 //
 // Watch uses an ordered consumer that the server removes shortly after the
 // watcher goes away.
@@ -55,9 +56,8 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return ctx.Err()
-			}
+			// Closed under us (the connection closed) or failed: either
+			// way not a stop fn asked for, so never nil.
 			return fmt.Errorf("watching run %s: %w", runID, err)
 		}
 		evs, err := event.Decode(m.Data())

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
@@ -279,4 +280,26 @@ func TestWatchAcrossRestart(t *testing.T) {
 	require.Equal(t, uint64(6), w.next(t).Seq)
 	require.NoError(t, w.wait(t))
 	require.Empty(t, w.evs)
+}
+
+// TestWatchConnClosed: a watch whose connection closes under it ends with
+// an error, not with nil (which means fn asked to stop).
+func TestWatchConnClosed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	const run = "run_watch"
+	_, err := b.store.Append(t.Context(), run, eventstore.Head{}, ev(event.RunCreated, 1))
+	require.NoError(t, err)
+
+	nc := b.srv.Conn(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	s, err := eventstore.Open(t.Context(), js)
+	require.NoError(t, err)
+	w := startWatch(timeout(t, 20*time.Second), s, run, eventstore.Head{}, nil)
+	require.Equal(t, uint64(1), w.next(t).Seq)
+	nc.Close()
+	err = w.wait(t)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
 }
