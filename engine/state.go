@@ -52,6 +52,39 @@ const (
 	StepWaiting   StepStatus = "waiting"
 )
 
+// StepRetried is the status of an attempt that failed and was followed by
+// a journaled retry.
+const StepRetried StepStatus = "retried"
+
+// Attempt is the folded state of one attempt of a step: the unit of the
+// steps table and of the waterfall. A retry whose outcome was unknown keeps
+// its attempt (and key), so one Attempt may span several tries.
+type Attempt struct {
+	Attempt    int
+	Status     StepStatus
+	Key        string
+	Input      json.RawMessage
+	Output     json.RawMessage
+	Usage      *event.Usage
+	Error      string
+	Class      string
+	Delivery   string
+	Tries      int
+	StartedAt  time.Time
+	EndedAt    time.Time
+	DurationMs int64
+	// Side effect receipt of this attempt.
+	Connector      string
+	Target         string
+	Claimed        bool
+	Delivered      bool
+	DeliveryStatus int
+	ClaimedAt      time.Time
+	DeliveredAt    time.Time
+	// LastSeq is the seq of the last event that changed this attempt.
+	LastSeq uint64
+}
+
 // Step is the folded state of one step (its latest attempt).
 type Step struct {
 	ID       string
@@ -79,9 +112,32 @@ type Step struct {
 	// RetryAt is when the next attempt may start, after a step_retrying.
 	RetryAt    time.Time
 	DurationMs int64
+	// Attempts holds every attempt, in order.
+	Attempts []*Attempt
 
 	outVal  any
 	decoded bool
+}
+
+// AttemptState returns the state of attempt n, or nil.
+func (s *Step) AttemptState(n int) *Attempt {
+	for i := len(s.Attempts) - 1; i >= 0; i-- {
+		if s.Attempts[i].Attempt == n {
+			return s.Attempts[i]
+		}
+	}
+	return nil
+}
+
+// attempt returns attempt n, creating it.
+func (s *Step) attempt(n int, seq uint64) *Attempt {
+	a := s.AttemptState(n)
+	if a == nil {
+		a = &Attempt{Attempt: n}
+		s.Attempts = append(s.Attempts, a)
+	}
+	a.LastSeq = seq
+	return a
 }
 
 // OutputValue returns the decoded output (numbers as json.Number).
@@ -225,10 +281,25 @@ func (st *RunState) apply(ev event.Event) error {
 		s.Status = StepRunning
 		s.StartedAt = ev.TS
 		s.Error, s.Class = "", ""
+		a := s.attempt(ev.Attempt, ev.Seq)
+		a.Status, a.Key, a.Input, a.Error, a.Class = StepRunning, d.IdempotencyKey, d.Input, "", ""
+		a.Tries++
+		if a.StartedAt.IsZero() {
+			a.StartedAt = ev.TS
+		}
 	case event.SideEffectClaimed:
+		var d event.SideEffectClaimedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
 		s := st.step(ev.StepID)
 		if ev.Attempt == s.Attempt {
 			s.Claimed = true
+		}
+		a := s.attempt(ev.Attempt, ev.Seq)
+		a.Claimed, a.Connector, a.Target = true, d.Connector, d.Target
+		if a.ClaimedAt.IsZero() {
+			a.ClaimedAt = ev.TS
 		}
 	case event.SideEffectDelivered:
 		var d event.SideEffectDeliveredData
@@ -240,6 +311,8 @@ func (st *RunState) apply(ev event.Event) error {
 			s.Delivered = true
 			s.DeliveryStatus = d.Status
 		}
+		a := s.attempt(ev.Attempt, ev.Seq)
+		a.Delivered, a.DeliveryStatus, a.DeliveredAt = true, d.Status, ev.TS
 	case event.StepCompleted:
 		var d event.StepCompletedData
 		if err := ev.DecodeData(&d); err != nil {
@@ -258,6 +331,9 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		st.LastCompleted = ev.StepID
 		st.CrashesAtStep = 0
+		s.RetryAt = time.Time{}
+		a := s.attempt(s.Attempt, ev.Seq)
+		a.Status, a.Output, a.Usage, a.Delivery, a.DurationMs, a.EndedAt = StepCompleted, d.Output, d.Usage, d.Delivery, d.DurationMs, ev.TS
 	case event.StepFailed:
 		var d event.StepFailedData
 		if err := ev.DecodeData(&d); err != nil {
@@ -267,6 +343,8 @@ func (st *RunState) apply(ev event.Event) error {
 		s.Status = StepFailed
 		s.Error, s.Class, s.DurationMs = d.Error, d.Class, d.DurationMs
 		s.EndedAt = ev.TS
+		a := s.attempt(s.Attempt, ev.Seq)
+		a.Status, a.Error, a.Class, a.DurationMs, a.EndedAt = StepFailed, d.Error, d.Class, d.DurationMs, ev.TS
 	case event.StepRetrying:
 		var d event.StepRetryingData
 		if err := ev.DecodeData(&d); err != nil {
@@ -276,6 +354,11 @@ func (st *RunState) apply(ev event.Event) error {
 		// A journaled retry authorises one more try, even of a claimed
 		// delivery whose outcome was unknown (same attempt, same key).
 		s.Claimed, s.Delivered = false, false
+		failed := s.attempt(s.Attempt, ev.Seq)
+		failed.Status, failed.Error, failed.Class, failed.EndedAt = StepRetried, d.Error, d.Class, ev.TS
+		if d.Attempt != s.Attempt {
+			s.Key = event.IdempotencyKey(st.RunID, ev.StepID, d.Attempt)
+		}
 		s.Attempt = d.Attempt
 		s.Retries++
 		s.Status = StepRetrying
@@ -288,6 +371,7 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		s := st.step(ev.StepID)
 		s.Status = StepWaiting
+		s.attempt(max(s.Attempt, 1), ev.Seq).Status = StepWaiting
 		if d.ChildRunID != "" {
 			s.ChildRunID = d.ChildRunID
 		}

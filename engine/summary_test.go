@@ -52,6 +52,24 @@ type stepSummary struct {
 	Error          string            `json:"error,omitempty"`
 	Class          string            `json:"class,omitempty"`
 	RetryAt        string            `json:"retry_at,omitempty"`
+	Attempts       []attemptSummary  `json:"attempts"`
+}
+
+// attemptSummary is one attempt of a step (a steps-table row).
+type attemptSummary struct {
+	Attempt        int               `json:"attempt"`
+	Status         engine.StepStatus `json:"status"`
+	Key            string            `json:"key,omitempty"`
+	Tries          int               `json:"tries"`
+	Error          string            `json:"error,omitempty"`
+	Delivery       string            `json:"delivery,omitempty"`
+	Claimed        bool              `json:"claimed,omitempty"`
+	Delivered      bool              `json:"delivered,omitempty"`
+	DeliveryStatus int               `json:"delivery_status,omitempty"`
+	Target         string            `json:"target,omitempty"`
+	StartedAt      string            `json:"started_at,omitempty"`
+	EndedAt        string            `json:"ended_at,omitempty"`
+	LastSeq        uint64            `json:"last_seq"`
 }
 
 // nextSummary is Next's action: type is done, run_step, complete or fail.
@@ -99,8 +117,15 @@ func summarise(st *engine.RunState, next engine.Action) summary {
 			ID: x.ID, NodeType: x.NodeType, Status: x.Status, Attempt: x.Attempt, Retries: x.Retries,
 			Key: x.Key, Output: x.Output, Usage: x.Usage, Claimed: x.Claimed, Delivered: x.Delivered,
 			Delivery: x.Delivery, DeliveryStatus: x.DeliveryStatus, Error: x.Error, Class: x.Class,
-			RetryAt: timeString(x.RetryAt),
+			RetryAt: timeString(x.RetryAt), Attempts: []attemptSummary{},
 		})
+		last := &s.Steps[len(s.Steps)-1]
+		for _, a := range x.Attempts {
+			last.Attempts = append(last.Attempts, attemptSummary{Attempt: a.Attempt, Status: a.Status, Key: a.Key,
+				Tries: a.Tries, Error: a.Error, Delivery: a.Delivery, Claimed: a.Claimed, Delivered: a.Delivered,
+				DeliveryStatus: a.DeliveryStatus, Target: a.Target, StartedAt: timeString(a.StartedAt),
+				EndedAt: timeString(a.EndedAt), LastSeq: a.LastSeq})
+		}
 	}
 	return s
 }
