@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,23 +65,61 @@ func (l *Leases) Acquire(ctx context.Context, runID, owner string) (*Lease, erro
 
 // Renew extends the lease by its TTL. Errors: ErrLeaseLost when another
 // owner took it or it expired; other errors are transient (the lease may
-// still be held until Valid says otherwise).
+// still be held until Valid says otherwise). A retry after a transient
+// error whose renewal had landed (its ack was lost) recognises it and
+// renews again from there.
 func (l *Leases) Renew(ctx context.Context, ls *Lease) error {
-	sent := time.Now()
-	msg := &nats.Msg{Subject: leasePrefix + ls.RunID, Data: []byte(ls.Owner)}
-	ack, err := l.js.PublishMsg(ctx, msg,
-		jetstream.WithExpectStream(leaseStream),
-		jetstream.WithExpectLastSequencePerSubject(ls.Revision),
-		jetstream.WithMsgTTL(ls.ttl))
-	if err != nil {
-		if isWrongLastSeq(err) {
+	for checked := false; ; checked = true {
+		sent := time.Now()
+		msg := &nats.Msg{Subject: leasePrefix + ls.RunID, Data: []byte(ls.Owner)}
+		ack, err := l.js.PublishMsg(ctx, msg,
+			jetstream.WithExpectStream(leaseStream),
+			jetstream.WithExpectLastSequencePerSubject(ls.Revision),
+			jetstream.WithMsgTTL(ls.ttl))
+		if err == nil {
+			ls.Revision = ack.Sequence
+			ls.sent = sent
+			return nil
+		}
+		if !isWrongLastSeq(err) {
+			return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, err)
+		}
+		if checked {
 			return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, ErrLeaseLost)
 		}
-		return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, err)
+		rev, ours, err := l.landedRenewal(ctx, ls)
+		if err != nil {
+			return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, err)
+		}
+		if !ours {
+			return fmt.Errorf("renewing lease on run %s: %w", ls.RunID, ErrLeaseLost)
+		}
+		// The lease is ours at rev. Renew once more, so that Valid counts
+		// from a send whose time is known.
+		ls.Revision = rev
 	}
-	ls.Revision = ack.Sequence
-	ls.sent = sent
-	return nil
+}
+
+// landedRenewal reports whether the lease key's last revision is a
+// renewal of ls that landed with its ack lost: our owner's value, published
+// with ls.Revision as the expected last sequence. Anything else there (an
+// expiry or release marker, another owner, a fresh acquire) means the
+// lease is lost.
+func (l *Leases) landedRenewal(ctx context.Context, ls *Lease) (uint64, bool, error) {
+	st, err := l.js.Stream(ctx, leaseStream)
+	if err != nil {
+		return 0, false, err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, leasePrefix+ls.RunID)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	ours := string(m.Data) == ls.Owner &&
+		m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) == strconv.FormatUint(ls.Revision, 10)
+	return m.Sequence, ours, nil
 }
 
 // Release gives the lease up if ls still holds it. Releasing a lost lease

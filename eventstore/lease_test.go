@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -346,4 +347,38 @@ func TestLeaseWaitFreeConnClosed(t *testing.T) {
 	}
 	require.NoError(t, l.Renew(t.Context(), ls))
 	requireHeldBy(t, l, "run_l", "w1")
+}
+
+// TestLeaseRenewLostAck re-sends a renewal whose first try landed but whose
+// acknowledgement was lost (the first try is published here by hand, as
+// Renew publishes it). The lease is still ours: Renew must not report it
+// lost.
+func TestLeaseRenewLostAck(t *testing.T) {
+	t.Parallel()
+	b, l := openLeases(t)
+	ctx := t.Context()
+	ls, err := l.Acquire(ctx, "run_l", "w1")
+	require.NoError(t, err)
+
+	_, err = b.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + eventstore.LeaseBucket + ".run_l", Data: []byte("w1")},
+		jetstream.WithExpectStream("KV_"+eventstore.LeaseBucket),
+		jetstream.WithExpectLastSequencePerSubject(ls.Revision),
+		jetstream.WithMsgTTL(leaseTTL))
+	require.NoError(t, err)
+
+	rev := ls.Revision
+	require.NoError(t, l.Renew(ctx, ls), "the landed renewal was ours")
+	require.Greater(t, ls.Revision, rev+1, "renewed again after the landed try")
+	require.True(t, ls.Valid(time.Now()))
+	requireHeldBy(t, l, "run_l", "w1")
+	require.NoError(t, l.Renew(ctx, ls))
+
+	// A lease another owner created after expiry is not mistaken for ours,
+	// nor is one the same owner acquired afresh.
+	for _, owner := range []string{"w2", "w1"} {
+		old, err := l.Acquire(ctx, "run_"+owner, "w1")
+		require.NoError(t, err)
+		acquireWhenFree(t, l, "run_"+owner, owner, leaseTTL+2*time.Second)
+		require.ErrorIs(t, l.Renew(ctx, old), eventstore.ErrLeaseLost, "new owner %s", owner)
+	}
 }
