@@ -96,7 +96,7 @@ func dataN(t *testing.T, e event.Event) int {
 // gapless, each carrying its own seq as n.
 func requireJournal(t *testing.T, runID string, evs []event.Event, n int) {
 	t.Helper()
-	require.Len(t, evs, n, "run %s", runID)
+	require.Equal(t, n, len(evs), "events of run %s", runID)
 	for i, e := range evs {
 		require.Equal(t, runID, e.RunID, "event %d", i)
 		require.Equal(t, uint64(i+1), e.Seq, "run %s event %d", runID, i)
