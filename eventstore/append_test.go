@@ -14,6 +14,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
 )
 
 func TestAppendCreatesRun(t *testing.T) {
@@ -384,3 +385,30 @@ func packName(packed bool) string {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestAppendStrict runs the journal on a server that fsyncs every write
+// (PAL_DURABILITY=strict) and restarts it: everything acknowledged is
+// there.
+func TestAppendStrict(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NATS(t, testenv.Strict())
+	require.True(t, srv.Server().JetStreamConfig().SyncAlways)
+	js, err := jetstream.New(srv.Conn(t))
+	require.NoError(t, err)
+	ctx := timeout(t, 30*time.Second)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
+	s, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
+	require.NoError(t, err)
+
+	const run = "run_strict"
+	h := eventstore.Head{}
+	for n := 1; n <= 30; n += 3 {
+		h, err = s.Append(ctx, run, h, ev(event.StepStarted, n), ev(event.StepCompleted, n+1), ev(event.StepStarted, n+2))
+		require.NoError(t, err)
+	}
+	srv.Restart(t)
+	evs, rh, err := s.Read(ctx, run)
+	require.NoError(t, err)
+	requireJournal(t, run, evs, 30)
+	require.Equal(t, h, rh)
+}
