@@ -69,6 +69,7 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 	}
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	defer w.track(runID, cancel)()
 	d := &drive{w: w, runID: runID, ctx: dctx, cancel: cancel, log: log}
 	d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
 
@@ -77,10 +78,16 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 	cause := context.Cause(dctx)
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer rcancel()
+	if errors.Is(cause, errRunEnded) {
+		err = errRunEnded
+	}
 	switch {
 	case err == nil || errors.Is(err, errRunEnded) || errors.Is(err, eventstore.ErrRunNotFound):
-		if errors.Is(err, eventstore.ErrRunNotFound) {
+		switch {
+		case errors.Is(err, eventstore.ErrRunNotFound):
 			log.Warn("work for a run with no journal; dropping it")
+		case errors.Is(err, errRunEnded):
+			log.Info("run ended by another writer; letting it go", "seq", d.head.Seq)
 		}
 		if msg != nil {
 			if aerr := msg.DoubleAck(rctx); aerr != nil {
@@ -301,7 +308,7 @@ func (d *drive) onConflict(cerr error) error {
 	}
 	for _, ev := range evs {
 		if ev.Kind.Terminal() {
-			d.log.Info("run ended by another writer", "kind", ev.Kind, "seq", ev.Seq)
+			d.log.Debug("journal conflict: the run was ended", "kind", ev.Kind, "seq", ev.Seq)
 			d.cancel(errRunEnded)
 			return errRunEnded
 		}

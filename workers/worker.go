@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/connector"
@@ -70,6 +72,10 @@ type Worker struct {
 	tools      map[string]Tool
 	log        *slog.Logger
 
+	activeMu  sync.Mutex
+	active    map[string]context.CancelCauseFunc // run id → its drive
+	cancelSub *nats.Subscription
+
 	mu      sync.Mutex
 	started bool
 	stopped bool
@@ -93,6 +99,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		connectors: connectors,
 		tools:      map[string]Tool{},
 		log:        cfg.Logger.With("worker", cfg.ID),
+		active:     map[string]context.CancelCauseFunc{},
 	}
 	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
 	w.tools["echo"] = echoTool
@@ -119,6 +126,21 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A cancel is announced on core NATS after run_cancelled is in the
+	// journal: stop that run's drive (and its in-flight call) at once.
+	sub, err := w.store.JetStream().Conn().Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
+		runID := strings.TrimPrefix(m.Subject, CancelSubjectPrefix)
+		w.activeMu.Lock()
+		cancel := w.active[runID]
+		w.activeMu.Unlock()
+		if cancel != nil {
+			cancel(errRunEnded)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribing to cancel notices: %w", err)
+	}
+	w.cancelSub = sub
 	w.started = true
 	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	w.done = make(chan struct{})
@@ -140,6 +162,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	}
 	w.stopped = true
+	_ = w.cancelSub.Unsubscribe()
 	w.cancel(errShutdown)
 	done := w.done
 	w.mu.Unlock()
@@ -211,5 +234,17 @@ func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// track registers a drive so a cancel notice can reach it.
+func (w *Worker) track(runID string, cancel context.CancelCauseFunc) func() {
+	w.activeMu.Lock()
+	w.active[runID] = cancel
+	w.activeMu.Unlock()
+	return func() {
+		w.activeMu.Lock()
+		delete(w.active, runID)
+		w.activeMu.Unlock()
 	}
 }
