@@ -9,6 +9,11 @@ const (
 	CommandsStream = "PAL_CMDS"
 	LeaseBucket    = "PAL_LEASES"
 	WorkConsumer   = "pal-workers"
+	// CommandConsumer is the durable consumer workers take commands from.
+	CommandConsumer = "pal-commands"
+	// RejectedSubject is the core NATS subject on which a refused command
+	// is announced, with the reason.
+	RejectedSubject = "pal.cmd.rejected"
 
 	EventsPrefix  = "pal.events."
 	WorkPrefix    = "pal.work."

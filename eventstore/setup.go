@@ -107,6 +107,18 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up consumer %s: %w", WorkConsumer, err)
 	}
+	_, err = js.CreateOrUpdateConsumer(ctx, CommandsStream, jetstream.ConsumerConfig{
+		Durable:       CommandConsumer,
+		Description:   "PAL workers: carry out commands",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 1000,
+		FilterSubject: CommandPrefix + ">",
+	})
+	if err != nil {
+		return fmt.Errorf("setting up consumer %s: %w", CommandConsumer, err)
+	}
 	return nil
 }
 

@@ -215,3 +215,27 @@ func rfc3339(t time.Time) string {
 	}
 	return t.UTC().Format(time.RFC3339Nano)
 }
+
+// Signal delivers a named signal to a run waiting for it. No node type
+// waits for signals yet, so every signal is refused with ErrNotWaiting
+// after its run is checked; nothing is written.
+func Signal(ctx context.Context, store *eventstore.Store, runID, name string, payload json.RawMessage) error {
+	if err := event.ValidateRunID(runID); err != nil {
+		return &InputError{Field: "run_id", Msg: err.Error()}
+	}
+	if name == "" {
+		return &InputError{Field: "name", Msg: "required"}
+	}
+	evs, _, err := store.Read(ctx, runID)
+	if err != nil {
+		return err
+	}
+	st, err := engine.Fold(evs)
+	if err != nil {
+		return fmt.Errorf("signalling run %s: %w", runID, err)
+	}
+	if st.Status.Terminal() {
+		return fmt.Errorf("signalling run %s: %w (%s)", runID, ErrRunFinished, st.Status)
+	}
+	return fmt.Errorf("signalling run %s: %w: no step waits for signal %q", runID, ErrNotWaiting, name)
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
@@ -127,9 +128,22 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 	if err := w.Start(ctx); err != nil {
 		return err
 	}
+	cmds := workers.NewCommandProcessor(store, log)
+	if err := cmds.Start(ctx); err != nil {
+		return withCode(ExitUnavailable, err)
+	}
+	svc, err := api.StartService(ctx, nc, store, log)
+	if err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
+	}
 	log.Info("worker ready", "id", w.ID(), "nats", wc.natsURL, "durability", wc.durability, "lease_ttl", wc.leaseTTL)
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	return w.Stop(sctx)
+	_ = svc.Stop()
+	cerr := cmds.Stop(sctx)
+	if err := w.Stop(sctx); err != nil {
+		return err
+	}
+	return cerr
 }

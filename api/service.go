@@ -1,0 +1,121 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workers"
+)
+
+// ServiceName is the NATS micro service name (nats micro ls shows it).
+const ServiceName = "pal"
+
+// ServiceVersion is the service's version.
+const ServiceVersion = "0.1.0"
+
+// getRequest is the body of pal.api.runs.get.
+type getRequest struct {
+	RunID string `json:"run_id"`
+}
+
+// StartService registers the NATS micro service "pal" with the endpoints
+// pal.api.runs.start, .get, .approve and .cancel on nc. Each takes a JSON
+// body (the same as the durable command of that name, without reply_to;
+// get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
+// answers the run), or {"error":…,"code":…} with the service error headers
+// set (400 bad input, 404 not found, 409 conflict, 503 unavailable).
+// Stop the returned service to deregister it.
+func StartService(ctx context.Context, nc *nats.Conn, store *eventstore.Store, log *slog.Logger) (micro.Service, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        ServiceName,
+		Version:     ServiceVersion,
+		Description: "PAL: start, read, approve and cancel durable AI-agent runs",
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	g := svc.AddGroup("pal.api.runs")
+	do := func(kind string) micro.Handler {
+		return micro.HandlerFunc(func(req micro.Request) {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			ans, _, err := workers.Do(rctx, store, nc, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api")
+			if err != nil {
+				respondError(req, err, log)
+				return
+			}
+			_ = req.RespondJSON(ans)
+		})
+	}
+	get := micro.HandlerFunc(func(req micro.Request) {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		var r getRequest
+		if err := workers.DecodeStrict(req.Data(), &r); err != nil {
+			respondError(req, err, log)
+			return
+		}
+		if r.RunID == "" {
+			respondError(req, &workers.InputError{Field: "run_id", Msg: "required"}, log)
+			return
+		}
+		v, err := workers.GetRun(rctx, store, r.RunID)
+		if err != nil {
+			respondError(req, err, log)
+			return
+		}
+		_ = req.RespondJSON(v)
+	})
+	for _, ep := range []struct {
+		name string
+		h    micro.Handler
+	}{{"start", do(workers.CmdStart)}, {"get", get}, {"approve", do(workers.CmdApprove)}, {"cancel", do(workers.CmdCancel)}} {
+		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+// statusOf maps an answer code to an HTTP-style status.
+func statusOf(code string) int {
+	switch code {
+	case "bad_input":
+		return 400
+	case "not_found":
+		return 404
+	case "conflict":
+		return 409
+	default:
+		return 503
+	}
+}
+
+func respondError(req micro.Request, err error, log *slog.Logger) {
+	ans := workers.ErrorAnswer(err)
+	if errors.Is(err, eventstore.ErrRunNotFound) {
+		ans.Error = "run not found"
+	}
+	body, _ := json.Marshal(ans)
+	if ans.Code == "unavailable" {
+		log.Warn("pal.api request failed", "subject", req.Subject(), "err", err)
+	}
+	_ = req.Error(itoa(statusOf(ans.Code)), ans.Error, body)
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}

@@ -1,0 +1,86 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/workers"
+)
+
+func TestNATSService(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	nc := ns.Conn(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
+	store, err := eventstore.Open(ctx, js)
+	require.NoError(t, err)
+	svc, err := api.StartService(ctx, nc, store, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = svc.Stop() })
+	testenv.CheckJournalOnCleanup(t, nc)
+
+	// Discovery, as nats micro ls does it.
+	info, err := nc.Request("$SRV.INFO.pal", nil, 5*time.Second)
+	require.NoError(t, err)
+	var si micro.Info
+	require.NoError(t, json.Unmarshal(info.Data, &si))
+	require.Equal(t, "pal", si.Name)
+	var subjects []string
+	for _, ep := range si.Endpoints {
+		subjects = append(subjects, ep.Subject)
+	}
+	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel"}, subjects)
+
+	req := func(subject, body string) (map[string]any, *nats.Msg) {
+		t.Helper()
+		m, err := nc.Request(subject, []byte(body), 10*time.Second)
+		require.NoError(t, err)
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(m.Data, &out), string(m.Data))
+		return out, m
+	}
+	wf := `{"name":"one","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`
+	out, m := req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
+	require.Empty(t, m.Header.Get(micro.ErrorHeader))
+	runID, _ := out["run_id"].(string)
+	require.Equal(t, workers.RunIDForKey("k1"), runID)
+	require.Equal(t, true, out["created"])
+	out, _ = req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
+	require.Equal(t, runID, out["run_id"])
+	require.Equal(t, false, out["created"], "the same key creates one run")
+
+	out, _ = req("pal.api.runs.get", fmt.Sprintf(`{"run_id":%q}`, runID))
+	require.Equal(t, "queued", out["status"])
+
+	for _, tc := range []struct{ subject, body, code, status string }{
+		{"pal.api.runs.start", `{"workflow":`, "bad_input", "400"},
+		{"pal.api.runs.start", `{"workflow":{"name":"x"},"bogus":true}`, "bad_input", "400"},
+		{"pal.api.runs.get", `{"run_id":"nope"}`, "not_found", "404"},
+		{"pal.api.runs.get", `{"run_id":"a>"}`, "bad_input", "400"},
+		{"pal.api.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"a","decision":"approve","approver":"x"}`, runID), "conflict", "409"},
+		{"pal.api.runs.cancel", `{"run_id":"missing"}`, "not_found", "404"},
+	} {
+		out, m := req(tc.subject, tc.body)
+		require.Equal(t, tc.code, out["code"], tc.body)
+		require.NotEmpty(t, out["error"], tc.body)
+		require.Equal(t, tc.status, m.Header.Get(micro.ErrorCodeHeader), tc.body)
+	}
+	out, _ = req("pal.api.runs.cancel", fmt.Sprintf(`{"run_id":%q,"reason":"test"}`, runID))
+	require.Equal(t, true, out["ok"])
+	out, _ = req("pal.api.runs.get", fmt.Sprintf(`{"run_id":%q}`, runID))
+	require.Equal(t, "cancelled", out["status"])
+}

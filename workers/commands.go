@@ -1,0 +1,166 @@
+package workers
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Command kinds: the last token of pal.cmd.runs.<kind>.
+const (
+	CmdStart   = "start"
+	CmdApprove = "approve"
+	CmdCancel  = "cancel"
+	CmdSignal  = "signal"
+)
+
+// MaxCommandBytes bounds a command body.
+const MaxCommandBytes = 1 << 20
+
+// StartCommand starts a run: pal.cmd.runs.start, pal.api.runs.start,
+// POST /v1/runs.
+type StartCommand struct {
+	Workflow       json.RawMessage `json:"workflow"`
+	Input          json.RawMessage `json:"input,omitempty"`
+	RunID          string          `json:"run_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	ReplyTo        string          `json:"reply_to,omitempty"`
+}
+
+// ApproveCommand decides an approval step.
+type ApproveCommand struct {
+	RunID    string `json:"run_id"`
+	StepID   string `json:"step_id"`
+	Decision string `json:"decision"` // approve or reject
+	Approver string `json:"approver"`
+	Comment  string `json:"comment,omitempty"`
+	ReplyTo  string `json:"reply_to,omitempty"`
+}
+
+// CancelCommand cancels a run.
+type CancelCommand struct {
+	RunID   string `json:"run_id"`
+	Reason  string `json:"reason,omitempty"`
+	By      string `json:"by,omitempty"`
+	ReplyTo string `json:"reply_to,omitempty"`
+}
+
+// SignalCommand sends a named signal to a run.
+type SignalCommand struct {
+	RunID   string          `json:"run_id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	ReplyTo string          `json:"reply_to,omitempty"`
+}
+
+// DecodeStrict decodes one JSON object into v, refusing unknown fields,
+// wrong types, trailing data and bodies over MaxCommandBytes, with an
+// *InputError naming the field.
+func DecodeStrict(body []byte, v any) error {
+	if len(body) > MaxCommandBytes {
+		return &InputError{Msg: fmt.Sprintf("body is %d bytes; the limit is %d", len(body), MaxCommandBytes)}
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return &InputError{Msg: "empty body: want a JSON object"}
+	}
+	if body[0] != '{' {
+		return &InputError{Msg: "want a JSON object"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return &InputError{Msg: "unexpected data after the JSON object"}
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return &InputError{Msg: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)}
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			field = "body"
+		}
+		return &InputError{Field: field, Msg: fmt.Sprintf("wrong type: got %s, want %s", te.Value, jsonType(te.Type.Kind().String()))}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &InputError{Msg: "malformed JSON: unexpected end"}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return &InputError{Field: f, Msg: "unknown field"}
+	default:
+		return &InputError{Msg: "malformed JSON: " + err.Error()}
+	}
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	case "int", "int64", "float64", "uint64":
+		return "a number"
+	case "slice":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	}
+	return kind
+}
+
+// Validate checks a start command's fields (the workflow itself is
+// validated by StartRun).
+func (c *StartCommand) Validate() error {
+	if len(bytes.TrimSpace(c.Workflow)) == 0 || string(bytes.TrimSpace(c.Workflow)) == "null" {
+		return &InputError{Field: "workflow", Msg: "required: the workflow graph as a JSON object"}
+	}
+	if b := bytes.TrimSpace(c.Workflow); b[0] != '{' {
+		return &InputError{Field: "workflow", Msg: "want a JSON object"}
+	}
+	return nil
+}
+
+// Validate checks an approve command.
+func (c *ApproveCommand) Validate() error {
+	switch {
+	case c.RunID == "":
+		return &InputError{Field: "run_id", Msg: "required"}
+	case c.StepID == "":
+		return &InputError{Field: "step_id", Msg: "required"}
+	case c.Decision != "approve" && c.Decision != "reject":
+		return &InputError{Field: "decision", Msg: fmt.Sprintf("%q: want \"approve\" or \"reject\"", c.Decision)}
+	case c.Approver == "":
+		return &InputError{Field: "approver", Msg: "required: say who decides"}
+	}
+	return nil
+}
+
+// Validate checks a cancel command.
+func (c *CancelCommand) Validate() error {
+	if c.RunID == "" {
+		return &InputError{Field: "run_id", Msg: "required"}
+	}
+	return nil
+}
+
+// Validate checks a signal command.
+func (c *SignalCommand) Validate() error {
+	switch {
+	case c.RunID == "":
+		return &InputError{Field: "run_id", Msg: "required"}
+	case c.Name == "":
+		return &InputError{Field: "name", Msg: "required"}
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workers"
+)
+
+func (b *bundle) commands(t *testing.T) {
+	t.Helper()
+	p := workers.NewCommandProcessor(b.store, testLogger(t))
+	require.NoError(t, p.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, p.Stop(ctx))
+	})
+}
+
+func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := json.RawMessage(echoChain(2))
+	body, _ := json.Marshal(map[string]any{"workflow": wf, "input": map[string]int{"n": 1}, "idempotency_key": "order-7"})
+	// Published three times while nothing consumes: by key, and twice with
+	// the same Nats-Msg-Id but no key.
+	for range 2 {
+		_, err := b.js.Publish(ctx, "pal.cmd.runs.start", body)
+		require.NoError(t, err)
+	}
+	nokey, _ := json.Marshal(map[string]any{"workflow": wf})
+	for range 2 {
+		_, err := b.js.Publish(ctx, "pal.cmd.runs.start", nokey, jetstream.WithMsgID("req-99"))
+		require.NoError(t, err)
+	}
+	st, err := b.js.Stream(ctx, eventstore.CommandsStream)
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), st.CachedInfo().State.Msgs, "JetStream dropped the duplicate Nats-Msg-Id")
+
+	b.commands(t)
+	b.worker(t, "w1", nil)
+	for _, key := range []string{"order-7", "req-99"} {
+		runID := workers.RunIDForKey(key)
+		require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+		require.Len(t, find(b.events(t, runID), event.RunCreated, ""), 1)
+	}
+	require.Eventually(t, func() bool {
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	}, 10*time.Second, 20*time.Millisecond, "every command is acked")
+	j := b.journal(t)
+	require.Len(t, j, 2, "two distinct starts, two runs")
+}
+
+func (b *bundle) journal(t *testing.T) map[string][]event.Event {
+	t.Helper()
+	evs := map[string][]event.Event{}
+	for _, id := range []string{workers.RunIDForKey("order-7"), workers.RunIDForKey("req-99")} {
+		if e, _, err := b.store.Read(context.Background(), id); err == nil {
+			evs[id] = e
+		}
+	}
+	return evs
+}
+
+func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	rejected := make(chan *nats.Msg, 64)
+	sub, err := b.nc.ChanSubscribe(eventstore.RejectedSubject, rejected)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	b.commands(t)
+	runID := b.start(t, echoChain(1), `{}`)
+	b.worker(t, "w1", nil)
+	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+	before := b.events(t, runID)
+
+	cases := []struct {
+		subject, body, code, field, want string
+	}{
+		{"pal.cmd.runs.start", `{"workflow":`, "bad_input", "", "malformed JSON"},
+		{"pal.cmd.runs.start", `[1,2]`, "bad_input", "", "want a JSON object"},
+		{"pal.cmd.runs.start", `{"workflow":{"name":"x"},"extra":1}`, "bad_input", "extra", "unknown field"},
+		{"pal.cmd.runs.start", `{"workflow":"text"}`, "bad_input", "workflow", "want a JSON object"},
+		{"pal.cmd.runs.start", `{"workflow":{"name":"x","nodes":[],"edges":[]}}`, "bad_input", "workflow", "workflow \"x\""},
+		{"pal.cmd.runs.start", `{"workflow":{"name":"x"},"run_id":"a.b"}`, "bad_input", "run_id", "invalid run id"},
+		{"pal.cmd.runs.cancel", `{"run_id":42}`, "bad_input", "run_id", "wrong type"},
+		{"pal.cmd.runs.cancel", `{"run_id":"run.*"}`, "bad_input", "run_id", "invalid run id"},
+		{"pal.cmd.runs.cancel", `{"run_id":"run_unknown"}`, "not_found", "", "run not found"},
+		{"pal.cmd.runs.cancel", fmt.Sprintf(`{"run_id":%q}`, runID), "conflict", "", "already finished"},
+		{"pal.cmd.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"t1","decision":"approve","approver":"bo"}`, runID), "conflict", "", "already finished"},
+		{"pal.cmd.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"t1","decision":"maybe","approver":"bo"}`, runID), "bad_input", "decision", "want"},
+		{"pal.cmd.runs.signal", fmt.Sprintf(`{"run_id":%q}`, runID), "bad_input", "name", "required"},
+		{"pal.cmd.runs.restart", `{}`, "bad_input", "", "unknown command"},
+	}
+	for _, tc := range cases {
+		inbox := nats.NewInbox()
+		replies, err := b.nc.SubscribeSync(inbox)
+		require.NoError(t, err)
+		msg := nats.NewMsg(tc.subject)
+		msg.Data = []byte(tc.body)
+		msg.Header.Set(workers.ReplyToHeader, inbox)
+		_, err = b.js.PublishMsg(ctx, msg)
+		require.NoError(t, err, tc.body)
+		r, err := replies.NextMsg(10 * time.Second)
+		require.NoError(t, err, "no answer to %s %s", tc.subject, tc.body)
+		var ans workers.Answer
+		require.NoError(t, json.Unmarshal(r.Data, &ans))
+		require.False(t, ans.OK, tc.body)
+		require.Equal(t, tc.code, ans.Code, "%s: %s", tc.body, ans.Error)
+		require.Equal(t, tc.field, ans.Field, "%s: %s", tc.body, ans.Error)
+		require.Contains(t, ans.Error, tc.want, tc.body)
+		select {
+		case m := <-rejected:
+			var rej workers.Rejection
+			require.NoError(t, json.Unmarshal(m.Data, &rej))
+			require.Equal(t, tc.subject, rej.Subject)
+			require.Equal(t, tc.body, rej.Command)
+			require.Equal(t, ans.Error, rej.Error)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no pal.cmd.rejected for %s", tc.body)
+		}
+		_ = replies.Unsubscribe()
+	}
+	require.Equal(t, before, b.events(t, runID), "refused commands wrote nothing")
+}
+
+func FuzzDecodeCommand(f *testing.F) {
+	for _, s := range []string{`{"workflow":{"name":"x"},"input":{}}`, `{"run_id":"r","step_id":"s","decision":"approve","approver":"a"}`,
+		`{"run_id":"r"}`, `{"run_id":"r","name":"n","payload":[1]}`, `{`, `[]`, `null`, `{"run_id":1}`, `{"a":1}`, ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		var cmds = []any{&workers.StartCommand{}, &workers.ApproveCommand{}, &workers.CancelCommand{}, &workers.SignalCommand{}}
+		for _, c := range cmds {
+			err := workers.DecodeStrict([]byte(body), c)
+			if err == nil {
+				continue
+			}
+			var ie *workers.InputError
+			require.ErrorAs(t, err, &ie, "every refusal is an *InputError")
+			require.NotEmpty(t, ie.Error())
+		}
+	})
+}
