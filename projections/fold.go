@@ -1,0 +1,263 @@
+package projections
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync/atomic"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+)
+
+// counters are a projector's metrics.
+type counters struct {
+	events     atomic.Uint64
+	batches    atomic.Uint64
+	checkpoint atomic.Uint64
+	foldErrors atomic.Uint64
+	malformed  atomic.Uint64
+	retries    atomic.Uint64
+	loads      atomic.Uint64
+}
+
+// decoded is one stream message: its stream sequence and its events (one,
+// or several consecutive ones of one run when packed).
+type decoded struct {
+	streamSeq uint64
+	evs       []event.Event
+}
+
+// batch is what one transaction writes.
+type batch struct {
+	journal  []journalRow
+	runs     []RunRow
+	steps    []StepRow
+	receipts []ReceiptRow
+	// lastStreamSeq is the highest stream sequence of the batch: the
+	// checkpoint once the batch commits.
+	lastStreamSeq uint64
+}
+
+// folder turns messages into rows with the engine's fold. It keeps the
+// folded state of recently active runs, so an event costs one Apply; a run
+// it has not got (cache miss, restart) or whose next event is not the one
+// after its state (redelivery, gap) is folded afresh from its journal in
+// JetStream. It is used by one goroutine.
+type folder struct {
+	cache *stateCache
+	// load reads a run's whole journal (eventstore.Store.Read).
+	load  func(ctx context.Context, runID string) ([]event.Event, error)
+	log   *slog.Logger
+	stats *counters
+}
+
+// fold maps msgs to one batch of rows. It fails only when ctx ends (while
+// reading a journal from JetStream): a run whose journal does not fold
+// still gets its journal rows, is logged and counted, and gets no more
+// derived rows.
+func (f *folder) fold(ctx context.Context, msgs []decoded) (*batch, error) {
+	b := &batch{}
+	type key struct {
+		run string
+		seq uint64
+	}
+	seen := make(map[key]bool, len(msgs))
+	byRun := map[string][]event.Event{}
+	var order []string
+	for _, m := range msgs {
+		b.lastStreamSeq = max(b.lastStreamSeq, m.streamSeq)
+		for _, ev := range m.evs {
+			k := key{ev.RunID, ev.Seq}
+			if seen[k] {
+				continue // redelivered within the batch
+			}
+			seen[k] = true
+			b.journal = append(b.journal, journalRowOf(ev, m.streamSeq))
+			if _, ok := byRun[ev.RunID]; !ok {
+				order = append(order, ev.RunID)
+			}
+			byRun[ev.RunID] = append(byRun[ev.RunID], ev)
+		}
+	}
+	keys := map[string]bool{}
+	for _, run := range order {
+		if err := f.foldRun(ctx, b, run, byRun[run], keys); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// foldRun applies one run's events of the batch to its state and adds the
+// rows they changed.
+func (f *folder) foldRun(ctx context.Context, b *batch, runID string, evs []event.Event, keys map[string]bool) error {
+	// A redelivered older message may follow a newer one.
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
+	e := f.cache.get(runID)
+	if e != nil && e.broken {
+		return nil
+	}
+	var st *engine.RunState
+	var prev uint64 // rows changed after prev are written
+	if e != nil {
+		st, prev = e.st, e.st.LastSeq
+	}
+	for len(evs) > 0 && evs[0].Seq <= prev {
+		evs = evs[1:] // already folded (and written)
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	withBlobs := false
+	if st == nil || evs[0].Seq != st.LastSeq+1 {
+		var err error
+		if st, err = f.rebuild(ctx, runID, evs[0].Seq-1); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			f.broken(runID, st, err)
+			return nil
+		}
+		// A state folded afresh writes all its rows: the guards make the
+		// unchanged ones no-ops, and a missing one comes back.
+		prev, withBlobs = 0, true
+	}
+	var foldErr error
+	for _, ev := range evs {
+		if err := st.Apply(ev); err != nil {
+			foldErr = err
+			break
+		}
+	}
+	f.addRows(b, st, prev, withBlobs, keys)
+	switch {
+	case foldErr != nil:
+		f.broken(runID, st, foldErr)
+	case st.Status.Terminal():
+		f.cache.remove(runID) // nothing follows a terminal event
+	default:
+		f.cache.put(runID, &cacheEntry{st: st})
+	}
+	return nil
+}
+
+// rebuild folds a run's journal from JetStream up to seq upto.
+func (f *folder) rebuild(ctx context.Context, runID string, upto uint64) (*engine.RunState, error) {
+	st := &engine.RunState{}
+	if upto == 0 {
+		return st, nil
+	}
+	f.stats.loads.Add(1)
+	evs, err := f.load(ctx, runID)
+	if err != nil {
+		return st, err
+	}
+	for _, ev := range evs {
+		if ev.Seq > upto {
+			break
+		}
+		if err := st.Apply(ev); err != nil {
+			return st, err
+		}
+	}
+	if st.LastSeq != upto {
+		return st, fmt.Errorf("run %s: the journal in JetStream ends at seq %d, before seq %d", runID, st.LastSeq, upto)
+	}
+	return st, nil
+}
+
+// broken records a run whose journal does not fold: it keeps its journal
+// rows and the rows of the state before the error, and gets no more.
+func (f *folder) broken(runID string, st *engine.RunState, err error) {
+	f.stats.foldErrors.Add(1)
+	f.log.Error("run journal does not fold; projecting its journal rows only", "run", runID, "err", err)
+	f.cache.put(runID, &cacheEntry{st: st, broken: true})
+}
+
+// addRows adds the rows of st that changed after seq prev.
+func (f *folder) addRows(b *batch, st *engine.RunState, prev uint64, withBlobs bool, keys map[string]bool) {
+	if st.LastSeq <= prev || st.LastSeq == 0 {
+		return
+	}
+	b.runs = append(b.runs, runRowOf(st, withBlobs))
+	for _, id := range st.Order {
+		s := st.Steps[id]
+		for _, a := range s.Attempts {
+			if a.LastSeq <= prev {
+				continue
+			}
+			if !fitsInt32(a.Attempt) {
+				f.log.Error("attempt number out of range; step attempt not projected", "run", st.RunID, "step", id, "attempt", a.Attempt)
+				continue
+			}
+			b.steps = append(b.steps, stepRowOf(st.RunID, s, a))
+			if !a.Claimed {
+				continue
+			}
+			r := receiptRowOf(st.RunID, s, a)
+			if r.IdempotencyKey != "" {
+				if keys[r.IdempotencyKey] {
+					f.log.Error("idempotency key claimed twice in one batch; receipt not projected", "run", st.RunID, "step", id, "attempt", a.Attempt)
+					continue
+				}
+				keys[r.IdempotencyKey] = true
+			}
+			b.receipts = append(b.receipts, r)
+		}
+	}
+}
+
+// cacheEntry is a run's folded state; broken marks a journal that does not
+// fold.
+type cacheEntry struct {
+	runID  string
+	st     *engine.RunState
+	broken bool
+}
+
+// stateCache is an LRU of folded run states.
+type stateCache struct {
+	cap   int
+	ll    *list.List
+	items map[string]*list.Element
+}
+
+func newStateCache(n int) *stateCache {
+	return &stateCache{cap: max(n, 1), ll: list.New(), items: map[string]*list.Element{}}
+}
+
+func (c *stateCache) get(runID string) *cacheEntry {
+	el, ok := c.items[runID]
+	if !ok {
+		return nil
+	}
+	c.ll.MoveToFront(el)
+	return el.Value.(*cacheEntry)
+}
+
+func (c *stateCache) put(runID string, e *cacheEntry) {
+	e.runID = runID
+	if el, ok := c.items[runID]; ok {
+		el.Value = e
+		c.ll.MoveToFront(el)
+		return
+	}
+	c.items[runID] = c.ll.PushFront(e)
+	for c.ll.Len() > c.cap {
+		old := c.ll.Back()
+		c.ll.Remove(old)
+		delete(c.items, old.Value.(*cacheEntry).runID)
+	}
+}
+
+func (c *stateCache) remove(runID string) {
+	if el, ok := c.items[runID]; ok {
+		c.ll.Remove(el)
+		delete(c.items, runID)
+	}
+}
+
+func (c *stateCache) len() int { return c.ll.Len() }

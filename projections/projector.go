@@ -1,0 +1,531 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+)
+
+// DefaultName names the projector: its durable consumer on PAL_EVENTS and
+// its row in projection_checkpoints.
+const DefaultName = "pal-projector"
+
+// Defaults of Config.
+const (
+	DefaultBatchSize = 1000
+	DefaultCacheSize = 10_000
+)
+
+// Config configures a Projector.
+type Config struct {
+	// Name is the durable consumer and checkpoint name (DefaultName).
+	Name string
+	// BatchSize caps the messages written in one transaction
+	// (DefaultBatchSize). A batch holds whatever has arrived when the
+	// previous one committed, so batches are small when events trickle in
+	// and full when the projector is catching up.
+	BatchSize int
+	// CacheSize is how many runs' folded states are kept (DefaultCacheSize).
+	// A run that falls out is folded again from JetStream when its next
+	// event arrives.
+	CacheSize int
+	// Logger receives the projector's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.CacheSize <= 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Stats are a projector's counters since it was created.
+type Stats struct {
+	// Events counts journal events written (a redelivered one again).
+	Events uint64
+	// Batches counts committed transactions.
+	Batches uint64
+	// Checkpoint is the last committed PAL_EVENTS stream sequence.
+	Checkpoint uint64
+	// FoldErrors counts runs whose journal did not fold: they keep their
+	// journal rows and get no more derived rows (each is logged).
+	FoldErrors uint64
+	// Malformed counts messages that are not PAL events (logged, skipped).
+	Malformed uint64
+	// WriteRetries counts batch writes that failed and were retried
+	// (Postgres down or refusing).
+	WriteRetries uint64
+	// Loads counts runs folded afresh from JetStream (cache misses).
+	Loads uint64
+}
+
+// CheckpointAheadError reports a database whose checkpoint is past the end
+// of PAL_EVENTS: it holds the projection of another (or an older) stream.
+type CheckpointAheadError struct {
+	Projector  string
+	Checkpoint uint64
+	StreamLast uint64
+}
+
+func (e *CheckpointAheadError) Error() string {
+	return fmt.Sprintf("projector %s: the checkpoint in Postgres (stream seq %d) is past the end of %s (last seq %d): "+
+		"this database projects another stream; run 'pal projections rebuild' to project this one",
+		e.Projector, e.Checkpoint, eventstore.EventsStream, e.StreamLast)
+}
+
+// Projector folds PAL_EVENTS into the Postgres tables. It reads the stream
+// with a durable pull consumer, writes each batch of messages and its
+// checkpoint in one transaction, and acknowledges the batch after the
+// commit. Run one projector per database.
+type Projector struct {
+	cfg   Config
+	pool  *pgxpool.Pool
+	store *eventstore.Store
+	w     *writer
+	f     *folder
+	log   *slog.Logger
+	stats counters
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	ckMu      sync.Mutex
+	ckChanged chan struct{}
+}
+
+// New returns a projector writing to the tables pool finds (apply Migrate
+// first) from the journal in store.
+func New(pool *pgxpool.Pool, store *eventstore.Store, cfg Config) *Projector {
+	cfg = cfg.withDefaults()
+	p := &Projector{
+		cfg:       cfg,
+		pool:      pool,
+		store:     store,
+		w:         newWriter(""),
+		log:       cfg.Logger.With("projector", cfg.Name),
+		ckChanged: make(chan struct{}),
+	}
+	p.f = &folder{cache: newStateCache(cfg.CacheSize), load: p.readRun, log: p.log, stats: &p.stats}
+	return p
+}
+
+// Open opens the event store on js and returns a projector over it.
+// Errors: those of eventstore.Open (PAL's streams must exist).
+func Open(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Projector, error) {
+	store, err := eventstore.Open(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	return New(pool, store, cfg), nil
+}
+
+func (p *Projector) readRun(ctx context.Context, runID string) ([]event.Event, error) {
+	evs, _, err := p.store.Read(ctx, runID)
+	return evs, err
+}
+
+// Start positions the durable consumer at the checkpoint stored in Postgres
+// and begins projecting in the background; Stop ends it. While Postgres or
+// NATS is unreachable Start keeps trying until ctx ends. Errors: ctx's;
+// *CheckpointAheadError; a missing table (run Migrate first).
+func (p *Projector) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started {
+		return errors.New("projector already started")
+	}
+	cons, cp, err := p.initConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	p.started = true
+	p.setCheckpoint(cp)
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	p.done = make(chan struct{})
+	in := make(chan jetstream.Msg, p.cfg.BatchSize)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.read(runCtx, cons, in) }()
+	go func() { defer wg.Done(); p.project(runCtx, in) }()
+	go func() { wg.Wait(); close(p.done) }()
+	p.log.Info("projector started", "checkpoint", cp, "batch_size", p.cfg.BatchSize)
+	return nil
+}
+
+// Stop stops projecting and waits for the projector's goroutines, or for
+// ctx to end. A batch in flight is abandoned unacknowledged; the next start
+// writes it again, which changes nothing. Stop is idempotent.
+func (p *Projector) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	if !p.started || p.stopped {
+		p.mu.Unlock()
+		return nil
+	}
+	p.stopped = true
+	p.cancel()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		p.log.Info("projector stopped", "checkpoint", p.stats.checkpoint.Load())
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stats returns the projector's counters.
+func (p *Projector) Stats() Stats {
+	return Stats{
+		Events:       p.stats.events.Load(),
+		Batches:      p.stats.batches.Load(),
+		Checkpoint:   p.stats.checkpoint.Load(),
+		FoldErrors:   p.stats.foldErrors.Load(),
+		Malformed:    p.stats.malformed.Load(),
+		WriteRetries: p.stats.retries.Load(),
+		Loads:        p.stats.loads.Load(),
+	}
+}
+
+// WaitFor waits until the projector has committed every message up to
+// PAL_EVENTS stream sequence seq, or ctx ends.
+func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
+	for {
+		p.ckMu.Lock()
+		cur, changed := p.stats.checkpoint.Load(), p.ckChanged
+		p.ckMu.Unlock()
+		if cur >= seq {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for projector %s to reach stream seq %d (at %d): %w", p.cfg.Name, seq, cur, ctx.Err())
+		}
+	}
+}
+
+// WaitCaughtUp waits until every event in PAL_EVENTS when it is called has
+// been projected, or ctx ends.
+func (p *Projector) WaitCaughtUp(ctx context.Context) error {
+	last, err := streamLastSeq(ctx, p.store.JetStream())
+	if err != nil {
+		return err
+	}
+	return p.WaitFor(ctx, last)
+}
+
+func (p *Projector) setCheckpoint(seq uint64) {
+	p.ckMu.Lock()
+	defer p.ckMu.Unlock()
+	if seq <= p.stats.checkpoint.Load() {
+		return
+	}
+	p.stats.checkpoint.Store(seq)
+	close(p.ckChanged)
+	p.ckChanged = make(chan struct{})
+}
+
+// initConsumer reads the checkpoint and positions the durable consumer
+// right after it, retrying while Postgres or NATS is unreachable.
+func (p *Projector) initConsumer(ctx context.Context) (jetstream.Consumer, uint64, error) {
+	bo := newBackoff()
+	for attempt := 1; ; attempt++ {
+		cons, cp, err := p.openConsumer(ctx, true)
+		if err == nil {
+			return cons, cp, nil
+		}
+		var ahead *CheckpointAheadError
+		var pgErr *pgconn.PgError
+		switch {
+		case ctx.Err() != nil:
+			return nil, 0, ctx.Err()
+		case errors.As(err, &ahead):
+			return nil, 0, err
+		case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+			return nil, 0, fmt.Errorf("projector %s: %w (apply the migrations first: pal migrate)", p.cfg.Name, err)
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			p.log.Warn("waiting for Postgres and NATS to start the projector", "attempt", attempt, "err", err)
+		}
+		if err := sleep(ctx, bo.NextBackOff()); err != nil {
+			return nil, 0, err
+		}
+	}
+}
+
+// openConsumer returns the durable consumer positioned after the
+// checkpoint, and the checkpoint. With verify, an existing consumer that
+// is not exactly at the checkpoint with nothing in flight (a projector
+// died mid-batch, an ack was lost, the database was replaced) is deleted
+// and created again at the checkpoint: Postgres, not the consumer, knows
+// what has been written. Without verify an existing consumer is used as
+// it is.
+func (p *Projector) openConsumer(ctx context.Context, verify bool) (jetstream.Consumer, uint64, error) {
+	cp, err := readCheckpoint(ctx, p.pool, p.cfg.Name)
+	if err != nil {
+		return nil, 0, err
+	}
+	stream, err := p.store.JetStream().Stream(ctx, eventstore.EventsStream)
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening stream %s: %w", eventstore.EventsStream, err)
+	}
+	if last := stream.CachedInfo().State.LastSeq; cp > last {
+		return nil, 0, &CheckpointAheadError{Projector: p.cfg.Name, Checkpoint: cp, StreamLast: last}
+	}
+	cons, err := stream.Consumer(ctx, p.cfg.Name)
+	switch {
+	case err == nil:
+		ci := cons.CachedInfo()
+		if !verify || (ci.AckFloor.Stream == cp && ci.Delivered.Stream == cp && ci.NumAckPending == 0 &&
+			ci.Config.AckPolicy == jetstream.AckAllPolicy) {
+			return cons, cp, nil
+		}
+		p.log.Info("repositioning the consumer at the checkpoint", "checkpoint", cp,
+			"consumer_ack_floor", ci.AckFloor.Stream, "consumer_delivered", ci.Delivered.Stream, "in_flight", ci.NumAckPending)
+		if err := stream.DeleteConsumer(ctx, p.cfg.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, 0, fmt.Errorf("deleting consumer %s: %w", p.cfg.Name, err)
+		}
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	default:
+		return nil, 0, fmt.Errorf("looking up consumer %s: %w", p.cfg.Name, err)
+	}
+	cons, err = stream.CreateConsumer(ctx, p.consumerConfig(cp))
+	if err != nil {
+		return nil, 0, fmt.Errorf("creating consumer %s: %w", p.cfg.Name, err)
+	}
+	return cons, cp, nil
+}
+
+func (p *Projector) consumerConfig(checkpoint uint64) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		Durable:     p.cfg.Name,
+		Description: "PAL projector: PAL_EVENTS into Postgres",
+		// Batches commit in stream order, so acknowledging a batch's last
+		// message acknowledges the batch.
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       time.Minute,
+		MaxDeliver:    -1,
+		MaxAckPending: max(8*p.cfg.BatchSize, 10_000),
+		FilterSubject: eventstore.EventsPrefix + "*",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if checkpoint > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = checkpoint + 1
+	}
+	return cfg
+}
+
+// read feeds messages from the consumer into in until ctx ends. When the
+// consumer's iterator fails (the consumer was deleted, the connection
+// closed) it looks the consumer up again, or creates it at the checkpoint.
+func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, in chan<- jetstream.Msg) {
+	bo := newBackoff()
+	for ctx.Err() == nil {
+		if cons == nil {
+			c, _, err := p.openConsumer(ctx, false)
+			if err != nil {
+				if ctx.Err() == nil {
+					p.log.Warn("reopening the consumer", "err", err)
+				}
+				_ = sleep(ctx, bo.NextBackOff())
+				continue
+			}
+			cons = c
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(2 * p.cfg.BatchSize))
+		if err != nil {
+			p.log.Warn("reading "+eventstore.EventsStream, "err", err)
+			cons = nil
+			_ = sleep(ctx, bo.NextBackOff())
+			continue
+		}
+		for {
+			m, err := it.Next(jetstream.NextContext(ctx))
+			if err != nil {
+				it.Stop()
+				if ctx.Err() == nil {
+					p.log.Warn("reading "+eventstore.EventsStream, "err", err)
+					cons = nil
+					_ = sleep(ctx, bo.NextBackOff())
+				}
+				break
+			}
+			bo.Reset()
+			select {
+			case in <- m:
+			case <-ctx.Done():
+				it.Stop()
+				return
+			}
+		}
+	}
+}
+
+// project writes what arrives on in, batch after batch, until ctx ends.
+func (p *Projector) project(ctx context.Context, in <-chan jetstream.Msg) {
+	msgs := make([]jetstream.Msg, 0, p.cfg.BatchSize)
+	for {
+		msgs = msgs[:0]
+		select {
+		case m := <-in:
+			msgs = append(msgs, m)
+		case <-ctx.Done():
+			return
+		}
+	drain:
+		for len(msgs) < p.cfg.BatchSize {
+			select {
+			case m := <-in:
+				msgs = append(msgs, m)
+			default:
+				break drain
+			}
+		}
+		if err := p.handle(ctx, msgs); err != nil {
+			return // ctx ended
+		}
+	}
+}
+
+// handle folds msgs, writes them and the checkpoint in one transaction
+// (retrying while Postgres refuses), then acknowledges them.
+func (p *Projector) handle(ctx context.Context, msgs []jetstream.Msg) error {
+	dec := make([]decoded, 0, len(msgs))
+	for _, m := range msgs {
+		d, ok := p.decode(m)
+		if ok {
+			dec = append(dec, d)
+		}
+	}
+	b, err := p.f.fold(ctx, dec)
+	if err != nil {
+		return err
+	}
+	if err := p.writeRetrying(ctx, b); err != nil {
+		return err
+	}
+	if err := msgs[len(msgs)-1].Ack(); err != nil {
+		// Harmless: the messages come again and change nothing.
+		p.log.Debug("acknowledging a batch", "err", err)
+	}
+	p.stats.events.Add(uint64(len(b.journal)))
+	p.stats.batches.Add(1)
+	p.setCheckpoint(b.lastStreamSeq)
+	return nil
+}
+
+// decode reads a message's stream sequence and events. A message that is
+// not a PAL event is logged and counted; it still moves the checkpoint.
+func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
+	md, err := m.Metadata()
+	if err != nil {
+		p.stats.malformed.Add(1)
+		p.log.Error("skipping a message without JetStream metadata", "subject", m.Subject(), "err", err)
+		return decoded{}, false
+	}
+	evs, err := event.Decode(m.Data())
+	if err != nil {
+		p.stats.malformed.Add(1)
+		p.log.Error("skipping a message that is not a PAL event", "stream_seq", md.Sequence.Stream, "subject", m.Subject(), "err", err)
+		return decoded{streamSeq: md.Sequence.Stream}, true
+	}
+	return decoded{streamSeq: md.Sequence.Stream, evs: evs}, true
+}
+
+// writeRetrying writes b, retrying with backoff until it commits or ctx
+// ends. Nothing is acknowledged meanwhile, so a Postgres outage only
+// delays the projection.
+func (p *Projector) writeRetrying(ctx context.Context, b *batch) error {
+	bo := newBackoff()
+	opts := writeOpts{projector: p.cfg.Name, lock: true, notify: true}
+	for attempt := 1; ; attempt++ {
+		err := p.w.write(ctx, p.pool, b, opts)
+		if err == nil {
+			if attempt > 1 {
+				p.log.Info("batch written after retries", "attempts", attempt, "checkpoint", b.lastStreamSeq)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.stats.retries.Add(1)
+		p.log.Warn("writing a batch to Postgres failed; retrying", "attempt", attempt, "events", len(b.journal),
+			"stream_seq", b.lastStreamSeq, "err", err)
+		if err := sleep(ctx, bo.NextBackOff()); err != nil {
+			return err
+		}
+	}
+}
+
+// readCheckpoint returns a projector's checkpoint, 0 when it has none.
+func readCheckpoint(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, name string) (uint64, error) {
+	var seq int64
+	err := db.QueryRow(ctx, "SELECT stream_seq FROM projection_checkpoints WHERE projector = $1", name).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the checkpoint of %s: %w", name, err)
+	}
+	return uint64(seq), nil
+}
+
+// streamLastSeq returns the last sequence of PAL_EVENTS.
+func streamLastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	s, err := js.Stream(ctx, eventstore.EventsStream)
+	if err != nil {
+		return 0, fmt.Errorf("reading stream %s: %w", eventstore.EventsStream, err)
+	}
+	return s.CachedInfo().State.LastSeq, nil
+}
+
+func newBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 50 * time.Millisecond
+	bo.MaxInterval = 2 * time.Second
+	bo.MaxElapsedTime = 0
+	return bo
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,243 @@
+package projections
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/eventstore"
+)
+
+// ErrRunNotFound is returned by GetRun for a run the projection does not
+// hold. It is eventstore.ErrRunNotFound, so callers test one error
+// whichever side answered.
+var ErrRunNotFound = eventstore.ErrRunNotFound
+
+// ErrBadCursor is returned by ListRuns for a cursor it did not issue.
+var ErrBadCursor = errors.New("invalid cursor")
+
+// Reader runs the read queries of the CLI, the API and the recovery sweep
+// against the projection.
+type Reader struct {
+	pool *pgxpool.Pool
+}
+
+// NewReader returns a Reader over pool.
+func NewReader(pool *pgxpool.Pool) *Reader { return &Reader{pool: pool} }
+
+// DefaultListLimit and MaxListLimit bound RunFilter.Limit.
+const (
+	DefaultListLimit = 50
+	MaxListLimit     = 1000
+)
+
+// RunFilter selects runs for ListRuns.
+type RunFilter struct {
+	// Status keeps runs with this status; empty keeps all.
+	Status engine.Status
+	// Limit caps the rows returned (DefaultListLimit; at most MaxListLimit).
+	Limit int
+	// Before continues a listing: pass the Cursor of the last row of the
+	// previous page.
+	Before string
+}
+
+// RunDetail is a run with its step attempts.
+type RunDetail struct {
+	Run RunRow
+	// Steps holds every attempt of every step, in the order they started.
+	Steps []StepRow
+}
+
+// Cursor returns the position of r in a listing, for RunFilter.Before.
+func (r RunRow) Cursor() string {
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d|%s", r.CreatedAt.UnixMicro(), r.RunID))
+}
+
+func parseCursor(c string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", ErrBadCursor
+	}
+	ts, id, ok := strings.Cut(string(raw), "|")
+	var us int64
+	if _, err := fmt.Sscanf(ts, "%d", &us); !ok || err != nil || id == "" {
+		return time.Time{}, "", ErrBadCursor
+	}
+	return time.UnixMicro(us), id, nil
+}
+
+const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(workflow_hash, ''), input, output,
+	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
+	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
+	created_at, updated_at, ended_at, last_seq`
+
+func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
+	var (
+		r              RunRow
+		status         string
+		input, output  []byte
+		depth, resumes int32
+		ended          pgtype.Timestamptz
+		last           int64
+	)
+	dest := append([]any{&r.RunID, &status, &r.WorkflowName, &r.WorkflowHash, &input, &output,
+		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
+		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
+		&r.CreatedAt, &r.UpdatedAt, &ended, &last}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return r, err
+	}
+	r.Status, r.Input, r.Output = engine.Status(status), input, output
+	r.Depth, r.Resumes, r.LastSeq = int(depth), int(resumes), uint64(last)
+	if ended.Valid {
+		r.EndedAt = ended.Time
+	}
+	return r, nil
+}
+
+// ListRuns returns runs, newest first (by creation time, then run id),
+// without their workflow snapshots. Errors: ErrBadCursor.
+func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	limit = min(limit, MaxListLimit)
+	var (
+		where []string
+		args  []any
+	)
+	if f.Status != "" {
+		args = append(args, string(f.Status))
+		where = append(where, fmt.Sprintf("status = $%d", len(args)))
+	}
+	if f.Before != "" {
+		ts, id, err := parseCursor(f.Before)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, ts, id)
+		where = append(where, fmt.Sprintf("(created_at, run_id) < ($%d, $%d)", len(args)-1, len(args)))
+	}
+	sql := "SELECT " + runColumnsSQL + " FROM runs"
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, limit)
+	sql += fmt.Sprintf(" ORDER BY created_at DESC, run_id DESC LIMIT $%d", len(args))
+	rows, err := q.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing runs: %w", err)
+	}
+	defer rows.Close()
+	var out []RunRow
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing runs: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing runs: %w", err)
+	}
+	return out, nil
+}
+
+// GetRun returns a run, its workflow snapshot and its step attempts.
+// Errors: ErrRunNotFound.
+func (q *Reader) GetRun(ctx context.Context, runID string) (RunDetail, error) {
+	var d RunDetail
+	var wf []byte
+	r, err := scanRun(q.pool.QueryRow(ctx, "SELECT "+runColumnsSQL+", workflow FROM runs WHERE run_id = $1", runID), &wf)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("run %s: %w", runID, ErrRunNotFound)
+	}
+	if err != nil {
+		return d, fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	r.Workflow = wf
+	d.Run = r
+	if d.Steps, err = q.steps(ctx, runID); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
+	rows, err := q.pool.Query(ctx, `SELECT run_id, step_id, attempt, COALESCE(node_id, ''), COALESCE(node_type, ''), status,
+		input, output, COALESCE(error, ''), COALESCE(error_class, ''), COALESCE(idempotency_key, ''), tries,
+		input_tokens, output_tokens, cost_usd, COALESCE(delivery, ''), started_at, ended_at, duration_ms, last_seq
+		FROM steps WHERE run_id = $1 ORDER BY started_at NULLS LAST, step_id, attempt`, runID)
+	if err != nil {
+		return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
+	}
+	defer rows.Close()
+	var out []StepRow
+	for rows.Next() {
+		var (
+			s              StepRow
+			status         string
+			input, output  []byte
+			attempt, tries int32
+			started, ended pgtype.Timestamptz
+			last           int64
+		)
+		if err := rows.Scan(&s.RunID, &s.StepID, &attempt, &s.NodeID, &s.NodeType, &status, &input, &output,
+			&s.Error, &s.ErrorClass, &s.IdempotencyKey, &tries, &s.InputTokens, &s.OutputTokens, &s.CostUSD,
+			&s.Delivery, &started, &ended, &s.DurationMs, &last); err != nil {
+			return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
+		}
+		s.Status, s.Input, s.Output = engine.StepStatus(status), input, output
+		s.Attempt, s.Tries, s.LastSeq = int(attempt), int(tries), uint64(last)
+		if started.Valid {
+			s.StartedAt = started.Time
+		}
+		if ended.Valid {
+			s.EndedAt = ended.Time
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
+	}
+	return out, nil
+}
+
+// Orphans returns up to limit runs that are running or queued, the ones
+// updated longest ago first. They are candidates for the recovery sweep,
+// which checks each for a live lease and pending work before re-enqueuing
+// it.
+func (q *Reader) Orphans(ctx context.Context, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 20
+	}
+	rows, err := q.pool.Query(ctx, `SELECT run_id FROM runs WHERE status IN ('running', 'queued')
+		ORDER BY updated_at, run_id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing orphan candidates: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing orphan candidates: %w", err)
+	}
+	return ids, nil
+}
+
+// Checkpoint returns the stream sequence up to which projector name has
+// written (DefaultName when empty); 0 before its first batch.
+func (q *Reader) Checkpoint(ctx context.Context, name string) (uint64, error) {
+	if name == "" {
+		name = DefaultName
+	}
+	return readCheckpoint(ctx, q.pool, name)
+}
