@@ -386,7 +386,7 @@ func TestNextInvalidWorkflow(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, event.CodeInvalidWorkflow, f.Code)
 	require.Contains(t, f.Error, "workflow snapshot does not parse")
-	require.Contains(t, f.Error, `type "approval" is not implemented`)
+	require.Contains(t, f.Error, `template {{steps.nope.output}}: no node "nope"`)
 
 	// JSON, but not a workflow.
 	h = newHistoryRaw(t, testRun, json.RawMessage(`["start","draft"]`), "x", `{}`)

@@ -32,6 +32,9 @@ const (
 	RunSucceeded           Kind = "run_succeeded"
 	RunFailed              Kind = "run_failed"
 	RunCancelled           Kind = "run_cancelled"
+	// ApprovalReceived records a decision on an approval step. It is an
+	// input from outside the run: any writer may append it, fenced.
+	ApprovalReceived Kind = "approval_received"
 )
 
 // Kinds lists every kind in a stable order.
@@ -39,13 +42,18 @@ var Kinds = []Kind{
 	RunCreated, RunResumed, StepStarted, StepCompleted, StepFailed, StepRetrying,
 	StepWaiting, SideEffectClaimed, SideEffectDelivered, ChildRunCreated,
 	AnomalyDetected, ConfidenceEvaluated, ConfidenceGateBypassed,
-	RunSucceeded, RunFailed, RunCancelled,
+	RunSucceeded, RunFailed, RunCancelled, ApprovalReceived,
 }
 
 // Terminal reports whether k ends a run.
 func (k Kind) Terminal() bool {
 	return k == RunSucceeded || k == RunFailed || k == RunCancelled
 }
+
+// Input reports whether k is an input from outside the run rather than
+// the driving worker's own record: such events may land while a worker
+// drives the run without taking the run from it.
+func (k Kind) Input() bool { return k == ApprovalReceived }
 
 // Known reports whether k is one of Kinds.
 func (k Kind) Known() bool {

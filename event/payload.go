@@ -177,3 +177,27 @@ type RunCancelledData struct {
 	Reason string `json:"reason,omitempty"`
 	By     string `json:"by,omitempty"`
 }
+
+// Approval decisions.
+const (
+	DecisionApprove = "approve"
+	DecisionReject  = "reject"
+	// DecisionTimeout is the output decision of an approval that timed out.
+	DecisionTimeout = "timeout"
+)
+
+// ApprovalReceivedData is the payload of approval_received.
+type ApprovalReceivedData struct {
+	Decision string `json:"decision"`
+	Approver string `json:"approver"`
+	Comment  string `json:"comment,omitempty"`
+}
+
+// ApprovalOutput is the output of a completed approval step.
+type ApprovalOutput struct {
+	Approved bool   `json:"approved"`
+	Decision string `json:"decision"`
+	Approver string `json:"approver,omitempty"`
+	Comment  string `json:"comment,omitempty"`
+	TimedOut bool   `json:"timed_out"`
+}

@@ -69,6 +69,7 @@ func samplePayloads() map[event.Kind]any {
 	key := event.IdempotencyKey("run_01J", "draft", 1)
 	usage := &event.Usage{InputTokens: 10, OutputTokens: 20, TotalTokens: 30, CostUSD: 0.0012}
 	return map[event.Kind]any{
+		event.ApprovalReceived: event.ApprovalReceivedData{Decision: event.DecisionApprove, Approver: "ana", Comment: "ship it"},
 		event.RunCreated: event.RunCreatedData{
 			Workflow:       json.RawMessage(`{"name":"w","nodes":[{"id":"start","type":"trigger"}]}`),
 			WorkflowHash:   "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
@@ -176,7 +177,7 @@ func TestInvalidEvents(t *testing.T) {
 		{"empty batch", `[]`, "invalid event: /: minItems: got 0, want 1"},
 		{"not an object", `42`, "invalid event: /: got number, want object"},
 		{"unknown kind", `{` + valid + `,"kind":"step_exploded","data":{}}`,
-			"invalid event: /kind: value must be one of 'run_created', 'run_resumed', 'step_started', 'step_completed', 'step_failed', 'step_retrying', 'step_waiting', 'side_effect_claimed', 'side_effect_delivered', 'child_run_created', 'anomaly_detected', 'confidence_evaluated', 'confidence_gate_bypassed', 'run_succeeded', 'run_failed', 'run_cancelled'"},
+			"invalid event: /kind: value must be one of 'run_created', 'run_resumed', 'step_started', 'step_completed', 'step_failed', 'step_retrying', 'step_waiting', 'side_effect_claimed', 'side_effect_delivered', 'child_run_created', 'anomaly_detected', 'confidence_evaluated', 'confidence_gate_bypassed', 'run_succeeded', 'run_failed', 'run_cancelled', 'approval_received'"},
 		{"bad run id", `{"v":1,"run_id":"run.1","seq":1,"kind":"run_cancelled","ts":"2030-01-02T03:04:05Z","worker_id":"w","data":{}}`,
 			"invalid event: /run_id: 'run.1' does not match pattern '^[A-Za-z0-9_-]{1,128}$'"},
 		{"seq zero", `{"v":1,"run_id":"run_1","seq":0,"kind":"run_cancelled","ts":"2030-01-02T03:04:05Z","worker_id":"w","data":{}}`,

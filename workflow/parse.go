@@ -223,7 +223,7 @@ func (w *Workflow) sortTopologically(ps *problems) bool {
 	if len(w.order) == len(w.byID) {
 		return true
 	}
-	ps.workflow("edges", "cycle %s (the graph must be acyclic; loops will be a node type)", w.findCycle(indeg))
+	ps.workflow("edges", "cycle %s (the graph must be acyclic; use a loop node to repeat steps)", w.findCycle(indeg))
 	w.order = nil
 	return false
 }
@@ -374,6 +374,8 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			tmpl(joinField("data.headers", k), d.Headers[k])
 		}
 		tmplJSON("data.body", d.Body)
+	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent:
+		w.checkNewNode(n, tmpl, tmplJSON, decodeProblem, ps)
 	case TypeCondition:
 		d, err := n.Condition()
 		if err != nil {

@@ -15,11 +15,11 @@ import (
 
 // implementedTypes are the node types the schema accepts, in the order error
 // messages list them.
-var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition}
+var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent}
 
 // plannedTypes are node types that exist in the design but are not
 // implemented yet.
-var plannedTypes = []string{TypeAgent, TypeSubagent, TypeApproval, TypeLoop}
+var plannedTypes = []string{}
 
 // requiredHints explain, per schema definition, what an object needs.
 var requiredHints = map[string]string{

@@ -32,7 +32,8 @@ type Workflow struct {
 	order    []string // topological order, ties broken by declaration order
 	raw      json.RawMessage
 	hash     string
-	exprs    *conditions // compiled conditions, by expression
+	exprs    *conditions          // compiled conditions, by expression
+	subs     map[string]*Workflow // nested workflows by node id (loop bodies, subagents)
 }
 
 // Node is one node of the graph. Data holds the type's settings, decoded by

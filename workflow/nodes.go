@@ -1,0 +1,231 @@
+package workflow
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// ApprovalData is the data of an approval node: the run parks until
+// someone approves or rejects.
+type ApprovalData struct {
+	// Prompt tells the approver what is asked (a template).
+	Prompt string `json:"prompt,omitempty"`
+	// Approvers, when set, lists who may decide.
+	Approvers []string `json:"approvers,omitempty"`
+	// TimeoutMs, when set, ends the wait: the step completes with
+	// {"decision":"timeout","timed_out":true}.
+	TimeoutMs int `json:"timeoutMs,omitempty"`
+}
+
+// LoopData is the data of a loop node.
+type LoopData struct {
+	// Over is a template giving an array: one iteration per item.
+	Over string `json:"over,omitempty"`
+	// Until is an expression over an iteration's input and steps; the loop
+	// stops after the first iteration for which it is true.
+	Until string `json:"until,omitempty"`
+	// MaxIterations bounds the loop (default 100).
+	MaxIterations int `json:"maxIterations,omitempty"`
+	// With is passed to every iteration as input.with (a template over the
+	// outer run).
+	With json.RawMessage `json:"with,omitempty"`
+	// Body is the workflow each iteration runs.
+	Body json.RawMessage `json:"body"`
+}
+
+// DefaultMaxIterations bounds a loop that sets no maxIterations.
+const DefaultMaxIterations = 100
+
+// Iterations returns the effective iteration bound.
+func (d *LoopData) Iterations() int {
+	if d.MaxIterations <= 0 {
+		return DefaultMaxIterations
+	}
+	return d.MaxIterations
+}
+
+// SubagentData is the data of a subagent node: a child run.
+type SubagentData struct {
+	Workflow json.RawMessage `json:"workflow"`
+	// Input is the child's input; strings are templates.
+	Input json.RawMessage `json:"input,omitempty"`
+	Retry *RetryPolicy    `json:"retry,omitempty"`
+}
+
+// AgentTool declares a tool the model may call; the worker implements it
+// under Name.
+type AgentTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// AgentData is the data of an agent node: an LLM tool-use loop.
+type AgentData struct {
+	Provider    string       `json:"provider"`
+	Model       string       `json:"model"`
+	Prompt      string       `json:"prompt"`
+	System      string       `json:"system,omitempty"`
+	Tools       []AgentTool  `json:"tools,omitempty"`
+	MaxTurns    int          `json:"maxTurns,omitempty"`
+	MaxTokens   int          `json:"maxTokens,omitempty"`
+	Temperature *float64     `json:"temperature,omitempty"`
+	TimeoutMs   int          `json:"timeoutMs,omitempty"`
+	Retry       *RetryPolicy `json:"retry,omitempty"`
+}
+
+// DefaultMaxTurns bounds an agent that sets no maxTurns.
+const DefaultMaxTurns = 10
+
+// Turns returns the effective turn bound.
+func (d *AgentData) Turns() int {
+	if d.MaxTurns <= 0 {
+		return DefaultMaxTurns
+	}
+	return d.MaxTurns
+}
+
+// Approval decodes the data of an approval node (which may have none).
+func (n *Node) Approval() (*ApprovalData, error) {
+	var d ApprovalData
+	if err := n.decode(TypeApproval, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Loop decodes the data of a loop node.
+func (n *Node) Loop() (*LoopData, error) {
+	var d LoopData
+	if err := n.decode(TypeLoop, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Subagent decodes the data of a subagent node.
+func (n *Node) Subagent() (*SubagentData, error) {
+	var d SubagentData
+	if err := n.decode(TypeSubagent, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Agent decodes the data of an agent node.
+func (n *Node) Agent() (*AgentData, error) {
+	var d AgentData
+	if err := n.decode(TypeAgent, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Sub returns the parsed workflow nested in node id: a loop's body or a
+// subagent's workflow. Parse checks and parses them once.
+func (w *Workflow) Sub(id string) (*Workflow, bool) {
+	s, ok := w.subs[id]
+	return s, ok
+}
+
+// ConditionalRouting reports whether any edge out of node id has a
+// condition: then the node's output decides where the run goes.
+func (w *Workflow) ConditionalRouting(id string) bool {
+	for _, e := range w.Outgoing(id) {
+		if e.Condition != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNested parses a nested workflow document (loop body, subagent
+// workflow) and reports its problems under the node's field.
+func (w *Workflow) checkNested(n *Node, field string, raw json.RawMessage, ps *problems) *Workflow {
+	sub, err := Parse(raw)
+	if err != nil {
+		ve, ok := err.(*ValidationError)
+		if !ok {
+			ps.node(n.ID, field, "%v", err)
+			return nil
+		}
+		for _, p := range ve.Problems {
+			ps.node(n.ID, field, "%s", strings.TrimPrefix(p.String(), "workflow: "))
+		}
+		return nil
+	}
+	if w.subs == nil {
+		w.subs = map[string]*Workflow{}
+	}
+	w.subs[n.ID] = sub
+	return sub
+}
+
+// checkNewNode checks the node types that hold nested workflows, park the
+// run or loop a model (approval, loop, subagent, agent).
+func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON func(field string, v json.RawMessage), decodeProblem func(error), ps *problems) {
+	switch n.Type {
+	case TypeApproval:
+		d, err := n.Approval()
+		if err != nil {
+			decodeProblem(err)
+			return
+		}
+		tmpl("data.prompt", d.Prompt)
+	case TypeLoop:
+		d, err := n.Loop()
+		if err != nil {
+			decodeProblem(err)
+			return
+		}
+		if d.Over != "" {
+			tmpl("data.over", d.Over)
+		}
+		tmplJSON("data.with", d.With)
+		body := w.checkNested(n, "data.body", d.Body, ps)
+		if body != nil && d.Until != "" {
+			if err := body.CheckExpression(d.Until); err != nil {
+				ps.node(n.ID, "data.until", "%v", err)
+			}
+		}
+	case TypeSubagent:
+		d, err := n.Subagent()
+		if err != nil {
+			decodeProblem(err)
+			return
+		}
+		tmplJSON("data.input", d.Input)
+		w.checkNested(n, "data.workflow", d.Workflow, ps)
+	case TypeAgent:
+		d, err := n.Agent()
+		if err != nil {
+			decodeProblem(err)
+			return
+		}
+		tmpl("data.prompt", d.Prompt)
+		tmpl("data.system", d.System)
+		seen := map[string]bool{}
+		for i, t := range d.Tools {
+			if seen[t.Name] {
+				ps.node(n.ID, fmt.Sprintf("data.tools[%d].name", i), "duplicate tool %q", t.Name)
+			}
+			seen[t.Name] = true
+		}
+	}
+}
+
+// CheckExpression compiles an expression over this workflow's input and
+// steps and checks the steps it names exist.
+func (w *Workflow) CheckExpression(src string) error {
+	c, err := w.exprs.get(src)
+	if err != nil {
+		return err
+	}
+	for _, r := range c.refs {
+		if _, ok := w.byID[r.id]; !ok {
+			return fmt.Errorf("steps.%s: no node %q%s", r.id, r.id, suggest(r.id, w.nodeIDs()))
+		}
+	}
+	return nil
+}
