@@ -1,0 +1,585 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/workers"
+)
+
+// MaxBodyBytes bounds a request body; a larger one is refused with 413.
+const MaxBodyBytes = workers.MaxCommandBytes
+
+// DefaultKeepAlive is how often an idle event stream gets a comment line.
+const DefaultKeepAlive = 15 * time.Second
+
+// RunLister lists runs from the read side (projections.Reader does).
+type RunLister interface {
+	// ListRuns returns runs newest first. Errors: projections.ErrBadCursor.
+	ListRuns(ctx context.Context, f projections.RunFilter) ([]projections.RunRow, error)
+}
+
+// HandlerConfig configures NewHandler.
+type HandlerConfig struct {
+	// Store is the journal (required).
+	Store *eventstore.Store
+	// NC announces cancels to the driving worker; default: the store's
+	// connection.
+	NC *nats.Conn
+	// Runs serves GET /v1/runs; nil answers it with 503 (the listing needs
+	// the Postgres projection).
+	Runs RunLister
+	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
+	// NATS is always checked.
+	Ready func(ctx context.Context) error
+	// Tokens are the accepted bearer tokens.
+	Tokens []Token
+	// Insecure serves /v1 without authentication when Tokens is empty.
+	// Without it, a handler with no tokens refuses every /v1 request.
+	Insecure bool
+	// Logger receives request failures (default slog.Default()).
+	Logger *slog.Logger
+	// KeepAlive is the interval of comment lines on idle event streams
+	// (DefaultKeepAlive).
+	KeepAlive time.Duration
+}
+
+type handler struct {
+	cfg  HandlerConfig
+	nc   *nats.Conn
+	auth *authenticator
+	log  *slog.Logger
+}
+
+// NewHandler returns PAL's REST API:
+//
+//	POST /v1/runs                  start a run (201 created, 200 duplicate)
+//	GET  /v1/runs                  list runs (Postgres projection)
+//	GET  /v1/runs/{id}             a run, folded from its journal
+//	GET  /v1/runs/{id}/events      the journal as server-sent events
+//	POST /v1/runs/{id}/approve     decide an approval step
+//	POST /v1/runs/{id}/cancel      cancel a run
+//	GET  /healthz                  the process is up (no token)
+//	GET  /readyz                   NATS (and Ready) reachable (no token)
+//
+// Every /v1 request needs "Authorization: Bearer <token>". Bodies are
+// JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
+// message} with code one of bad_input (400), unauthorized (401),
+// not_found (404), method_not_allowed (405), conflict (409), too_large
+// (413), unavailable (503).
+func NewHandler(cfg HandlerConfig) http.Handler {
+	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	if h.nc == nil && cfg.Store != nil {
+		h.nc = cfg.Store.JetStream().Conn()
+	}
+	if h.cfg.KeepAlive <= 0 {
+		h.cfg.KeepAlive = DefaultKeepAlive
+	}
+	v1 := http.NewServeMux()
+	v1.HandleFunc("POST /v1/runs", h.startRun)
+	v1.HandleFunc("GET /v1/runs", h.listRuns)
+	v1.HandleFunc("GET /v1/runs/{id}", h.getRun)
+	v1.HandleFunc("GET /v1/runs/{id}/events", h.streamEvents)
+	v1.HandleFunc("POST /v1/runs/{id}/approve", h.approve)
+	v1.HandleFunc("POST /v1/runs/{id}/cancel", h.cancel)
+
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", h.healthz)
+	root.HandleFunc("GET /readyz", h.readyz)
+	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
+	return root
+}
+
+// jsonFallbacks serves mux, answering requests that match no route with
+// JSON errors instead of the mux's plain-text 404 and 405.
+func jsonFallbacks(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		rec := &headerRecorder{header: http.Header{}}
+		mux.ServeHTTP(rec, r)
+		switch rec.status {
+		case http.StatusNotFound:
+			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path), "")
+		case http.StatusMethodNotAllowed:
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+				fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, rec.header.Get("Allow")), "")
+		default: // a redirect to the clean path
+			for k, v := range rec.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.status)
+		}
+	})
+}
+
+// headerRecorder keeps the status and headers a fallback handler writes.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *headerRecorder) Header() http.Header { return r.header }
+func (r *headerRecorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return len(p), nil
+}
+func (r *headerRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}
+
+// errorBody is every error answer.
+type errorBody struct {
+	Error  string `json:"error"`
+	Detail string `json:"detail"`
+	// Field names the request field at fault, when there is one.
+	Field string `json:"field,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		status = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"error":"internal","detail":"encoding the answer failed"}` + "\n")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, status int, code, detail, field string) {
+	writeJSON(w, status, errorBody{Error: code, Detail: detail, Field: field})
+}
+
+// fail answers err, classified like the durable commands' answers.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit), "")
+		return
+	}
+	code, field, _ := workers.Classify(err)
+	detail := err.Error()
+	status := http.StatusServiceUnavailable
+	switch code {
+	case "bad_input":
+		status = http.StatusBadRequest
+		var ie *workers.InputError
+		if errors.As(err, &ie) && ie.Field != "" && !strings.HasPrefix(detail, ie.Field+":") {
+			detail = ie.Field + ": " + detail
+		}
+	case "not_found":
+		status = http.StatusNotFound
+		if id := r.PathValue("id"); id != "" {
+			detail = fmt.Sprintf("run %s not found", id)
+		}
+	case "conflict":
+		status = http.StatusConflict
+	default:
+		code = "unavailable"
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			detail = "timed out talking to NATS JetStream: " + detail
+		}
+		h.log.Warn("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, code, detail, field)
+}
+
+// readBody reads a request body of at most MaxBodyBytes. A body that is
+// larger returns *http.MaxBytesError (413); empty reports whether it held
+// only white space.
+func readBody(w http.ResponseWriter, r *http.Request) (body []byte, empty bool, err error) {
+	if r.ContentLength > MaxBodyBytes {
+		return nil, false, &http.MaxBytesError{Limit: MaxBodyBytes}
+	}
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, false, err
+		}
+		return nil, false, &workers.InputError{Msg: "reading the request body: " + err.Error()}
+	}
+	return body, len(bytes.TrimSpace(body)) == 0, nil
+}
+
+// pathRunID returns the run id of the path, refusing one that is not a
+// single NATS subject token.
+func pathRunID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if err := event.ValidateRunID(id); err != nil {
+		return "", &workers.InputError{Field: "run_id", Msg: err.Error()}
+	}
+	return id, nil
+}
+
+func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 30*time.Second)
+}
+
+// startBody is POST /v1/runs: the durable start command without reply_to.
+type startBody struct {
+	Workflow       json.RawMessage `json:"workflow"`
+	Input          json.RawMessage `json:"input,omitempty"`
+	RunID          string          `json:"run_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+}
+
+// StartAnswer is the answer to POST /v1/runs.
+type StartAnswer struct {
+	RunID string `json:"run_id"`
+	// Created is false when an earlier request with the same idempotency
+	// key created the run.
+	Created bool `json:"created"`
+}
+
+// OKAnswer is the answer to approve and cancel.
+type OKAnswer struct {
+	OK    bool   `json:"ok"`
+	RunID string `json:"run_id"`
+}
+
+func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
+	body, _, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var b startBody
+	if err := workers.DecodeStrict(body, &b); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	cmd := workers.StartCommand{Workflow: b.Workflow, Input: b.Input, RunID: b.RunID, IdempotencyKey: b.IdempotencyKey}
+	if err := cmd.Validate(); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if b.RunID != "" {
+		if err := event.ValidateRunID(b.RunID); err != nil {
+			h.fail(w, r, &workers.InputError{Field: "run_id", Msg: err.Error()})
+			return
+		}
+	}
+	key := b.IdempotencyKey
+	if key == "" {
+		key = strings.TrimSpace(r.Header.Get("Idempotency-Key"))
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	res, err := workers.StartRun(ctx, h.cfg.Store, workers.StartRequest{RunID: b.RunID, Workflow: b.Workflow,
+		Input: b.Input, IdempotencyKey: key, Writer: identity(r.Context())})
+	if err != nil && res.RunID == "" {
+		h.fail(w, r, err)
+		return
+	}
+	if err != nil {
+		// Created but not queued: the recovery sweep queues it.
+		h.log.Warn("run created but not queued", "run_id", res.RunID, "err", err)
+	}
+	status := http.StatusOK
+	if res.Created {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/runs/"+res.RunID)
+	}
+	writeJSON(w, status, StartAnswer{RunID: res.RunID, Created: res.Created})
+}
+
+func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
+	id, err := pathRunID(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	v, err := workers.GetRun(ctx, h.cfg.Store, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// approveBody is POST /v1/runs/{id}/approve: the durable approve command
+// without reply_to; run_id may be left out (it is in the path).
+type approveBody struct {
+	RunID    string `json:"run_id,omitempty"`
+	StepID   string `json:"step_id"`
+	Decision string `json:"decision"`
+	Approver string `json:"approver,omitempty"`
+	Comment  string `json:"comment,omitempty"`
+}
+
+func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
+	id, err := pathRunID(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	body, _, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var b approveBody
+	if err := workers.DecodeStrict(body, &b); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := sameRun(id, b.RunID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if b.Approver == "" {
+		b.Approver = identity(r.Context())
+	}
+	cmd := workers.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision, Approver: b.Approver, Comment: b.Comment}
+	if err := cmd.Validate(); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	err = workers.Approve(ctx, h.cfg.Store, workers.ApproveRequest{RunID: id, StepID: b.StepID,
+		Approve: b.Decision == "approve", Approver: b.Approver, Comment: b.Comment})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
+}
+
+// cancelBody is POST /v1/runs/{id}/cancel: the durable cancel command
+// without reply_to. The body may be empty.
+type cancelBody struct {
+	RunID  string `json:"run_id,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	By     string `json:"by,omitempty"`
+}
+
+func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
+	id, err := pathRunID(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	body, empty, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var b cancelBody
+	if !empty {
+		if err := workers.DecodeStrict(body, &b); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	if err := sameRun(id, b.RunID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if b.By == "" {
+		b.By = identity(r.Context())
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	if err := workers.CancelRun(ctx, h.cfg.Store, h.nc, workers.CancelRequest{RunID: id, Reason: b.Reason, By: b.By}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
+}
+
+// sameRun refuses a body whose run_id differs from the path's.
+func sameRun(pathID, bodyID string) error {
+	if bodyID != "" && bodyID != pathID {
+		return &workers.InputError{Field: "run_id", Msg: fmt.Sprintf("%q does not match the run id in the path (%s); leave it out", bodyID, pathID)}
+	}
+	return nil
+}
+
+// RunSummary is a run in a listing (GET /v1/runs, pal run list --json).
+type RunSummary struct {
+	RunID        string        `json:"run_id"`
+	Status       engine.Status `json:"status"`
+	Workflow     string        `json:"workflow,omitempty"`
+	ParentRunID  string        `json:"parent_run_id,omitempty"`
+	ParentStepID string        `json:"parent_step_id,omitempty"`
+	Depth        int           `json:"depth"`
+	Usage        event.Usage   `json:"usage"`
+	Error        string        `json:"error,omitempty"`
+	ErrorCode    string        `json:"error_code,omitempty"`
+	FailedStep   string        `json:"failed_step,omitempty"`
+	Resumes      int           `json:"resumes"`
+	LastWorker   string        `json:"last_worker,omitempty"`
+	LastSeq      uint64        `json:"last_seq"`
+	CreatedAt    time.Time     `json:"created_at"`
+	UpdatedAt    time.Time     `json:"updated_at"`
+	EndedAt      *time.Time    `json:"ended_at,omitempty"`
+}
+
+// RunList is a page of runs. Next, when set, is the cursor of the next
+// page (pass it as ?before=).
+type RunList struct {
+	Runs []RunSummary `json:"runs"`
+	Next string       `json:"next,omitempty"`
+}
+
+// ListOf renders a page of projection rows; limit is the page size asked
+// for (a full page gets a Next cursor).
+func ListOf(rows []projections.RunRow, limit int) RunList {
+	out := RunList{Runs: make([]RunSummary, 0, len(rows))}
+	for _, r := range rows {
+		s := RunSummary{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, ParentRunID: r.ParentRunID,
+			ParentStepID: r.ParentStepID, Depth: r.Depth,
+			Usage: event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
+			Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep, Resumes: r.Resumes, LastWorker: r.LastWorker,
+			LastSeq: r.LastSeq, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
+		if !r.EndedAt.IsZero() {
+			t := r.EndedAt.UTC()
+			s.EndedAt = &t
+		}
+		out.Runs = append(out.Runs, s)
+	}
+	if limit > 0 && len(rows) == limit {
+		out.Next = rows[len(rows)-1].Cursor()
+	}
+	return out
+}
+
+// Statuses are the run statuses a listing can filter on.
+var Statuses = []engine.Status{engine.StatusQueued, engine.StatusRunning, engine.StatusWaiting,
+	engine.StatusSucceeded, engine.StatusFailed, engine.StatusCancelled}
+
+// ParseStatus checks a status filter.
+func ParseStatus(s string) (engine.Status, error) {
+	for _, st := range Statuses {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	names := make([]string, len(Statuses))
+	for i, st := range Statuses {
+		names[i] = string(st)
+	}
+	return "", &workers.InputError{Field: "status", Msg: fmt.Sprintf("%q: want one of %s", s, strings.Join(names, ", "))}
+}
+
+func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Runs == nil {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs needs DATABASE_URL", "")
+		return
+	}
+	q := r.URL.Query()
+	f := projections.RunFilter{Limit: projections.DefaultListLimit}
+	for k, vs := range q {
+		if len(vs) != 1 {
+			h.fail(w, r, &workers.InputError{Field: k, Msg: "given more than once"})
+			return
+		}
+		v := vs[0]
+		switch k {
+		case "status":
+			st, err := ParseStatus(v)
+			if err != nil {
+				h.fail(w, r, err)
+				return
+			}
+			f.Status = st
+		case "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > projections.MaxListLimit {
+				h.fail(w, r, &workers.InputError{Field: "limit", Msg: fmt.Sprintf("%q: want a whole number from 1 to %d", v, projections.MaxListLimit)})
+				return
+			}
+			f.Limit = n
+		case "before":
+			f.Before = v
+		default:
+			h.fail(w, r, &workers.InputError{Field: k, Msg: "unknown query parameter (want status, limit or before)"})
+			return
+		}
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	rows, err := h.cfg.Runs.ListRuns(ctx, f)
+	if errors.Is(err, projections.ErrBadCursor) {
+		h.fail(w, r, &workers.InputError{Field: "before", Msg: "not a cursor from an earlier listing's \"next\""})
+		return
+	}
+	if err != nil {
+		h.log.Warn("listing runs failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs: "+err.Error(), "")
+		return
+	}
+	writeJSON(w, http.StatusOK, ListOf(rows, f.Limit))
+}
+
+func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// readyTimeout bounds the readiness checks.
+const readyTimeout = 2 * time.Second
+
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := h.natsReady(ctx); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "NATS: "+err.Error(), "")
+		return
+	}
+	if h.cfg.Ready != nil {
+		if err := h.cfg.Ready(ctx); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error(), "")
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// natsReady checks the connection and that JetStream answers.
+func (h *handler) natsReady(ctx context.Context) error {
+	if h.nc == nil || h.cfg.Store == nil {
+		return errors.New("not configured")
+	}
+	if st := h.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("not connected (%s)", strings.ToLower(st.String()))
+	}
+	if _, err := h.cfg.Store.JetStream().AccountInfo(ctx); err != nil {
+		return fmt.Errorf("JetStream does not answer: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// DefaultAddr is where the REST API listens when PAL_HTTP_ADDR is unset.
+const DefaultAddr = "127.0.0.1:8080"
+
+// Server serves a handler over HTTP on one address.
+type Server struct {
+	addr    string
+	handler http.Handler
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	srv      *http.Server
+	ln       net.Listener
+	done     chan struct{}
+	serveErr error
+}
+
+// NewServer returns a server for handler on addr ("host:port"; port 0
+// picks a free one).
+func NewServer(addr string, handler http.Handler, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{addr: addr, handler: handler, log: log}
+}
+
+// Start listens on the address and serves in the background. Errors: the
+// address is taken or not valid.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil {
+		return errors.New("http server already started")
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", s.addr, err)
+	}
+	stopping := make(chan struct{})
+	base := context.WithValue(context.WithoutCancel(ctx), shutdownKey{}, stopping)
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return base },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	var once sync.Once
+	srv.RegisterOnShutdown(func() { once.Do(func() { close(stopping) }) })
+	s.srv, s.ln, s.done = srv, ln, make(chan struct{})
+	go func() {
+		defer close(s.done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.mu.Lock()
+			s.serveErr = err
+			s.mu.Unlock()
+			s.log.Error("http server failed", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return nil
+}
+
+// Addr returns the address listened on ("" before Start).
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// URL returns "http://" + Addr().
+func (s *Server) URL() string { return "http://" + s.Addr() }
+
+// Stop stops accepting connections, ends open event streams (their
+// clients reconnect with Last-Event-ID) and waits for requests in
+// progress, or until ctx ends, then closes what is left. It is
+// idempotent.
+func (s *Server) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	srv, done := s.srv, s.done
+	s.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	err := srv.Shutdown(ctx)
+	if err != nil {
+		_ = srv.Close()
+	}
+	<-done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		err = s.serveErr
+	}
+	return err
+}
