@@ -182,7 +182,7 @@ func TestNextFailedStepFailsRun(t *testing.T) {
 	require.Equal(t, a, next(h))
 }
 
-func TestNextDoneWhenEndedOrParked(t *testing.T) {
+func TestNextDoneWhenEnded(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
@@ -198,9 +198,6 @@ func TestNextDoneWhenEndedOrParked(t *testing.T) {
 		{"cancelled", func(h *history) {
 			h.append(event.RunCancelled, "", 0, event.RunCancelledData{})
 		}, engine.StatusCancelled},
-		{"waiting", func(h *history) {
-			h.append(event.StepWaiting, "review", 1, event.StepWaitingData{Reason: event.WaitApproval})
-		}, engine.StatusWaiting},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -49,17 +50,45 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 			return nil, err
 		}
 		return json.Marshal(map[string]string{"expression": d.Expression})
+	case workflow.TypeApproval:
+		d, err := node.Approval()
+		if err != nil {
+			return nil, err
+		}
+		prompt, err := workflow.RenderString(d.Prompt, env)
+		if err != nil {
+			return nil, fmt.Errorf("prompt: %w", err)
+		}
+		return json.Marshal(struct {
+			Prompt    string   `json:"prompt,omitempty"`
+			Approvers []string `json:"approvers,omitempty"`
+		}{prompt, d.Approvers})
+	case workflow.TypeSubagent:
+		d, err := node.Subagent()
+		if err != nil {
+			return nil, err
+		}
+		in := json.RawMessage("{}")
+		if len(d.Input) > 0 {
+			if in, err = workflow.RenderJSON(d.Input, env); err != nil {
+				return nil, fmt.Errorf("input: %w", err)
+			}
+		}
+		return json.Marshal(struct {
+			Input json.RawMessage `json:"input"`
+		}{in})
 	default:
 		return nil, fmt.Errorf("node type %q cannot run here", node.Type)
 	}
 }
 
-// AIInput is the rendered input of an ai-step.
+// AIInput is the rendered input of an ai-step or an agent turn.
 type AIInput struct {
 	Provider    string             `json:"provider"`
 	Model       string             `json:"model"`
 	System      string             `json:"system,omitempty"`
-	Messages    []workflow.Message `json:"messages"`
+	Messages    []provider.Message `json:"messages"`
+	Tools       []provider.Tool    `json:"tools,omitempty"`
 	MaxTokens   int                `json:"maxTokens,omitempty"`
 	Temperature *float64           `json:"temperature,omitempty"`
 }
@@ -75,14 +104,14 @@ func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, er
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		in.Messages = append(in.Messages, workflow.Message{Role: m.Role, Content: c})
+		in.Messages = append(in.Messages, provider.Message{Role: m.Role, Content: c})
 	}
 	if d.Prompt != "" {
 		p, err := workflow.RenderString(d.Prompt, env)
 		if err != nil {
 			return nil, fmt.Errorf("prompt: %w", err)
 		}
-		in.Messages = append(in.Messages, workflow.Message{Role: "user", Content: p})
+		in.Messages = append(in.Messages, provider.Message{Role: provider.RoleUser, Content: p})
 	}
 	return json.Marshal(in)
 }

@@ -107,7 +107,12 @@ type Step struct {
 	// DeliveryStatus is the receiver's HTTP status, once delivered.
 	DeliveryStatus int
 	ChildRunID     string
-	StartedAt      time.Time
+	// WaitReason and TimeoutAt describe a waiting step.
+	WaitReason string
+	TimeoutAt  time.Time
+	// CompletedSeq is the seq of the step's step_completed.
+	CompletedSeq uint64
+	StartedAt    time.Time
 	EndedAt        time.Time
 	// RetryAt is when the next attempt may start, after a step_retrying.
 	RetryAt    time.Time
@@ -161,6 +166,9 @@ type RunState struct {
 	WorkflowErr error
 
 	Steps map[string]*Step
+	// Decisions holds approval decisions by step id, from
+	// approval_received; one may arrive before its step is reached.
+	Decisions map[string]event.ApprovalReceivedData
 	// Order lists step ids in the order they first started.
 	Order []string
 
@@ -229,6 +237,7 @@ func (st *RunState) Apply(ev event.Event) error {
 		}
 		st.RunID = ev.RunID
 		st.Steps = map[string]*Step{}
+		st.Decisions = map[string]event.ApprovalReceivedData{}
 	} else if ev.RunID != st.RunID {
 		return fmt.Errorf("run %s: event of run %s in its journal", st.RunID, ev.RunID)
 	}
@@ -331,6 +340,8 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		st.LastCompleted = ev.StepID
 		st.CrashesAtStep = 0
+		s.CompletedSeq = ev.Seq
+		s.WaitReason, s.TimeoutAt = "", time.Time{}
 		s.RetryAt = time.Time{}
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Output, a.Usage, a.Delivery, a.DurationMs, a.EndedAt = StepCompleted, d.Output, d.Usage, d.Delivery, d.DurationMs, ev.TS
@@ -371,6 +382,14 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		s := st.step(ev.StepID)
 		s.Status = StepWaiting
+		s.WaitReason = d.Reason
+		if d.TimeoutAt != "" {
+			t, err := time.Parse(time.RFC3339Nano, d.TimeoutAt)
+			if err != nil {
+				return fmt.Errorf("run %s seq %d: step_waiting timeout_at: %w", ev.RunID, ev.Seq, err)
+			}
+			s.TimeoutAt = t
+		}
 		s.attempt(max(s.Attempt, 1), ev.Seq).Status = StepWaiting
 		if d.ChildRunID != "" {
 			s.ChildRunID = d.ChildRunID
@@ -407,6 +426,14 @@ func (st *RunState) apply(ev event.Event) error {
 			st.Error = "cancelled: " + d.Reason
 		}
 		st.end(StatusCancelled, ev.TS)
+	case event.ApprovalReceived:
+		var d event.ApprovalReceivedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		if _, ok := st.Decisions[ev.StepID]; !ok {
+			st.Decisions[ev.StepID] = d
+		}
 	case event.AnomalyDetected, event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
 		// Recorded in the journal; they do not change the run's state.
 	default:
