@@ -113,7 +113,7 @@ type Step struct {
 	// CompletedSeq is the seq of the step's step_completed.
 	CompletedSeq uint64
 	StartedAt    time.Time
-	EndedAt        time.Time
+	EndedAt      time.Time
 	// RetryAt is when the next attempt may start, after a step_retrying.
 	RetryAt    time.Time
 	DurationMs int64
