@@ -22,7 +22,8 @@ func (e *env) runCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Start and inspect runs",
 	}
-	cmd.AddCommand(e.runStartCmd(), e.runEventsCmd())
+	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
+		e.runApproveCmd(), e.runCancelCmd())
 	return cmd
 }
 

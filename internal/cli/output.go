@@ -1,0 +1,141 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/workers"
+)
+
+// Output helpers shared by the pal run subcommands: human output by
+// default, one JSON document (or one JSON line per event) with --json.
+
+func addJSONFlag(cmd *cobra.Command, what string) {
+	cmd.Flags().Bool("json", false, what)
+}
+
+func jsonFlag(cmd *cobra.Command) bool {
+	v, _ := cmd.Flags().GetBool("json")
+	return v
+}
+
+// printJSON writes v as one line of JSON.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// cliErrorBody is what --json prints on stdout for an error, the same
+// shape as the REST API's errors.
+type cliErrorBody struct {
+	Error  string `json:"error"`
+	Detail string `json:"detail"`
+	Field  string `json:"field,omitempty"`
+}
+
+// jsonErrors wraps a RunE so that with --json an error is also printed on
+// stdout as {"error": code, "detail": message}; the exit code and the
+// message on stderr stay as they are.
+func (e *env) jsonErrors(run func(cmd *cobra.Command, args []string) error) func(cmd *cobra.Command, args []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		err := run(cmd, args)
+		if err == nil || !jsonFlag(cmd) || codeOf(err) == ExitRunFailed {
+			// A run that failed is an outcome, not an error of the command.
+			return err
+		}
+		code := "internal"
+		switch codeOf(err) {
+		case ExitBadInput:
+			code = "bad_input"
+			if c, _, _ := workers.Classify(err); c == "conflict" {
+				code = "conflict"
+			}
+		case ExitNotFound:
+			code = "not_found"
+		case ExitUnavailable:
+			code = "unavailable"
+		}
+		var field string
+		var ie *workers.InputError
+		if errors.As(err, &ie) {
+			field = ie.Field
+		}
+		_ = printJSON(e.stdout, cliErrorBody{Error: code, Detail: err.Error(), Field: field})
+		return err
+	}
+}
+
+// workersError gives an error from the workers package its exit code:
+// bad input and conflicts (a finished run, a step not waiting) 2, an
+// unknown run 3, anything else (NATS) 4.
+func workersError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	switch code, _, _ := workers.Classify(err); code {
+	case "bad_input", "conflict":
+		return withCode(ExitBadInput, err)
+	case "not_found":
+		return withCode(ExitNotFound, err)
+	default:
+		return withCode(ExitUnavailable, err)
+	}
+}
+
+// fmtDuration renders a duration for people: 850ms, 12.3s, 3m05s, 2h03m.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-"
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	default:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+}
+
+// fmtTime renders a timestamp in local time with how long ago it was.
+func fmtTime(t time.Time, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	ago := now.Sub(t).Truncate(time.Second)
+	s := fmtDuration(ago)
+	if ago >= time.Second && ago < time.Minute {
+		s = fmt.Sprintf("%ds", int(ago.Seconds()))
+	}
+	return fmt.Sprintf("%s (%s ago)", t.Local().Format("2006-01-02 15:04:05"), s)
+}
+
+// fmtShortTime renders a timestamp for a table column.
+func fmtShortTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format("2006-01-02 15:04:05")
+}
+
+func fmtTokens(n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/workers"
+)
+
+func (e *env) runApproveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "approve RUN_ID --step STEP --approver NAME [--reject] [--comment TEXT]",
+		Short: "Approve (or reject) a step that waits for a decision",
+		Long: `pal run approve records a decision on an approval step of a run: approve by
+default, reject with --reject. The step must be waiting for the decision;
+otherwise nothing is written and the command says why.
+
+--json prints {"ok": true, "run_id": "..."} (or {"error", "detail"}).
+
+Exit codes: 0 recorded, 2 bad input or refused (the run has ended, the step
+is not waiting), 3 unknown run, 4 NATS unreachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.jsonErrors(e.runApprove),
+	}
+	f := cmd.Flags()
+	f.String("step", "", "the step id of the approval step")
+	f.String("approver", "", "who decides (recorded in the journal)")
+	f.Bool("reject", false, "reject instead of approve")
+	f.String("comment", "", "a comment recorded with the decision")
+	addJSONFlag(cmd, `print {"ok": true, "run_id": "..."} as JSON`)
+	_ = cmd.MarkFlagRequired("step")
+	_ = cmd.MarkFlagRequired("approver")
+	return cmd
+}
+
+func (e *env) runApprove(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	runID := args[0]
+	step, _ := cmd.Flags().GetString("step")
+	approver, _ := cmd.Flags().GetString("approver")
+	reject, _ := cmd.Flags().GetBool("reject")
+	comment, _ := cmd.Flags().GetString("comment")
+	decision := "approve"
+	if reject {
+		decision = "reject"
+	}
+	if err := event.ValidateRunID(runID); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	c := workers.ApproveCommand{RunID: runID, StepID: step, Decision: decision, Approver: approver, Comment: comment}
+	if err := c.Validate(); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	nc, err := e.connectNow(cmd, "pal-cli")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	store, err := openStore(ctx, nc)
+	if err != nil {
+		return err
+	}
+	err = workers.Approve(ctx, store, workers.ApproveRequest{RunID: runID, StepID: step, Approve: !reject,
+		Approver: approver, Comment: comment})
+	if err != nil {
+		return workersError(err)
+	}
+	if jsonFlag(cmd) {
+		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
+	}
+	verb := "approved"
+	if reject {
+		verb = "rejected"
+	}
+	fmt.Fprintf(e.stdout, "%s step %s of run %s (by %s)\n", verb, step, runID, approver)
+	return nil
+}
+
+func (e *env) runCancelCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cancel RUN_ID [--reason TEXT] [--by NAME]",
+		Short: "Cancel a run",
+		Long: `pal run cancel appends run_cancelled to a queued, running or waiting run, once;
+the worker driving it stops its in-flight LLM or HTTP call at once. A run
+that has already ended is left as it is: nothing is written and the command
+says how it ended.
+
+--json prints {"ok": true, "run_id": "..."} (or {"error", "detail"}).
+
+Exit codes: 0 cancelled, 2 bad run id or the run has already ended, 3 unknown
+run, 4 NATS unreachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.jsonErrors(e.runCancel),
+	}
+	cmd.Flags().String("reason", "", "why (recorded in run_cancelled)")
+	cmd.Flags().String("by", "pal-cli", "who cancels (the worker_id of run_cancelled)")
+	addJSONFlag(cmd, `print {"ok": true, "run_id": "..."} as JSON`)
+	return cmd
+}
+
+func (e *env) runCancel(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	runID := args[0]
+	if err := event.ValidateRunID(runID); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	reason, _ := cmd.Flags().GetString("reason")
+	by, _ := cmd.Flags().GetString("by")
+	if by == "" {
+		return badInput("--by: say who cancels")
+	}
+	nc, err := e.connectNow(cmd, "pal-cli")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	store, err := openStore(ctx, nc)
+	if err != nil {
+		return err
+	}
+	if err := workers.CancelRun(ctx, store, nc, workers.CancelRequest{RunID: runID, Reason: reason, By: by}); err != nil {
+		if errors.Is(err, workers.ErrRunFinished) {
+			err = fmt.Errorf("%w; nothing was written", err)
+		}
+		return workersError(err)
+	}
+	if jsonFlag(cmd) {
+		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
+	}
+	fmt.Fprintf(e.stdout, "cancelled run %s\n", runID)
+	return nil
+}

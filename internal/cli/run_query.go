@@ -1,0 +1,485 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/workers"
+)
+
+// Where pal run get read a run from (the "source" field of --json).
+const (
+	sourceJournal  = "journal"
+	sourcePostgres = "postgres"
+)
+
+// runGetOut is pal run get --json: the run as workers.RunView renders it
+// (GET /v1/runs/{id} answers the same), and where it was read.
+type runGetOut struct {
+	*workers.RunView
+	Source string `json:"source"`
+}
+
+func (e *env) runGetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get RUN_ID [--json]",
+		Short: "Show a run: status, usage and steps",
+		Long: `pal run get shows a run: its status, workflow, timings, token usage, output
+or error, and one line per step (its latest attempt).
+
+Where it reads from: with DATABASE_URL set, the Postgres projection (the
+same tables the API lists from); a run the projection does not hold yet, or
+a Postgres that cannot be reached, is read from its journal instead. Without
+DATABASE_URL, or with --journal, the run is folded from its journal on NATS
+(PAL_EVENTS), which is always current. The output says which.
+
+--json prints one JSON object, the same as GET /v1/runs/{id}, plus
+"source": "journal" or "postgres".
+
+Exit codes: 0 found, 2 bad run id, 3 unknown run, 4 NATS unreachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.jsonErrors(e.runGet),
+	}
+	addJSONFlag(cmd, "print the run as one JSON object")
+	addDatabaseFlag(cmd)
+	cmd.Flags().Bool("journal", false, "read the journal on NATS even when DATABASE_URL is set")
+	return cmd
+}
+
+func (e *env) runGet(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	runID := args[0]
+	if err := event.ValidateRunID(runID); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	var (
+		view   *workers.RunView
+		source string
+	)
+	forceJournal, _ := cmd.Flags().GetBool("journal")
+	if dbURL := e.stringSetting(cmd, "database-url", "DATABASE_URL", ""); dbURL != "" && !forceJournal {
+		v, err := e.getFromPostgres(ctx, dbURL, runID)
+		switch {
+		case err == nil:
+			view, source = v, sourcePostgres
+		case codeOf(err) == ExitBadInput:
+			return err
+		case errors.Is(err, projections.ErrRunNotFound):
+			// The projection may lag behind the journal: look there.
+		default:
+			fmt.Fprintf(e.stderr, "pal: warning: %v; reading the journal instead\n", err)
+		}
+	}
+	if view == nil {
+		nc, err := e.connectNow(cmd, "pal-cli")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		store, err := openStore(ctx, nc)
+		if err != nil {
+			return err
+		}
+		if view, err = workers.GetRun(ctx, store, runID); err != nil {
+			if errors.Is(err, eventstore.ErrRunNotFound) {
+				return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
+			}
+			return workersError(err)
+		}
+		source = sourceJournal
+	}
+	if jsonFlag(cmd) {
+		return printJSON(e.stdout, runGetOut{RunView: view, Source: source})
+	}
+	return printRun(e.stdout, view, source, time.Now())
+}
+
+func (e *env) getFromPostgres(ctx context.Context, dbURL, runID string) (*workers.RunView, error) {
+	pool, err := e.connectPGNow(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	d, err := projections.NewReader(pool).GetRun(ctx, runID)
+	if err != nil {
+		return nil, pgHint(err)
+	}
+	return viewOfDetail(d), nil
+}
+
+// pgHint adds what to do to a query that failed for want of PAL's tables.
+func pgHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return withCode(ExitUnavailable, fmt.Errorf("%w (the database has no PAL tables: run 'pal migrate' and 'pal projector')", err))
+	}
+	if errors.Is(err, projections.ErrRunNotFound) || errors.Is(err, projections.ErrBadCursor) {
+		return err
+	}
+	return withCode(ExitUnavailable, err)
+}
+
+// viewOfDetail renders a run of the projection like workers.View renders
+// a folded journal: one entry per step, its latest attempt.
+func viewOfDetail(d projections.RunDetail) *workers.RunView {
+	r := d.Run
+	v := &workers.RunView{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, Input: r.Input, Output: r.Output,
+		Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep, ParentRunID: r.ParentRunID,
+		ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes, LastSeq: r.LastSeq,
+		Usage:     event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
+		CreatedAt: rfc3339(r.CreatedAt), UpdatedAt: rfc3339(r.UpdatedAt), EndedAt: rfc3339(r.EndedAt),
+		Steps: []workers.StepView{}}
+	at := map[string]int{}
+	for _, s := range d.Steps {
+		sv := workers.StepView{StepID: s.StepID, NodeType: s.NodeType, Status: s.Status, Attempt: s.Attempt,
+			Output: s.Output, Error: s.Error, Delivery: s.Delivery, DurationMs: s.DurationMs}
+		if s.InputTokens != 0 || s.OutputTokens != 0 || s.CostUSD != 0 {
+			sv.Usage = &event.Usage{InputTokens: s.InputTokens, OutputTokens: s.OutputTokens,
+				TotalTokens: s.InputTokens + s.OutputTokens, CostUSD: s.CostUSD}
+		}
+		if i, ok := at[s.StepID]; ok {
+			if s.Attempt >= v.Steps[i].Attempt {
+				v.Steps[i] = sv
+			}
+			continue
+		}
+		at[s.StepID] = len(v.Steps)
+		v.Steps = append(v.Steps, sv)
+	}
+	return v
+}
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func parseTime(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, s)
+	return t
+}
+
+// printRun prints a run for people.
+func printRun(w io.Writer, v *workers.RunView, source string, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	created, ended := parseTime(v.CreatedAt), parseTime(v.EndedAt)
+	fmt.Fprintf(tw, "Run\t%s\n", v.RunID)
+	fmt.Fprintf(tw, "Status\t%s\n", v.Status)
+	if v.Workflow != "" {
+		fmt.Fprintf(tw, "Workflow\t%s\n", v.Workflow)
+	}
+	if v.ParentRunID != "" {
+		fmt.Fprintf(tw, "Parent\t%s (step %s, depth %d)\n", v.ParentRunID, v.ParentStepID, v.Depth)
+	}
+	fmt.Fprintf(tw, "Created\t%s\n", fmtTime(created, now))
+	if !ended.IsZero() {
+		fmt.Fprintf(tw, "Ended\t%s, took %s\n", fmtTime(ended, now), fmtDuration(ended.Sub(created)))
+	} else {
+		fmt.Fprintf(tw, "Running for\t%s\n", fmtDuration(now.Sub(created)))
+	}
+	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
+	u := v.Usage
+	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), $%.6f\n", u.TotalTokens, u.InputTokens, u.OutputTokens, u.CostUSD)
+	if len(v.Input) > 0 {
+		fmt.Fprintf(tw, "Input\t%s\n", truncate(string(v.Input), 100))
+	}
+	if len(v.Output) > 0 {
+		fmt.Fprintf(tw, "Output\t%s\n", truncate(string(v.Output), 100))
+	}
+	if v.Error != "" {
+		msg := v.Error
+		if v.ErrorCode != "" {
+			msg = v.ErrorCode + ": " + msg
+		}
+		if v.FailedStep != "" {
+			msg += " (step " + v.FailedStep + ")"
+		}
+		fmt.Fprintf(tw, "Error\t%s\n", msg)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(v.Steps) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STEP\tTYPE\tSTATUS\tATTEMPT\tDURATION\tTOKENS\tRESULT")
+		for _, s := range v.Steps {
+			var tokens int64
+			if s.Usage != nil {
+				tokens = s.Usage.TotalTokens
+			}
+			result := truncate(string(s.Output), 60)
+			if s.Error != "" {
+				result = truncate(s.Error, 60)
+			}
+			if s.Delivery != "" {
+				result = "delivery " + s.Delivery + " " + result
+			}
+			dur := "-"
+			if s.Status == engine.StepCompleted || s.Status == engine.StepFailed {
+				dur = fmtDuration(time.Duration(s.DurationMs) * time.Millisecond)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt, dur, fmtTokens(tokens), dash(result))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	from := "its journal on NATS (PAL_EVENTS)"
+	if source == sourcePostgres {
+		from = "the Postgres projection"
+	}
+	_, err := fmt.Fprintf(w, "\n(read from %s up to seq %d)\n", from, v.LastSeq)
+	return err
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (e *env) runListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "list [--status S] [--limit N] [--before CURSOR] [--json]",
+		Short: "List runs, newest first (needs DATABASE_URL)",
+		Long: `pal run list lists runs, newest first, from the Postgres projection: set
+DATABASE_URL (or --database-url) to the database pal projector writes to.
+
+--status keeps runs with one status: queued, running, waiting, succeeded,
+failed or cancelled. --limit caps the page (default 50, at most 1000); when
+the page is full, the cursor of the next one is printed on stderr (human
+output) or as "next" (--json); pass it to --before.
+
+--json prints {"runs": [...], "next": "..."}, the same as GET /v1/runs.
+
+Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
+4 Postgres unreachable.`,
+		Args: cobra.NoArgs,
+		RunE: e.jsonErrors(e.runList),
+	}
+	addJSONFlag(cmd, `print {"runs": [...], "next": "..."} as one JSON object`)
+	addDatabaseFlag(cmd)
+	cmd.Flags().String("status", "", "only runs with this status (queued, running, waiting, succeeded, failed, cancelled)")
+	cmd.Flags().Int("limit", projections.DefaultListLimit, fmt.Sprintf("most runs to list (1 to %d)", projections.MaxListLimit))
+	cmd.Flags().String("before", "", "continue a listing: the cursor printed by the previous page")
+	return cmd
+}
+
+func (e *env) runList(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	f := projections.RunFilter{}
+	if s, _ := cmd.Flags().GetString("status"); s != "" {
+		st, err := api.ParseStatus(s)
+		if err != nil {
+			return withCode(ExitBadInput, fmt.Errorf("--status %w", err))
+		}
+		f.Status = st
+	}
+	f.Limit, _ = cmd.Flags().GetInt("limit")
+	if f.Limit < 1 || f.Limit > projections.MaxListLimit {
+		return badInput("--limit %d: want 1 to %d", f.Limit, projections.MaxListLimit)
+	}
+	f.Before, _ = cmd.Flags().GetString("before")
+	dbURL := e.stringSetting(cmd, "database-url", "DATABASE_URL", "")
+	if dbURL == "" {
+		return badInput("pal run list reads the Postgres projection and DATABASE_URL is not set: set it (or --database-url) " +
+			"to the database pal projector writes to; 'pal run get RUN_ID' reads a single run from NATS without it")
+	}
+	pool, err := e.connectPGNow(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rows, err := projections.NewReader(pool).ListRuns(ctx, f)
+	if errors.Is(err, projections.ErrBadCursor) {
+		return badInput("--before %q: not a cursor printed by an earlier pal run list", f.Before)
+	}
+	if err != nil {
+		return pgHint(err)
+	}
+	list := api.ListOf(rows, f.Limit)
+	if jsonFlag(cmd) {
+		return printJSON(e.stdout, list)
+	}
+	if len(list.Runs) == 0 {
+		fmt.Fprintln(e.stderr, "no runs")
+		return nil
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN ID\tSTATUS\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
+	for _, r := range list.Runs {
+		dur := now.Sub(r.CreatedAt)
+		if r.EndedAt != nil {
+			dur = r.EndedAt.Sub(r.CreatedAt)
+		}
+		cost := "-"
+		if r.Usage.CostUSD > 0 {
+			cost = fmt.Sprintf("$%.4f", r.Usage.CostUSD)
+		}
+		errText := r.Error
+		if r.ErrorCode != "" {
+			errText = r.ErrorCode + ": " + errText
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Workflow), fmtShortTime(r.CreatedAt),
+			fmtDuration(dur), fmtTokens(r.Usage.TotalTokens), cost, dash(truncate(errText, 50)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if list.Next != "" {
+		fmt.Fprintf(e.stderr, "more: pal run list --before %s%s\n", list.Next, flagsAgain(cmd))
+	}
+	return nil
+}
+
+// flagsAgain repeats the filter flags of a listing, for the next page.
+func flagsAgain(cmd *cobra.Command) string {
+	var b strings.Builder
+	for _, name := range []string{"status", "limit"} {
+		if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
+			fmt.Fprintf(&b, " --%s %s", name, f.Value.String())
+		}
+	}
+	return b.String()
+}
+
+func (e *env) runWatchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "watch RUN_ID [--json]",
+		Short: "Follow a run until it ends; the exit code says how it ended",
+		Long: `pal run watch prints a run's progress (steps starting, completing, failing,
+retrying, waiting; the run's drives and its end) from its journal on NATS,
+then keeps following it until the run ends. A run that has already ended is
+shown and the command returns at once.
+
+--json prints every event of the journal as one JSON line (the envelope, as
+in PAL_EVENTS).
+
+Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
+id, 3 unknown run, 4 NATS unreachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.jsonErrors(e.runWatch),
+	}
+	addJSONFlag(cmd, "print every event as one JSON line")
+	return cmd
+}
+
+func (e *env) runWatch(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	runID := args[0]
+	if err := event.ValidateRunID(runID); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	asJSON := jsonFlag(cmd)
+	nc, err := e.connectNow(cmd, "pal-cli")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	store, err := openStore(ctx, nc)
+	if err != nil {
+		return err
+	}
+	evs, head, err := store.Read(ctx, runID)
+	if errors.Is(err, eventstore.ErrRunNotFound) {
+		return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
+	}
+	if err != nil {
+		return withCode(ExitUnavailable, err)
+	}
+	var created time.Time
+	show := func(ev event.Event) {
+		if asJSON {
+			_ = printJSON(e.stdout, ev)
+			return
+		}
+		switch ev.Kind {
+		case event.RunCreated:
+			created = ev.TS
+			fmt.Fprintf(e.stdout, "watching run %s (%s)\n", runID, summary(ev))
+		case event.RunSucceeded, event.RunFailed, event.RunCancelled:
+			fmt.Fprintln(e.stdout, humanLine(ev))
+		default:
+			if notable(ev.Kind) {
+				fmt.Fprintln(e.stdout, humanLine(ev))
+			}
+		}
+	}
+	var final *event.Event
+	for i := range evs {
+		show(evs[i])
+		if evs[i].Kind.Terminal() {
+			final = &evs[i]
+		}
+	}
+	if final == nil {
+		err = store.Watch(ctx, runID, head, func(ev event.Event) error {
+			show(ev)
+			if ev.Kind.Terminal() {
+				final = &ev
+				return eventstore.ErrStopWatch
+			}
+			return nil
+		})
+		if err != nil {
+			if errors.Is(err, context.Canceled) {
+				return err
+			}
+			return withCode(ExitUnavailable, err)
+		}
+	}
+	took := ""
+	if !created.IsZero() {
+		took = " after " + fmtDuration(final.TS.Sub(created))
+	}
+	switch final.Kind {
+	case event.RunSucceeded:
+		if !asJSON {
+			fmt.Fprintf(e.stdout, "run %s succeeded%s\n", runID, took)
+		}
+		return nil
+	case event.RunFailed:
+		var d event.RunFailedData
+		_ = final.DecodeData(&d)
+		return withCode(ExitRunFailed, fmt.Errorf("run %s failed%s: %s", runID, took, d.Error))
+	default:
+		var d event.RunCancelledData
+		_ = final.DecodeData(&d)
+		msg := fmt.Sprintf("run %s was cancelled%s", runID, took)
+		if d.By != "" {
+			msg += " by " + d.By
+		}
+		if d.Reason != "" {
+			msg += ": " + d.Reason
+		}
+		return withCode(ExitRunFailed, errors.New(msg))
+	}
+}
+
+// notable reports the kinds pal run watch shows.
+func notable(k event.Kind) bool {
+	switch k {
+	case event.RunResumed, event.StepStarted, event.StepCompleted, event.StepFailed, event.StepRetrying,
+		event.StepWaiting, event.ChildRunCreated, event.AnomalyDetected:
+		return true
+	}
+	return false
+}
