@@ -1,0 +1,384 @@
+package api_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/provider/anthropic"
+	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/workers"
+)
+
+// testToken is the bearer token of the bundle's API (named "ci").
+const testToken = "test-token-0123456789"
+
+// bundle is one test's PAL behind the REST API: its own JetStream, the
+// API on 127.0.0.1, and, when asked for, a worker and a fake LLM.
+type bundle struct {
+	nats   *testenv.NATSServer
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	store  *eventstore.Store
+	llm    *providertest.Server
+	srv    *api.Server
+	url    string
+	client *http.Client
+}
+
+type bundleCfg struct {
+	worker    bool
+	runs      api.RunLister
+	keepAlive time.Duration
+	ready     func(context.Context) error
+	tokens    []api.Token
+	insecure  bool
+}
+
+type bundleOpt func(*bundleCfg)
+
+// withWorker runs an in-process worker whose LLM is the bundle's fake.
+func withWorker() bundleOpt { return func(c *bundleCfg) { c.worker = true } }
+
+func withRuns(r api.RunLister) bundleOpt { return func(c *bundleCfg) { c.runs = r } }
+
+func withKeepAlive(d time.Duration) bundleOpt { return func(c *bundleCfg) { c.keepAlive = d } }
+
+func withReady(f func(context.Context) error) bundleOpt { return func(c *bundleCfg) { c.ready = f } }
+
+func withTokens(tokens []api.Token, insecure bool) bundleOpt {
+	return func(c *bundleCfg) { c.tokens, c.insecure = tokens, insecure }
+}
+
+func setup(t testing.TB, opts ...bundleOpt) *bundle {
+	t.Helper()
+	cfg := bundleCfg{tokens: []api.Token{{Name: "ci", Secret: testToken}}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	b := &bundle{nats: testenv.NATS(t)}
+	b.nc = b.nats.Conn(t)
+	var err error
+	b.js, err = jetstream.New(b.nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, eventstore.Setup(ctx, b.js, eventstore.Config{LeaseTTL: time.Second}))
+	b.store, err = eventstore.Open(ctx, b.js)
+	require.NoError(t, err)
+	testenv.CheckJournalOnCleanup(t, b.nc)
+	if cfg.worker {
+		b.startWorker(t)
+	}
+	hc := api.HandlerConfig{Store: b.store, NC: b.nc, Runs: cfg.runs, Ready: cfg.ready, Tokens: cfg.tokens,
+		Insecure: cfg.insecure, Logger: testLogger(t), KeepAlive: cfg.keepAlive}
+	b.srv = api.NewServer("127.0.0.1:0", api.NewHandler(hc), testLogger(t))
+	require.NoError(t, b.srv.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, b.srv.Stop(sctx))
+	})
+	b.url = b.srv.URL()
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	b.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	t.Cleanup(tr.CloseIdleConnections)
+	return b
+}
+
+func (b *bundle) startWorker(t testing.TB) {
+	t.Helper()
+	b.llm = providertest.NewServer(t)
+	leases, err := eventstore.OpenLeases(context.Background(), b.js, time.Second)
+	require.NoError(t, err)
+	wh := webhook.New()
+	providers := provider.Registry{
+		"openai":    openai.New(openai.Config{APIKey: "test", BaseURL: b.llm.OpenAIBaseURL()}),
+		"anthropic": anthropic.New(anthropic.Config{APIKey: "test", BaseURL: b.llm.AnthropicBaseURL()}),
+	}
+	w := workers.New(workers.Config{ID: "w1", Concurrency: 8, Logger: testLogger(t)}, b.store, leases,
+		providers, connector.Registry{wh.Kind(): wh})
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// response is an answer with its body read.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &m), "body: %s", r.body)
+	return m
+}
+
+// do sends a request with the bundle's token (unless headers set
+// Authorization, "" for none).
+func (b *bundle) do(t testing.TB, method, path string, body io.Reader, headers ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, b.url+path, body)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+			continue
+		}
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := b.client.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return response{status: res.StatusCode, header: res.Header, body: data}
+}
+
+func (b *bundle) post(t testing.TB, path, body string, headers ...string) response {
+	t.Helper()
+	return b.do(t, http.MethodPost, path, strings.NewReader(body), headers...)
+}
+
+func (b *bundle) get(t testing.TB, path string, headers ...string) response {
+	t.Helper()
+	return b.do(t, http.MethodGet, path, nil, headers...)
+}
+
+// requireError checks an error answer: status, code and a detail.
+func requireError(t testing.TB, r response, status int, code string) map[string]any {
+	t.Helper()
+	require.Equal(t, status, r.status, "body: %s", r.body)
+	require.Equal(t, "application/json", r.header.Get("Content-Type"))
+	m := r.json(t)
+	require.Equal(t, code, m["error"], "body: %s", r.body)
+	require.NotEmpty(t, m["detail"], "body: %s", r.body)
+	return m
+}
+
+// waitEnd waits for the run's terminal event.
+func (b *bundle) waitEnd(t testing.TB, runID string) event.Event {
+	t.Helper()
+	return b.waitFor(t, runID, "the end", func(ev event.Event) bool { return ev.Kind.Terminal() })
+}
+
+// waitFor waits until the run's journal has an event matching fn.
+func (b *bundle) waitFor(t testing.TB, runID, what string, fn func(event.Event) bool) event.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var found event.Event
+	err := b.store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
+		if fn(ev) {
+			found = ev
+			return eventstore.ErrStopWatch
+		}
+		return nil
+	})
+	require.NoError(t, err, "waiting for %s in run %s", what, runID)
+	return found
+}
+
+func (b *bundle) events(t testing.TB, runID string) []event.Event {
+	t.Helper()
+	evs, _, err := b.store.Read(context.Background(), runID)
+	require.NoError(t, err)
+	return evs
+}
+
+// journalState is everything a refused request must leave as it was.
+type journalState struct {
+	Journal testenv.Journal
+	Streams map[string]uint64 // stream → last sequence
+}
+
+func (b *bundle) journalState(t testing.TB) journalState {
+	t.Helper()
+	s := journalState{Journal: testenv.ReadJournal(t, b.nc), Streams: map[string]uint64{}}
+	ctx := context.Background()
+	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, "KV_" + eventstore.LeaseBucket} {
+		st, err := b.js.Stream(ctx, name)
+		require.NoError(t, err)
+		info, err := st.Info(ctx)
+		require.NoError(t, err)
+		s.Streams[name] = info.State.LastSeq
+	}
+	return s
+}
+
+// seqWorkflow is a chain of n ai-steps s1..sn.
+func seqWorkflow(n int) string {
+	var nodes, edges []string
+	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
+	prev := "start"
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("s%d", i)
+		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"step %d of {{input.topic}}"}}`, id, i))
+		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
+		prev = id
+	}
+	return fmt.Sprintf(`{"name":"seq-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+}
+
+// echoWorkflow is one echo tool step.
+const echoWorkflow = `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`
+
+// sseEvent is one server-sent event.
+type sseEvent struct {
+	id    uint64
+	kind  string
+	data  []byte
+	event event.Event
+}
+
+// sseStream reads an event stream.
+type sseStream struct {
+	res    *http.Response
+	r      *bufio.Reader
+	cancel context.CancelFunc
+	// comments counts comment lines (keep-alives).
+	comments int
+}
+
+// openSSE opens GET /v1/runs/{id}/events; headers as in do.
+func (b *bundle) openSSE(t testing.TB, client *http.Client, runID, query string, headers ...string) (*sseStream, error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/v1/runs/"+runID+"/events"+query, nil)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &sseStream{res: res, r: bufio.NewReader(res.Body), cancel: cancel}, nil
+}
+
+// next returns the next event, or io.EOF when the server ended the stream.
+func (s *sseStream) next() (sseEvent, error) {
+	var ev sseEvent
+	have := false
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			if err == io.EOF && line == "" && !have {
+				return ev, io.EOF
+			}
+			if err == io.EOF {
+				return ev, io.ErrUnexpectedEOF
+			}
+			return ev, err
+		}
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case line == "":
+			if have {
+				if err := json.Unmarshal(ev.data, &ev.event); err != nil {
+					return ev, fmt.Errorf("event %d: %w: %s", ev.id, err, ev.data)
+				}
+				return ev, nil
+			}
+		case strings.HasPrefix(line, ":"):
+			s.comments++
+		case strings.HasPrefix(line, "id: "):
+			n, err := strconv.ParseUint(strings.TrimPrefix(line, "id: "), 10, 64)
+			if err != nil {
+				return ev, fmt.Errorf("bad id line %q", line)
+			}
+			ev.id, have = n, true
+		case strings.HasPrefix(line, "event: "):
+			ev.kind, have = strings.TrimPrefix(line, "event: "), true
+		case strings.HasPrefix(line, "data: "):
+			ev.data, have = append(ev.data, strings.TrimPrefix(line, "data: ")...), true
+		case strings.HasPrefix(line, "retry: "):
+		default:
+			return ev, fmt.Errorf("unexpected line %q", line)
+		}
+	}
+}
+
+func (s *sseStream) close() {
+	s.cancel()
+	_ = s.res.Body.Close()
+}
+
+// readUntil reads events until one matches fn (inclusive).
+func (s *sseStream) readUntil(t testing.TB, fn func(sseEvent) bool) []sseEvent {
+	t.Helper()
+	var out []sseEvent
+	for {
+		ev, err := s.next()
+		require.NoError(t, err)
+		out = append(out, ev)
+		if fn(ev) {
+			return out
+		}
+	}
+}
+
+// readAll reads events until the server ends the stream.
+func (s *sseStream) readAll(t testing.TB) []sseEvent {
+	t.Helper()
+	var out []sseEvent
+	for {
+		ev, err := s.next()
+		if err == io.EOF {
+			return out
+		}
+		require.NoError(t, err)
+		out = append(out, ev)
+	}
+}
+
+func jsonBody(v any) *bytes.Reader {
+	b, _ := json.Marshal(v)
+	return bytes.NewReader(b)
+}
