@@ -44,8 +44,9 @@
 //  1. DATABASE_URL, when set, is the administrative connection: its user
 //     must be allowed to CREATE DATABASE.
 //  2. Otherwise the first call starts one throwaway cluster for the whole
-//     test binary from the machine's PostgreSQL: initdb and pg_ctl from PATH,
-//     else from `pg_config --bindir`, else from the highest version in
+//     test binary from the machine's PostgreSQL, with internal/pgcluster (the
+//     code pal dev uses too): initdb and pg_ctl from PATH, else from
+//     `pg_config --bindir`, else from the highest version in
 //     /usr/lib/postgresql/*/bin (Debian, Ubuntu). It listens on 127.0.0.1 on
 //     a free port and on a Unix socket in its own directory, never fsyncs, and
 //     is removed by Main. initdb's result is cached under

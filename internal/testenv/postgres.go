@@ -13,9 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +23,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/palrun/pal/internal/pgcluster"
 )
 
 // pgMissing is the message a test fails with when no PostgreSQL is around.
@@ -282,49 +282,44 @@ func randomName(prefix string) (string, error) {
 	return prefix + hex.EncodeToString(b), nil
 }
 
-// pgCluster is a throwaway PostgreSQL cluster: initdb'd into a temporary
-// directory, listening on 127.0.0.1 and a Unix socket in that directory,
-// never syncing to disk (fsync and full_page_writes off).
+// pgCluster is a throwaway PostgreSQL cluster (see pgcluster): a copy of
+// the cached initdb template in a temporary directory, listening on
+// 127.0.0.1 and a Unix socket in that directory, never syncing to disk
+// (fsync and full_page_writes off).
 //
 // synchronous_commit stays on: with fsync off a commit costs one write(2),
 // and turning it off would let StopServer (an immediate stop, like a crash)
 // lose transactions the server had already acknowledged.
 type pgCluster struct {
-	binDir string
-	base   string // removed by destroy
-	data   string
-	sock   string
-	log    string
-	port   int
-	cred   *syscall.Credential // non-nil when running as root
-
-	mu      sync.Mutex
-	running bool
+	base    string // removed by destroy
+	cluster *pgcluster.Cluster
 }
 
+// pgStartTimeout bounds starting or stopping a throwaway cluster.
+const pgStartTimeout = 2 * time.Minute
+
 func newCluster() (*pgCluster, error) {
-	binDir, err := findPostgres()
+	binDir, err := pgcluster.BinDir()
+	if errors.Is(err, pgcluster.ErrNotInstalled) {
+		return nil, errors.New(pgMissing)
+	}
 	if err != nil {
 		return nil, err
 	}
-	cred, err := clusterCredential()
-	if err != nil {
-		return nil, err
-	}
-	c, err := startCluster(binDir, cred, false)
+	c, err := startCluster(binDir, false)
 	if err != nil {
 		// A template that the OS's temp cleaner has thinned out, or one
 		// from a different build of the same version, may not start: make
 		// a new one and try once more.
-		c, err = startCluster(binDir, cred, true)
+		c, err = startCluster(binDir, true)
 	}
 	return c, err
 }
 
 // startCluster creates a cluster from the initdb template (a fresh one if
 // fresh is set) and starts it on a free port.
-func startCluster(binDir string, cred *syscall.Credential, fresh bool) (*pgCluster, error) {
-	tmpl, err := pgTemplate(binDir, cred, fresh)
+func startCluster(binDir string, fresh bool) (*pgCluster, error) {
+	tmpl, err := pgTemplate(binDir, fresh)
 	if err != nil {
 		return nil, err
 	}
@@ -332,72 +327,45 @@ func startCluster(binDir string, cred *syscall.Credential, fresh bool) (*pgClust
 	if err != nil {
 		return nil, fmt.Errorf("creating the PostgreSQL directory: %w", err)
 	}
-	c := &pgCluster{
-		binDir: binDir,
-		base:   base,
-		data:   filepath.Join(base, "data"),
-		sock:   filepath.Join(base, "sock"),
-		log:    filepath.Join(base, "postgres.log"),
-		cred:   cred,
-	}
-	if err := c.init(tmpl); err != nil {
+	// The template belongs to the server's user (postgres when the tests
+	// run as root); so do the copy and the directory around it.
+	if err := chownLike(tmpl, base); err != nil {
 		_ = os.RemoveAll(base)
 		return nil, err
 	}
-	// Another process may take the free port before the server binds it.
-	for attempt := 1; ; attempt++ {
-		if c.port, err = freePort(); err != nil {
-			_ = os.RemoveAll(base)
-			return nil, fmt.Errorf("finding a port for PostgreSQL: %w", err)
-		}
-		err = c.start()
-		if err == nil {
-			return c, nil
-		}
-		if attempt == 3 {
-			_ = os.RemoveAll(base)
-			return nil, err
-		}
+	data := filepath.Join(base, "data")
+	if err := copyTree(tmpl, data); err != nil {
+		_ = os.RemoveAll(base)
+		return nil, fmt.Errorf("copying the initdb template %s: %w", tmpl, err)
 	}
-}
-
-// init creates the cluster's directories, owned by the cluster's user, and
-// copies the initdb template into the data directory.
-func (c *pgCluster) init(tmpl string) error {
-	if err := os.Mkdir(c.sock, 0o700); err != nil {
-		return fmt.Errorf("creating the PostgreSQL socket directory: %w", err)
+	ctx, cancel := context.WithTimeout(context.Background(), pgStartTimeout)
+	defer cancel()
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
+		DataDir:        data,
+		SocketDir:      filepath.Join(base, "sock"),
+		LogFile:        filepath.Join(base, "postgres.log"),
+		MaxConnections: 200,
+		BinDir:         binDir,
+	})
+	if err != nil {
+		_ = os.RemoveAll(base)
+		return nil, err
 	}
-	if err := chownTo(c.cred, c.base, c.sock); err != nil {
-		return err
-	}
-	if err := copyTree(tmpl, c.data, c.cred); err != nil {
-		return fmt.Errorf("copying the initdb template %s: %w", tmpl, err)
-	}
-	return nil
-}
-
-// chownTo hands paths to the cluster's user when the tests run as root:
-// PostgreSQL refuses to run as root.
-func chownTo(cred *syscall.Credential, paths ...string) error {
-	if cred == nil {
-		return nil
-	}
-	for _, p := range paths {
-		if err := os.Lchown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-			return fmt.Errorf("handing %s to uid %d: %w", p, cred.Uid, err)
-		}
-	}
-	return nil
+	return &pgCluster{base: base, cluster: cluster}, nil
 }
 
 // templates guards the initdb template cache within the test binary.
 var templates sync.Mutex
 
+// templateKind names how pgTemplate initialises a template; it is part of
+// the cache key.
+const templateKind = "pgcluster.Init NoSync: initdb -U postgres -A trust -E UTF8 --no-locale --no-sync"
+
 // pgTemplate returns a data directory made by initdb, cached under
 // os.TempDir() and keyed by the PostgreSQL build, its directory and the
-// user the cluster runs as: initdb takes seconds, a copy of its result a
+// user the tests run as: initdb takes seconds, a copy of its result a
 // fraction of one. With fresh, an existing template is replaced.
-func pgTemplate(binDir string, cred *syscall.Credential, fresh bool) (string, error) {
+func pgTemplate(binDir string, fresh bool) (string, error) {
 	templates.Lock()
 	defer templates.Unlock()
 
@@ -405,11 +373,7 @@ func pgTemplate(binDir string, cred *syscall.Credential, fresh bool) (string, er
 	if err != nil {
 		return "", fmt.Errorf("running %s --version: %w", filepath.Join(binDir, "postgres"), err)
 	}
-	uid := uint32(os.Geteuid())
-	if cred != nil {
-		uid = cred.Uid
-	}
-	sum := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%s", binDir, bytes.TrimSpace(version), uid, strings.Join(initdbArgs, " ")))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%s", binDir, bytes.TrimSpace(version), os.Geteuid(), templateKind))
 	parent := filepath.Join(os.TempDir(), "pal-testenv-cache")
 	final := filepath.Join(parent, "pgdata-"+hex.EncodeToString(sum[:8]))
 	if !fresh {
@@ -427,11 +391,14 @@ func pgTemplate(binDir string, cred *syscall.Credential, fresh bool) (string, er
 		return "", fmt.Errorf("creating the PostgreSQL template cache: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := chownTo(cred, tmp); err != nil {
-		return "", err
+	// When the tests run as root, initdb runs as postgres and must reach it.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("creating the PostgreSQL template cache: %w", err)
 	}
 	data := filepath.Join(tmp, "data")
-	if err := runPG(binDir, tmp, cred, "initdb", append([]string{"-D", data}, initdbArgs...)...); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), pgStartTimeout)
+	defer cancel()
+	if err := pgcluster.Init(ctx, data, pgcluster.NoSync(), pgcluster.WithBinDir(binDir)); err != nil {
 		return "", err
 	}
 	if fresh {
@@ -446,13 +413,9 @@ func pgTemplate(binDir string, cred *syscall.Credential, fresh bool) (string, er
 	return final, nil
 }
 
-// initdbArgs make a cluster for tests: the postgres superuser, trusted local
-// connections, UTF8 without locale, nothing synced to disk.
-var initdbArgs = []string{"-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"}
-
 // copyTree copies the directory src to dst (which must not exist), keeping
-// permissions, and hands the copy to cred's user.
-func copyTree(src, dst string, cred *syscall.Credential) error {
+// permissions and, when the tests run as root, owners.
+func copyTree(src, dst string) error {
 	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -486,8 +449,36 @@ func copyTree(src, dst string, cred *syscall.Credential) error {
 		default:
 			return fmt.Errorf("%s: unexpected file type %v", path, d.Type())
 		}
-		return chownTo(cred, target)
+		return chownTo(info, target)
 	})
+}
+
+// chownLike gives paths the owner of model when the tests run as root.
+func chownLike(model string, paths ...string) error {
+	info, err := os.Lstat(model)
+	if err != nil {
+		return err
+	}
+	return chownTo(info, paths...)
+}
+
+// chownTo gives paths the owner of the file info describes when the tests
+// run as root: the cluster's files must belong to the user PostgreSQL runs
+// as, because it refuses to run as root.
+func chownTo(info fs.FileInfo, paths ...string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	for _, p := range paths {
+		if err := os.Lchown(p, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("handing %s to uid %d: %w", p, st.Uid, err)
+		}
+	}
+	return nil
 }
 
 func copyFile(src, dst string, perm fs.FileMode) error {
@@ -507,44 +498,23 @@ func copyFile(src, dst string, perm fs.FileMode) error {
 	return out.Close()
 }
 
-func (c *pgCluster) adminDSN() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
-}
+func (c *pgCluster) adminDSN() string { return c.cluster.DSN("postgres") }
 
-func (c *pgCluster) isRunning() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.running
-}
+func (c *pgCluster) isRunning() bool { return c.cluster.Running() }
 
-// start starts the server and waits until it accepts connections.
+// start starts the server on its port and waits until it accepts
+// connections.
 func (c *pgCluster) start() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.running {
-		return nil
-	}
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k '%s' "+
-		"-c fsync=off -c full_page_writes=off -c max_connections=200", c.port, c.sock)
-	if err := c.run("pg_ctl", "-D", c.data, "-l", c.log, "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		return fmt.Errorf("%w\nserver log:\n%s", err, tail(readFile(c.log), 4000))
-	}
-	c.running = true
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), pgStartTimeout)
+	defer cancel()
+	return c.cluster.Start(ctx)
 }
 
 // stop stops the server without a shutdown checkpoint, as a crash would.
 func (c *pgCluster) stop() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.running {
-		return nil
-	}
-	if err := c.run("pg_ctl", "-D", c.data, "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
-		return err
-	}
-	c.running = false
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), pgStartTimeout)
+	defer cancel()
+	return c.cluster.Stop(ctx, pgcluster.StopImmediate)
 }
 
 // destroy stops the server and removes its directory.
@@ -554,113 +524,4 @@ func (c *pgCluster) destroy() {
 		return // leave the directory: the server may still use it
 	}
 	_ = os.RemoveAll(c.base)
-}
-
-// run runs a PostgreSQL program as the cluster's user.
-func (c *pgCluster) run(prog string, args ...string) error {
-	return runPG(c.binDir, c.base, c.cred, prog, args...)
-}
-
-// runPG runs the PostgreSQL program prog from binDir in dir, as cred's user
-// when cred is set.
-func runPG(binDir, dir string, cred *syscall.Credential, prog string, args ...string) error {
-	cmd := exec.Command(filepath.Join(binDir, prog), args...)
-	cmd.Dir = dir
-	cmd.Env = hermeticEnv(os.Environ())
-	if cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	// pg_ctl's server redirects its output to the log file, but never let a
-	// stray inherited pipe hold Wait.
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w\n%s", prog, strings.Join(args, " "), err, out.String())
-	}
-	return nil
-}
-
-func readFile(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	return string(b)
-}
-
-// clusterCredential returns the user the cluster runs as when the tests run
-// as root: postgres if that user exists (the PostgreSQL packages create
-// it), else nobody. It returns nil for other users.
-func clusterCredential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	var errs []error
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-		if err1 != nil || err2 != nil {
-			errs = append(errs, fmt.Errorf("user %s has a non-numeric uid %q or gid %q", name, u.Uid, u.Gid))
-			continue
-		}
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, fmt.Errorf("running as root, PostgreSQL needs an unprivileged user to run as, "+
-		"and neither postgres nor nobody exists: %w", errors.Join(errs...))
-}
-
-// findPostgres returns the directory holding initdb and pg_ctl: the one on
-// PATH, else pg_config's bindir, else the highest version in
-// /usr/lib/postgresql/*/bin (where Debian and Ubuntu install them).
-func findPostgres() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if dir := filepath.Dir(p); hasPGTools(dir) {
-			return dir, nil
-		}
-	}
-	if p, err := exec.LookPath("pg_config"); err == nil {
-		if out, err := exec.Command(p, "--bindir").Output(); err == nil {
-			if dir := strings.TrimSpace(string(out)); hasPGTools(dir) {
-				return dir, nil
-			}
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
-	for _, dir := range dirs {
-		if hasPGTools(dir) {
-			return dir, nil
-		}
-	}
-	return "", errors.New(pgMissing)
-}
-
-func hasPGTools(dir string) bool {
-	for _, prog := range []string{"initdb", "pg_ctl", "postgres"} {
-		fi, err := os.Stat(filepath.Join(dir, prog))
-		if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// pgVersion extracts the version from /usr/lib/postgresql/<version>/bin as a
-// sortable number (15 → 15000, 9.6 → 9006).
-func pgVersion(binDir string) int {
-	v := filepath.Base(filepath.Dir(binDir))
-	major, minor, _ := strings.Cut(v, ".")
-	ma, err := strconv.Atoi(major)
-	if err != nil {
-		return -1
-	}
-	mi, _ := strconv.Atoi(minor)
-	return ma*1000 + mi
 }

@@ -18,13 +18,6 @@ func TestWithDatabase(t *testing.T) {
 	}
 }
 
-func TestPGVersionOrder(t *testing.T) {
-	t.Parallel()
-	require.Greater(t, pgVersion("/usr/lib/postgresql/15/bin"), pgVersion("/usr/lib/postgresql/9.6/bin"))
-	require.Greater(t, pgVersion("/usr/lib/postgresql/16/bin"), pgVersion("/usr/lib/postgresql/15/bin"))
-	require.Equal(t, -1, pgVersion("/usr/lib/postgresql/x/bin"))
-}
-
 func TestMajorVersion(t *testing.T) {
 	t.Parallel()
 	for version, want := range map[string]int{
