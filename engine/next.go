@@ -536,3 +536,63 @@ func RetryDecision(plan StepPlan, classes []string, retryable, unknown bool) (re
 	}
 	return true, plan.Attempt + 1, of
 }
+
+// NodeForStep finds the node a step id belongs to: "ok", or a node inside
+// loop iterations ("each[2].ok", "outer[0].inner[3].ok"). Agent turns and
+// tool calls have no node of their own; they return false.
+func NodeForStep(wf *workflow.Workflow, stepID string) (*workflow.Node, bool) {
+	cur := wf
+	rest := stepID
+	for cur != nil {
+		seg, tail, more := cutSegment(rest)
+		name, indexed := seg, false
+		if i := indexOfBracket(seg); i >= 0 {
+			if seg[len(seg)-1] != ']' {
+				return nil, false
+			}
+			if _, err := strconv.Atoi(seg[i+1 : len(seg)-1]); err != nil {
+				return nil, false
+			}
+			name, indexed = seg[:i], true
+		}
+		n, ok := cur.Node(name)
+		if !ok {
+			return nil, false
+		}
+		if !more {
+			return n, !indexed
+		}
+		if !indexed || n.Type != workflow.TypeLoop {
+			return nil, false
+		}
+		cur, _ = cur.Sub(name)
+		rest = tail
+	}
+	return nil, false
+}
+
+func cutSegment(s string) (seg, rest string, more bool) {
+	depth := 0
+	for i, r := range s {
+		switch r {
+		case '[':
+			depth++
+		case ']':
+			depth--
+		case '.':
+			if depth == 0 {
+				return s[:i], s[i+1:], true
+			}
+		}
+	}
+	return s, "", false
+}
+
+func indexOfBracket(s string) int {
+	for i, r := range s {
+		if r == '[' {
+			return i
+		}
+	}
+	return -1
+}

@@ -9,6 +9,12 @@ const (
 	CommandsStream = "PAL_CMDS"
 	LeaseBucket    = "PAL_LEASES"
 	WorkConsumer   = "pal-workers"
+	// TimersStream holds scheduled wake-ups (approval timeouts).
+	TimersStream = "PAL_TIMERS"
+	// TimerConsumer is the durable consumer workers take fired timers from.
+	TimerConsumer   = "pal-timers"
+	timerAtPrefix   = "pal.timer.at."
+	timerFirePrefix = "pal.timer.fire."
 	// CommandConsumer is the durable consumer workers take commands from.
 	CommandConsumer = "pal-commands"
 	// RejectedSubject is the core NATS subject on which a refused command

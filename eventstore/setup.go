@@ -77,6 +77,15 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			AllowDirect:          true,
 		},
 		{
+			Name:              TimersStream,
+			Description:       "PAL timers: wake a run at a set time",
+			Subjects:          []string{"pal.timer.>"},
+			Retention:         jetstream.WorkQueuePolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          cfg.Replicas,
+			AllowMsgSchedules: true,
+		},
+		{
 			Name:        CommandsStream,
 			Description: "PAL durable commands",
 			Subjects:    []string{CommandPrefix + ">"},
@@ -106,6 +115,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
 	if err != nil {
 		return fmt.Errorf("setting up consumer %s: %w", WorkConsumer, err)
+	}
+	_, err = js.CreateOrUpdateConsumer(ctx, TimersStream, jetstream.ConsumerConfig{
+		Durable:       TimerConsumer,
+		Description:   "PAL workers: wake runs whose timer fired",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		FilterSubject: timerFirePrefix + "*",
+	})
+	if err != nil {
+		return fmt.Errorf("setting up consumer %s: %w", TimerConsumer, err)
 	}
 	_, err = js.CreateOrUpdateConsumer(ctx, CommandsStream, jetstream.ConsumerConfig{
 		Durable:       CommandConsumer,

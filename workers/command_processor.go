@@ -84,7 +84,7 @@ func Do(ctx context.Context, store *eventstore.Store, nc *nats.Conn, kind string
 		if c.IdempotencyKey == "" {
 			c.IdempotencyKey = key
 		}
-		res, err := StartRun(ctx, store, StartRequest{RunID: c.RunID, Workflow: c.Workflow, Input: c.Input,
+		res, err := StartRun(ctx, store, StartRequest{RunID: c.RunID, Workflow: c.Workflow, LLM: c.LLM, Input: c.Input,
 			IdempotencyKey: c.IdempotencyKey, Writer: by})
 		if err != nil && res.RunID == "" {
 			return Answer{}, c.ReplyTo, err

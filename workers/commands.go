@@ -23,7 +23,8 @@ const MaxCommandBytes = 1 << 20
 // StartCommand starts a run: pal.cmd.runs.start, pal.api.runs.start,
 // POST /v1/runs.
 type StartCommand struct {
-	Workflow       json.RawMessage `json:"workflow"`
+	Workflow       json.RawMessage `json:"workflow,omitempty"`
+	LLM            *LLMSpec        `json:"llm,omitempty"`
 	Input          json.RawMessage `json:"input,omitempty"`
 	RunID          string          `json:"run_id,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
@@ -122,8 +123,14 @@ func jsonType(kind string) string {
 // Validate checks a start command's fields (the workflow itself is
 // validated by StartRun).
 func (c *StartCommand) Validate() error {
-	if len(bytes.TrimSpace(c.Workflow)) == 0 || string(bytes.TrimSpace(c.Workflow)) == "null" {
-		return &InputError{Field: "workflow", Msg: "required: the workflow graph as a JSON object"}
+	hasWF := len(bytes.TrimSpace(c.Workflow)) > 0 && string(bytes.TrimSpace(c.Workflow)) != "null"
+	switch {
+	case c.LLM != nil && hasWF:
+		return &InputError{Field: "llm", Msg: "give either workflow or llm, not both"}
+	case c.LLM != nil:
+		return nil
+	case !hasWF:
+		return &InputError{Field: "workflow", Msg: "required: the workflow graph as a JSON object (or llm for a plain model call)"}
 	}
 	if b := bytes.TrimSpace(c.Workflow); b[0] != '{' {
 		return &InputError{Field: "workflow", Msg: "want a JSON object"}

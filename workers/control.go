@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -93,6 +95,15 @@ func CancelRun(ctx context.Context, store *eventstore.Store, nc *nats.Conn, req 
 		if nc != nil {
 			_ = nc.Publish(CancelSubjectPrefix+req.RunID, nil)
 		}
+		// Child runs go with their parent.
+		for _, id := range st.Order {
+			if child := st.Steps[id].ChildRunID; child != "" {
+				err := CancelRun(ctx, store, nc, CancelRequest{RunID: child, Reason: "parent run " + req.RunID + " cancelled", By: by})
+				if err != nil && !errors.Is(err, ErrRunFinished) && !errors.Is(err, eventstore.ErrRunNotFound) {
+					return fmt.Errorf("cancelling child run %s: %w", child, err)
+				}
+			}
+		}
 		return nil
 	}
 }
@@ -174,12 +185,14 @@ type ApproveRequest struct {
 	Comment  string
 }
 
-// Approve records an approval decision. Until a workflow has approval
-// nodes there is nothing to approve: it validates the request and refuses
-// it with a clear error, writing nothing.
+// Approve records a decision on an approval step: it appends
+// approval_received (fenced; concurrent decisions cannot both land) and
+// wakes the run if it is parked. A decision for a step the run has not
+// reached yet is kept in the journal and applied when it gets there.
 //
 // Errors: *InputError, eventstore.ErrRunNotFound, ErrRunFinished,
-// ErrNotWaiting.
+// ErrNotWaiting (not an approval step, or already decided). Nothing is
+// written when it fails.
 func Approve(ctx context.Context, store *eventstore.Store, req ApproveRequest) error {
 	if err := event.ValidateRunID(req.RunID); err != nil {
 		return &InputError{Field: "run_id", Msg: err.Error()}
@@ -190,23 +203,53 @@ func Approve(ctx context.Context, store *eventstore.Store, req ApproveRequest) e
 	if req.Approver == "" {
 		return &InputError{Field: "approver", Msg: "required: say who decides"}
 	}
-	evs, _, err := store.Read(ctx, req.RunID)
-	if err != nil {
-		return err
-	}
-	st, err := engine.Fold(evs)
-	if err != nil {
-		return fmt.Errorf("approving in run %s: %w", req.RunID, err)
-	}
-	if st.Status.Terminal() {
-		return fmt.Errorf("approving step %s of run %s: %w (%s)", req.StepID, req.RunID, ErrRunFinished, st.Status)
-	}
-	if st.Workflow != nil {
-		if n, ok := st.Workflow.Node(req.StepID); !ok || n.Type != workflow.TypeApproval {
+	for tries := 0; ; tries++ {
+		evs, head, err := store.Read(ctx, req.RunID)
+		if err != nil {
+			return err
+		}
+		st, err := engine.Fold(evs)
+		if err != nil {
+			return fmt.Errorf("approving in run %s: %w", req.RunID, err)
+		}
+		if st.Status.Terminal() {
+			return fmt.Errorf("approving step %s of run %s: %w (%s)", req.StepID, req.RunID, ErrRunFinished, st.Status)
+		}
+		var node *workflow.Node
+		if st.Workflow != nil {
+			node, _ = engine.NodeForStep(st.Workflow, req.StepID)
+		}
+		if node == nil || node.Type != workflow.TypeApproval {
 			return fmt.Errorf("approving step %s of run %s: %w: it is not an approval step", req.StepID, req.RunID, ErrNotWaiting)
 		}
+		if d, ok := st.Decisions[req.StepID]; ok {
+			return fmt.Errorf("approving step %s of run %s: %w: %s decided already (%s)", req.StepID, req.RunID, ErrNotWaiting, d.Approver, d.Decision)
+		}
+		if s, ok := st.Steps[req.StepID]; ok && s.Status == engine.StepCompleted {
+			return fmt.Errorf("approving step %s of run %s: %w: the step is complete", req.StepID, req.RunID, ErrNotWaiting)
+		}
+		if d, err := node.Approval(); err == nil && len(d.Approvers) > 0 && !slices.Contains(d.Approvers, req.Approver) {
+			return &InputError{Field: "approver", Msg: fmt.Sprintf("%q may not decide step %s (approvers: %s)", req.Approver, req.StepID, strings.Join(d.Approvers, ", "))}
+		}
+		decision := event.DecisionReject
+		if req.Approve {
+			decision = event.DecisionApprove
+		}
+		ev := event.MustNew(event.ApprovalReceived, req.StepID, 0, event.ApprovalReceivedData{
+			Decision: decision, Approver: req.Approver, Comment: req.Comment})
+		ev.WorkerID = req.Approver
+		_, err = store.Append(ctx, req.RunID, head, ev)
+		if errors.Is(err, eventstore.ErrConflict) && tries < 10 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("approving step %s of run %s: %w", req.StepID, req.RunID, err)
+		}
+		if st.Status == engine.StatusWaiting {
+			return store.Enqueue(ctx, req.RunID, "approve")
+		}
+		return nil
 	}
-	return fmt.Errorf("approving step %s of run %s: %w", req.StepID, req.RunID, ErrNotWaiting)
 }
 
 func rfc3339(t time.Time) string {

@@ -17,6 +17,10 @@ import (
 // errRunEnded: another writer ended the run (run_cancelled) while we drove it.
 var errRunEnded = errors.New("run ended by another writer")
 
+// errParked: the run waits for an outside input (an approval, a child run);
+// the drive ends and the work is acked.
+var errParked = errors.New("run parked")
+
 // drive is one worker's turn at driving one run.
 type drive struct {
 	w       *Worker
@@ -29,6 +33,11 @@ type drive struct {
 	pending []event.Event
 	log     *slog.Logger
 	bug     error
+	// inline is set when a parent run drives this (child) run in its own
+	// drive; the parent, not the work queue, learns how it ended.
+	inline bool
+	// conflicts counts journal conflicts resolved by folding inputs.
+	conflicts int
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -82,12 +91,14 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		err = errRunEnded
 	}
 	switch {
-	case err == nil || errors.Is(err, errRunEnded) || errors.Is(err, eventstore.ErrRunNotFound):
+	case err == nil || errors.Is(err, errRunEnded) || errors.Is(err, errParked) || errors.Is(err, eventstore.ErrRunNotFound):
 		switch {
 		case errors.Is(err, eventstore.ErrRunNotFound):
 			log.Warn("work for a run with no journal; dropping it")
 		case errors.Is(err, errRunEnded):
 			log.Info("run ended by another writer; letting it go", "seq", d.head.Seq)
+		case errors.Is(err, errParked):
+			log.Info("run parked", "seq", d.head.Seq)
 		}
 		if msg != nil {
 			if aerr := msg.DoubleAck(rctx); aerr != nil {
@@ -97,6 +108,7 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		if rerr := w.leases.Release(rctx, &held); rerr != nil {
 			log.Warn("releasing lease", "err", rerr)
 		}
+		w.afterDrive(rctx, d, errors.Is(err, errParked))
 		return nil
 	case errors.Is(cause, errShutdown) || ctx.Err() != nil:
 		// Graceful hand-off: free the lease, then put the work back so
@@ -159,9 +171,13 @@ func (d *drive) run() error {
 	if err := d.load(); err != nil {
 		return err
 	}
-	if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
+	if d.st.Status.Terminal() {
 		d.log.Debug("nothing to do", "status", d.st.Status)
 		return nil
+	}
+	if d.st.Status == engine.StatusWaiting && !d.wakeable() {
+		d.log.Debug("still waiting")
+		return errParked
 	}
 	if err := d.resume(); err != nil {
 		return err
@@ -306,13 +322,80 @@ func (d *drive) onConflict(cerr error) error {
 	if err != nil {
 		return fmt.Errorf("%w (then reading the journal: %v)", cerr, err)
 	}
+	inputs := len(evs) > 0
 	for _, ev := range evs {
 		if ev.Kind.Terminal() {
 			d.log.Debug("journal conflict: the run was ended", "kind", ev.Kind, "seq", ev.Seq)
 			d.cancel(errRunEnded)
 			return errRunEnded
 		}
+		inputs = inputs && ev.Kind.Input()
+	}
+	if inputs && d.conflicts < 10 {
+		// Someone appended an input (a decision) while we drove: it does
+		// not take the run from us. Fold it in before our pending events
+		// and append them again after it.
+		d.conflicts++
+		pending := d.pending
+		if err := d.load(); err != nil {
+			return err
+		}
+		for _, ev := range pending {
+			ev.Seq = d.st.LastSeq + 1
+			if err := d.st.Apply(ev); err != nil {
+				d.cancel(errOwnership)
+				return fmt.Errorf("%w: refolding after an input: %v", errOwnership, err)
+			}
+			d.pending = append(d.pending, ev)
+		}
+		return d.flush()
 	}
 	d.cancel(errOwnership)
 	return fmt.Errorf("%w: %v", errOwnership, cerr)
+}
+
+// wakeable reports whether a waiting run has something to do now: a
+// decision arrived, its wait timed out, or the child it waits for can go
+// on or has ended.
+func (d *drive) wakeable() bool {
+	rs, ok := engine.Next(d.st.Workflow, d.st).(engine.RunStep)
+	if !ok {
+		return true
+	}
+	p := rs.Plan
+	switch {
+	case p.Wait != nil && p.Wait.Waiting:
+		return !p.Wait.TimeoutAt.IsZero() && !time.Now().Before(p.Wait.TimeoutAt)
+	case p.Exec == engine.ExecSubagent:
+		if s := d.st.Steps[p.StepID]; s != nil && s.Status == engine.StepWaiting {
+			return d.w.childMayProceed(d.ctx, p.ChildRunID)
+		}
+	}
+	return true
+}
+
+// afterDrive wakes whoever must look again once a drive has let go of a
+// run: a parent whose child ended, or the run itself when it parked just as
+// its wake-up came (an approval that found the work message still taken).
+func (w *Worker) afterDrive(ctx context.Context, d *drive, parked bool) {
+	if d.st == nil || d.inline {
+		return
+	}
+	if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
+		if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
+			d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
+		}
+		return
+	}
+	if !parked {
+		return
+	}
+	fresh := &drive{w: w, runID: d.runID, ctx: ctx, log: d.log}
+	if err := fresh.load(); err != nil {
+		return
+	}
+	if !fresh.st.Status.Terminal() && fresh.wakeable() {
+		d.log.Info("woken while parking; queueing the run again")
+		_ = w.store.Enqueue(ctx, d.runID, "wake")
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/workflow"
 )
 
 // Default step timeouts when a node sets none.
@@ -40,6 +39,12 @@ func (d *drive) runStep(p engine.StepPlan) error {
 			return context.Cause(d.ctx)
 		}
 	}
+	if p.Wait != nil {
+		return d.runWait(p)
+	}
+	if p.Exec == engine.ExecSubagent {
+		return d.runSubagent(p)
+	}
 	if !p.Started {
 		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
 			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
@@ -58,7 +63,12 @@ func (d *drive) runStep(p engine.StepPlan) error {
 		// Interrupted (lease lost, shutdown): journal nothing more.
 		return c
 	}
-	dur := time.Since(start).Milliseconds()
+	return d.settle(p, res, err, time.Since(start))
+}
+
+// settle journals a step's outcome: completed, retrying or failed.
+func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.Duration) error {
+	dur := took.Milliseconds()
 	if err == nil {
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
 			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery})
@@ -79,16 +89,57 @@ func (d *drive) runStep(p engine.StepPlan) error {
 	return nil
 }
 
+// runWait journals a waiting step (an approval) and parks the run, or ends
+// the wait when it has timed out. A wait with a timeout schedules a
+// durable wake-up before it is journaled.
+func (d *drive) runWait(p engine.StepPlan) error {
+	if !p.Started {
+		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	}
+	if !p.Wait.Waiting {
+		// Flush what came before: a conflict with a decision that already
+		// arrived folds it in, and the step need not wait at all.
+		if err := d.flush(); err != nil {
+			return err
+		}
+		if _, ok := d.st.Decisions[p.StepID]; ok {
+			return nil
+		}
+		data := event.StepWaitingData{Reason: p.Wait.Reason}
+		if p.Wait.TimeoutMs > 0 {
+			at := time.Now().Add(time.Duration(p.Wait.TimeoutMs) * time.Millisecond).UTC()
+			data.TimeoutAt = at.Format(time.RFC3339Nano)
+			// A wake-up that fires for a run that never parked is harmless;
+			// a parked run without one would wait forever.
+			if err := d.w.store.ScheduleWake(d.ctx, d.runID, d.st.LastSeq+1, at.Add(time.Second)); err != nil {
+				return err
+			}
+		}
+		d.emit(event.StepWaiting, p.StepID, p.Attempt, data)
+		return d.flush() // Next decides: park, or a decision already came
+	}
+	if !p.Wait.TimeoutAt.IsZero() && !time.Now().Before(p.Wait.TimeoutAt) {
+		out, _ := json.Marshal(event.ApprovalOutput{Decision: event.DecisionTimeout, TimedOut: true})
+		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: out})
+		return nil
+	}
+	if err := d.flush(); err != nil {
+		return err
+	}
+	return errParked
+}
+
 func (d *drive) execute(p engine.StepPlan) (stepResult, error) {
-	switch p.NodeType {
-	case workflow.TypeAIStep:
+	switch p.Exec {
+	case engine.ExecLLM:
 		return d.execAI(p)
-	case workflow.TypeTool:
+	case engine.ExecTool:
 		return d.execTool(p)
-	case workflow.TypeConnector:
+	case engine.ExecConnector:
 		return d.execConnector(p)
 	default:
-		return stepResult{}, permanent("node type %q is not supported by this worker", p.NodeType)
+		return stepResult{}, permanent("step %s: nothing executes %q steps", p.StepID, p.Exec)
 	}
 }
 
@@ -108,16 +159,9 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
-	nd, err := p.Node.AIStep()
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, IdempotencyKey: p.Key}
-	for _, m := range in.Messages {
-		req.Messages = append(req.Messages, provider.Message{Role: m.Role, Content: m.Content})
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(nd.TimeoutMs, defaultLLMTimeout))
+		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key}
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultLLMTimeout))
 	defer cancel()
 	resp, err := prov.Complete(ctx, req)
 	if err != nil {
@@ -144,8 +188,9 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 
 func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
 	var in struct {
-		Tool  string          `json:"tool"`
-		Input json.RawMessage `json:"input"`
+		Tool       string          `json:"tool"`
+		Input      json.RawMessage `json:"input"`
+		ToolCallID string          `json:"tool_call_id"`
 	}
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
@@ -159,11 +204,7 @@ func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
 		sort.Strings(names)
 		return stepResult{}, permanent("step %s: tool %q is not registered on worker %s (registered: %v)", p.StepID, in.Tool, d.w.cfg.ID, names)
 	}
-	nd, err := p.Node.Tool()
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(nd.TimeoutMs, defaultToolTimeout))
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultToolTimeout))
 	defer cancel()
 	ctx = context.WithValue(ctx, stepInfoKey{}, StepInfo{RunID: d.runID, StepID: p.StepID, Attempt: p.Attempt, IdempotencyKey: p.Key})
 	out, err := fn(ctx, in.Input)
@@ -199,10 +240,6 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
-	nd, err := p.Node.Connector()
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
 	d.emit(event.SideEffectClaimed, p.StepID, p.Attempt, event.SideEffectClaimedData{
 		IdempotencyKey: p.Key, Connector: in.Kind, Target: in.URL})
 	if err := d.flush(); err != nil {
@@ -210,7 +247,7 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	}
 	// The delivery is claimed: let it finish even if the drive is being
 	// stopped, so the receiver is not left with a cut request.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(nd.TimeoutMs, defaultConnectorTimeout))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(p.TimeoutMs, defaultConnectorTimeout))
 	defer cancel()
 	rec, err := conn.Deliver(ctx, connector.Delivery{RunID: d.runID, StepID: p.StepID, IdempotencyKey: p.Key,
 		URL: in.URL, Method: in.Method, Headers: in.Headers, Body: in.Body})

@@ -21,6 +21,10 @@ type StartRequest struct {
 	// Workflow is the workflow JSON; it is validated before anything is
 	// written.
 	Workflow json.RawMessage
+	// LLM, instead of Workflow, starts a plain-LLM run: one model call, or
+	// with tools an agent loop. It goes through the same journal as a
+	// graph (a workflow of one node is made for it).
+	LLM *LLMSpec
 	// Input is the run input (any JSON value; {} when empty).
 	Input json.RawMessage
 	// IdempotencyKey makes starts idempotent: the same key always maps to
@@ -60,6 +64,16 @@ func StartRun(ctx context.Context, store *eventstore.Store, req StartRequest) (S
 	}
 	if err := event.ValidateRunID(runID); err != nil {
 		return StartResult{}, err
+	}
+	if req.LLM != nil {
+		if len(bytes.TrimSpace(req.Workflow)) > 0 {
+			return StartResult{}, &InputError{Field: "llm", Msg: "give either workflow or llm, not both"}
+		}
+		raw, err := req.LLM.workflow()
+		if err != nil {
+			return StartResult{}, err
+		}
+		req.Workflow = raw
 	}
 	wf, err := workflow.Parse(req.Workflow)
 	if err != nil {
@@ -112,4 +126,53 @@ func enqueueIfLive(ctx context.Context, store *eventstore.Store, runID string) e
 		return store.Enqueue(ctx, runID, "start")
 	}
 	return nil
+}
+
+// LLMSpec is a run with no graph: a prompt (or messages) for one model
+// call, or, with tools, an agent loop. Its fields mean what they mean on
+// an ai-step or agent node.
+type LLMSpec struct {
+	Provider    string                `json:"provider"`
+	Model       string                `json:"model"`
+	Prompt      string                `json:"prompt,omitempty"`
+	System      string                `json:"system,omitempty"`
+	Messages    []workflow.Message    `json:"messages,omitempty"`
+	MaxTokens   int                   `json:"maxTokens,omitempty"`
+	Temperature *float64              `json:"temperature,omitempty"`
+	Tools       []workflow.AgentTool  `json:"tools,omitempty"`
+	MaxTurns    int                   `json:"maxTurns,omitempty"`
+	TimeoutMs   int                   `json:"timeoutMs,omitempty"`
+	Retry       *workflow.RetryPolicy `json:"retry,omitempty"`
+}
+
+// workflow makes the one-node workflow of a plain-LLM run: node "llm" (an
+// ai-step) or, with tools, node "agent".
+func (s *LLMSpec) workflow() (json.RawMessage, error) {
+	type node struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+		Data any    `json:"data,omitempty"`
+	}
+	type edge struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	var n node
+	if len(s.Tools) > 0 || s.MaxTurns > 0 {
+		if len(s.Messages) > 0 {
+			return nil, &InputError{Field: "llm.messages", Msg: "an agent run (with tools) takes a prompt, not messages"}
+		}
+		n = node{ID: "agent", Type: workflow.TypeAgent, Data: workflow.AgentData{Provider: s.Provider, Model: s.Model,
+			Prompt: s.Prompt, System: s.System, Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens,
+			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+	} else {
+		n = node{ID: "llm", Type: workflow.TypeAIStep, Data: workflow.AIStepData{Provider: s.Provider, Model: s.Model,
+			Prompt: s.Prompt, System: s.System, Messages: s.Messages, MaxTokens: s.MaxTokens,
+			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+	}
+	return json.Marshal(struct {
+		Name  string `json:"name"`
+		Nodes []node `json:"nodes"`
+		Edges []edge `json:"edges"`
+	}{Name: n.ID, Nodes: []node{{ID: "start", Type: workflow.TypeTrigger}, n}, Edges: []edge{{From: "start", To: n.ID}}})
 }

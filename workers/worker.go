@@ -75,6 +75,7 @@ type Worker struct {
 	activeMu  sync.Mutex
 	active    map[string]context.CancelCauseFunc // run id → its drive
 	cancelSub *nats.Subscription
+	timers    jetstream.ConsumeContext
 
 	mu      sync.Mutex
 	started bool
@@ -141,6 +142,30 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("subscribing to cancel notices: %w", err)
 	}
 	w.cancelSub = sub
+	// Fired timers (approval timeouts) wake their run.
+	tcons, err := w.store.TimerConsumer(ctx)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
+	w.timers, err = tcons.Consume(func(m jetstream.Msg) {
+		runID, ok := eventstore.RunIDFromTimer(m.Subject())
+		if !ok {
+			_ = m.Term()
+			return
+		}
+		ectx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := w.store.Enqueue(ectx, runID, "timer"); err != nil {
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		_ = m.Ack()
+	})
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("consuming timers: %w", err)
+	}
 	w.started = true
 	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	w.done = make(chan struct{})
@@ -163,11 +188,17 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	w.stopped = true
 	_ = w.cancelSub.Unsubscribe()
+	w.timers.Drain()
 	w.cancel(errShutdown)
 	done := w.done
 	w.mu.Unlock()
 	select {
 	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-w.timers.Closed():
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -1,0 +1,169 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workflow"
+)
+
+// runSubagent drives a subagent step: it creates the child run (its id is
+// derived from this run and step, so a re-driven parent adopts the child it
+// created before a crash), drives the child in this drive, and completes
+// the step with the child's outcome. A child that parks (an approval) parks
+// this run too; the child's end wakes it.
+func (d *drive) runSubagent(p engine.StepPlan) error {
+	s := d.st.Steps[p.StepID]
+	if s != nil && s.Status == engine.StepWaiting && !d.w.childMayProceed(d.ctx, p.ChildRunID) {
+		return errParked
+	}
+	if !p.Started {
+		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	}
+	if s = d.st.Steps[p.StepID]; s.ChildRunID == "" {
+		if err := d.createChild(p); err != nil {
+			var ve *workflow.ValidationError
+			if errors.As(err, &ve) {
+				return d.settle(p, stepResult{}, permanent("step %s: child workflow: %v", p.StepID, err), 0)
+			}
+			return err
+		}
+		d.emit(event.ChildRunCreated, p.StepID, p.Attempt, event.ChildRunCreatedData{ChildRunID: p.ChildRunID})
+	}
+	if err := d.flush(); err != nil {
+		return err
+	}
+	start := time.Now()
+	child, err := d.w.driveInline(d.ctx, p.ChildRunID)
+	if c := context.Cause(d.ctx); c != nil {
+		return c
+	}
+	switch {
+	case errors.Is(err, eventstore.ErrLeaseHeld):
+		return d.waitForChild(p, "another worker drives it")
+	case err != nil:
+		return err
+	}
+	switch child.Status {
+	case engine.StatusSucceeded:
+		out := child.Output
+		if len(out) == 0 {
+			out = json.RawMessage("null")
+		}
+		return d.settle(p, stepResult{output: out}, nil, time.Since(start))
+	case engine.StatusFailed, engine.StatusCancelled:
+		return d.settle(p, stepResult{}, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
+	default:
+		return d.waitForChild(p, string(child.Status))
+	}
+}
+
+// waitForChild parks the run until its child run ends.
+func (d *drive) waitForChild(p engine.StepPlan, why string) error {
+	if s := d.st.Steps[p.StepID]; s == nil || s.Status != engine.StepWaiting {
+		d.emit(event.StepWaiting, p.StepID, p.Attempt, event.StepWaitingData{Reason: event.WaitChild, ChildRunID: p.ChildRunID})
+	}
+	if err := d.flush(); err != nil {
+		return err
+	}
+	d.log.Info("waiting for the child run", "step_id", p.StepID, "child_run_id", p.ChildRunID, "child", why)
+	return errParked
+}
+
+// createChild appends the child's run_created, fenced on an empty subject:
+// if the child exists already it is adopted.
+func (d *drive) createChild(p engine.StepPlan) error {
+	nd, err := p.Node.Subagent()
+	if err != nil {
+		return err
+	}
+	wf, err := workflow.Parse(nd.Workflow)
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Input json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(p.Input, &in); err != nil {
+		return permanent("step %s: bad input: %v", p.StepID, err)
+	}
+	chain := engine.Chain(d.st)
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
+		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name, Input: in.Input,
+		ParentRunID: d.runID, ParentStepID: p.StepID, Depth: d.st.Created.Depth + 1,
+		TriggerMeta: map[string]any{"parent_run_id": d.runID, "parent_step_id": p.StepID, "chain": chain}})
+	ev.WorkerID = d.w.cfg.ID
+	_, err = d.w.store.Append(d.ctx, p.ChildRunID, eventstore.Head{}, ev)
+	if errors.Is(err, eventstore.ErrConflict) {
+		d.log.Info("adopting the child run created before", "child_run_id", p.ChildRunID)
+		return nil
+	}
+	return err
+}
+
+// errLeaseHeldInline is returned by driveInline when another worker drives
+// the child.
+var errLeaseHeldInline = eventstore.ErrLeaseHeld
+
+// driveInline drives a child run within its parent's drive: it takes the
+// child's lease (without waiting for it) and runs the same loop as any
+// drive. It returns the child's state when the drive ends, or
+// eventstore.ErrLeaseHeld when another worker drives the child.
+func (w *Worker) driveInline(ctx context.Context, runID string) (*engine.RunState, error) {
+	lease, err := w.leases.Acquire(ctx, runID, w.owner)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer w.track(runID, cancel)()
+	d := &drive{w: w, runID: runID, ctx: dctx, cancel: cancel, log: w.log.With("run_id", runID, "inline", true), inline: true}
+	d.keeper = startKeeper(dctx, w.leases, lease, nil, cancel)
+	err = d.run()
+	held := d.keeper.stop()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	_ = w.leases.Release(rctx, &held)
+	if d.st == nil {
+		return nil, err
+	}
+	switch {
+	case err == nil, errors.Is(err, errParked), errors.Is(err, errRunEnded):
+		return d.st, nil
+	case context.Cause(dctx) != nil && ctx.Err() == nil:
+		// The child's own lease or journal was lost: someone else has it.
+		return nil, fmt.Errorf("driving child run %s: %w", runID, errLeaseHeldInline)
+	default:
+		return nil, err
+	}
+}
+
+// childMayProceed reports whether a parent waiting for its child should
+// look again: the child ended, or nobody drives it and it is not waiting.
+func (w *Worker) childMayProceed(ctx context.Context, childID string) bool {
+	evs, _, err := w.store.Read(ctx, childID)
+	if err != nil {
+		return errors.Is(err, eventstore.ErrRunNotFound)
+	}
+	st, err := engine.Fold(evs)
+	if err != nil {
+		return true
+	}
+	if st.Status.Terminal() {
+		return true
+	}
+	if st.Status == engine.StatusWaiting {
+		// The child waits for its own input: wakeable only if that came.
+		cd := &drive{w: w, runID: childID, ctx: ctx, st: st}
+		return cd.wakeable()
+	}
+	holder, err := w.leases.Holder(ctx, childID)
+	return err == nil && holder == ""
+}
