@@ -80,18 +80,19 @@ func dirVersion(binDir string) int {
 	return ma*1000 + mi
 }
 
-// serverMajor returns the major version of the postgres binary in binDir as
-// PG_VERSION spells it ("15", "9.6").
+// serverMajor returns the major version of the PostgreSQL in binDir as
+// PG_VERSION spells it ("15", "9.6"). It asks pg_ctl, which comes with the
+// server and loads several times faster.
 func serverMajor(ctx context.Context, binDir string) (string, error) {
-	prog := filepath.Join(binDir, "postgres")
+	prog := filepath.Join(binDir, "pg_ctl")
 	out, err := exec.CommandContext(ctx, prog, "--version").Output()
 	if err != nil {
 		return "", fmt.Errorf("running %s --version: %w", prog, err)
 	}
-	// "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"
+	// "pg_ctl (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"
 	fields := strings.Fields(string(out))
 	if len(fields) < 3 {
-		return "", fmt.Errorf("%s --version printed %q, want \"postgres (PostgreSQL) <version>\"", prog, out)
+		return "", fmt.Errorf("%s --version printed %q, want \"pg_ctl (PostgreSQL) <version>\"", prog, out)
 	}
 	return majorOf(fields[2]), nil
 }

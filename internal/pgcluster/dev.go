@@ -37,8 +37,9 @@ const DevDatabase = "pal"
 //
 // When PAL runs as root, the server runs as user postgres (else nobody) and
 // its data directory belongs to that user. That user must be able to reach
-// dataDir: Dev creates dataDir's parent if missing (mode 0755) but changes
-// no permission on directories it did not create. If some parent is closed to
+// dataDir: Dev creates dataDir's missing parents with mode 0755 (whatever
+// the umask) and leaves them to the current user, but changes no permission
+// on directories it did not create. If some parent is closed to
 // it (a checkout under /root, say), the data goes to
 // <postgres's home>/pal-dev/<key>/pg instead (/var/lib/postgresql on Debian
 // and Ubuntu; os.TempDir() if the home directory is out of reach too), where
@@ -162,7 +163,7 @@ func devDataDir(ctx context.Context, binDir string, u serverUser, abs string, lo
 	}
 
 	parent := filepath.Dir(abs)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
+	if err := makeDirs(parent); err != nil {
 		return "", fmt.Errorf("creating %s for the dev PostgreSQL: %w", parent, err)
 	}
 	reason := u.canEnter(ctx, binDir, parent)
@@ -193,7 +194,7 @@ func devDataDir(ctx context.Context, binDir string, u serverUser, abs string, lo
 func makeFallback(u serverUser, base, key, abs string) (string, error) {
 	top := filepath.Join(base, "pal-dev")
 	root := filepath.Join(top, key)
-	if err := os.MkdirAll(root, 0o755); err != nil {
+	if err := makeDirs(root); err != nil {
 		return "", fmt.Errorf("creating %s for the dev PostgreSQL: %w", root, err)
 	}
 	for _, dir := range []string{top, root} {

@@ -70,8 +70,9 @@ func TestDevUsesAServerLeftRunning(t *testing.T) {
 	require.Zero(t, first.PID())
 }
 
+// TestDevFallsBackToAFreePort does not run in parallel with the other Dev
+// tests, which take the dev port when it is free.
 func TestDevFallsBackToAFreePort(t *testing.T) {
-	t.Parallel()
 	// Hold the dev port, unless another program already does.
 	if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(pgcluster.DevPort)); err == nil {
 		t.Cleanup(func() { l.Close() })
@@ -95,7 +96,10 @@ func TestDevCheckoutClosedToPostgres(t *testing.T) {
 
 	c, log := dev(t, dataDir)
 	fallback := filepath.Dir(c.DataDir())
-	t.Cleanup(func() { require.NoError(t, os.RemoveAll(fallback)) })
+	t.Cleanup(func() {
+		require.NoError(t, os.RemoveAll(fallback))
+		_ = os.Remove(filepath.Dir(fallback)) // pal-dev, unless other data is there
+	})
 	require.NotEqual(t, dataDir, c.DataDir())
 	require.Contains(t, log.String(), "outside the checkout")
 	require.Contains(t, log.String(), c.DataDir())

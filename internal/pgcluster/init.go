@@ -71,7 +71,7 @@ func Init(ctx context.Context, dataDir string, opts ...InitOption) error {
 		return err
 	}
 	parent := filepath.Dir(dataDir)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
+	if err := makeDirs(parent); err != nil {
 		return fmt.Errorf("creating the parent of PostgreSQL data directory %s: %w", dataDir, err)
 	}
 	if err := u.canEnter(ctx, binDir, parent); err != nil {
@@ -157,4 +157,26 @@ func syncDir(dir string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// makeDirs creates dir and any missing parents with mode 0755 whatever the
+// umask, so that the server's user can pass through the directories PAL
+// creates. Existing directories keep their mode.
+func makeDirs(dir string) error {
+	var created []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || !errors.Is(err, os.ErrNotExist) || d == filepath.Dir(d) {
+			break
+		}
+		created = append(created, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, d := range created {
+		if err := os.Chmod(d, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }

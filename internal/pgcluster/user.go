@@ -64,14 +64,14 @@ func (u serverUser) chown(paths ...string) error {
 }
 
 // canEnter checks that the server's user can reach dir (search permission on
-// it and every parent), by starting `postgres --version` as that user in dir:
-// the kernel judges, ACLs and all. It returns nil at once when PostgreSQL runs
-// as the current user.
+// it and every parent), by starting `pg_ctl --version` (small, quick to load)
+// as that user in dir: the kernel judges, ACLs and all. It returns nil at once
+// when PostgreSQL runs as the current user.
 func (u serverUser) canEnter(ctx context.Context, binDir, dir string) error {
 	if !u.switched {
 		return nil
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "postgres"), "--version")
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "pg_ctl"), "--version")
 	cmd.Dir = dir
 	cmd.Env = serverEnv()
 	cmd.SysProcAttr = u.procAttr()

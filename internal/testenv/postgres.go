@@ -369,9 +369,10 @@ func pgTemplate(binDir string, fresh bool) (string, error) {
 	templates.Lock()
 	defer templates.Unlock()
 
-	version, err := exec.Command(filepath.Join(binDir, "postgres"), "--version").Output()
+	// pg_ctl names the same build as postgres and loads much faster.
+	version, err := exec.Command(filepath.Join(binDir, "pg_ctl"), "--version").Output()
 	if err != nil {
-		return "", fmt.Errorf("running %s --version: %w", filepath.Join(binDir, "postgres"), err)
+		return "", fmt.Errorf("running %s --version: %w", filepath.Join(binDir, "pg_ctl"), err)
 	}
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%d|%s", binDir, bytes.TrimSpace(version), os.Geteuid(), templateKind))
 	parent := filepath.Join(os.TempDir(), "pal-testenv-cache")
