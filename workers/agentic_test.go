@@ -267,7 +267,7 @@ func TestPlainLLMRun(t *testing.T) {
 	b := setup(t)
 	b.worker(t, "w1", nil)
 	res, err := workers.StartRun(context.Background(), b.store, workers.StartRequest{
-		LLM: &workers.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
+		LLM:   &workers.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
 		Input: json.RawMessage(`{"name":"pal"}`)})
 	require.NoError(t, err)
 	final := b.waitEnd(t, res.RunID)
