@@ -121,10 +121,10 @@ type Cluster struct {
 	maxConns  int
 	user      serverUser
 
-	mu      sync.Mutex
-	port    int
-	started bool // started once: the port is the cluster's for good
-	running bool
+	mu        sync.Mutex
+	port      int
+	portFixed bool // given, or kept since the first start
+	running   bool
 }
 
 // Start starts a server over opts.DataDir, which Init must have made, and
@@ -164,12 +164,12 @@ func newCluster(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		binDir:   binDir,
-		fsync:    opts.Fsync,
-		maxConns: opts.MaxConnections,
-		user:     u,
-		port:     opts.Port,
-		started:  opts.Port != 0,
+		binDir:    binDir,
+		fsync:     opts.Fsync,
+		maxConns:  opts.MaxConnections,
+		user:      u,
+		port:      opts.Port,
+		portFixed: opts.Port != 0,
 	}
 	if c.dataDir, err = filepath.Abs(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("starting PostgreSQL: %w", err)
@@ -256,7 +256,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if err := c.start(ctx); err != nil {
 		return fmt.Errorf("starting PostgreSQL in %s: %w", c.dataDir, err)
 	}
-	c.running, c.started = true, true
+	c.running, c.portFixed = true, true
 	return nil
 }
 
@@ -290,7 +290,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, ErrPortInUse) && !c.started && attempt < 3:
+		case errors.Is(err, ErrPortInUse) && !c.portFixed && attempt < 3:
 			// The free port was taken before the server bound it.
 			c.port = 0
 		case errors.Is(err, errShmemInUse) && time.Now().Add(backoff).Before(shmemDeadline):

@@ -133,7 +133,7 @@ func attach(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.port, c.started = pf.port, true
+	c.port, c.portFixed = pf.port, true
 	if err := c.waitReady(ctx); err != nil {
 		return nil, fmt.Errorf("using the PostgreSQL server (pid %d) that runs in %s: %w", pf.pid, c.dataDir, err)
 	}
