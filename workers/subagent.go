@@ -113,11 +113,13 @@ func (d *drive) createChild(p engine.StepPlan) error {
 var errLeaseHeldInline = eventstore.ErrLeaseHeld
 
 // driveInline drives a child run within its parent's drive: it takes the
-// child's lease (without waiting for it) and runs the same loop as any
-// drive. It returns the child's state when the drive ends, or
+// child's lease (waiting at most a TTL for a crashed holder's to expire)
+// and runs the same loop as any drive. It returns the child's state when the drive ends, or
 // eventstore.ErrLeaseHeld when another worker drives the child.
 func (w *Worker) driveInline(ctx context.Context, runID string) (*engine.RunState, error) {
-	lease, err := w.leases.Acquire(ctx, runID, w.owner)
+	// A lease left by a crashed driver expires within its TTL: wait that
+	// out rather than park waiting for a worker that is gone.
+	lease, err := w.acquire(ctx, runID, nil)
 	if err != nil {
 		return nil, err
 	}
