@@ -190,4 +190,3 @@ func mustField(t *testing.T, raw json.RawMessage, field string) json.RawMessage 
 	require.NoError(t, json.Unmarshal(raw, &m))
 	return m[field]
 }
-
