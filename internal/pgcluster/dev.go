@@ -156,8 +156,8 @@ func devDataDir(ctx context.Context, binDir string, u serverUser, abs string, lo
 	bases = append(bases, os.TempDir())
 	for _, base := range bases {
 		if dir := filepath.Join(base, "pal-dev", key, "pg"); initialised(dir) {
-			log.Info("PostgreSQL keeps PAL's dev data outside the checkout, because user "+u.name+
-				" cannot reach it", "want", abs, "data", dir)
+			log.Info("PostgreSQL keeps PAL's dev data outside the checkout, where user "+u.name+" can reach it",
+				"want", abs, "data", dir)
 			return dir, nil
 		}
 	}
@@ -170,7 +170,8 @@ func devDataDir(ctx context.Context, binDir string, u serverUser, abs string, lo
 	if reason == nil {
 		return abs, nil
 	}
-	if !errors.Is(reason, errNoAccess) {
+	var noAccess *noAccessError
+	if !errors.As(reason, &noAccess) {
 		return "", reason
 	}
 	for _, base := range bases {
@@ -181,8 +182,11 @@ func devDataDir(ctx context.Context, binDir string, u serverUser, abs string, lo
 		if err != nil {
 			return "", err
 		}
-		log.Warn("PostgreSQL keeps PAL's dev data outside the checkout, because user "+u.name+
-			" cannot reach it (pal dev runs as root, PostgreSQL may not)", "want", abs, "data", dir, "reason", reason)
+		attrs := []any{"want", abs, "data", dir, "reason", reason}
+		if base == os.TempDir() {
+			attrs = append(attrs, "note", "the system may clean the temporary directory; the data may not last")
+		}
+		log.Warn("PostgreSQL keeps PAL's dev data outside the checkout, where user "+u.name+" can reach it", attrs...)
 		return dir, nil
 	}
 	return "", fmt.Errorf("the dev PostgreSQL: %w; and it cannot reach %v either", reason, bases)

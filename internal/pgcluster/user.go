@@ -80,15 +80,21 @@ func (u serverUser) canEnter(ctx context.Context, binDir, dir string) error {
 		return nil
 	}
 	if errors.Is(err, fs.ErrPermission) {
-		return fmt.Errorf("%w: PostgreSQL runs as user %s because PAL runs as root, and %s cannot enter %s "+
-			"(it needs search permission, o+x, on that directory and every parent)", errNoAccess, u.name, u.name, dir)
+		return &noAccessError{user: u.name, dir: dir}
 	}
 	return fmt.Errorf("checking that user %s can enter %s: %w", u.name, dir, err)
 }
 
-// errNoAccess marks canEnter's verdict that the server's user cannot reach a
+// noAccessError is canEnter's verdict that the server's user cannot reach a
 // directory.
-var errNoAccess = errors.New("directory out of reach of the PostgreSQL user")
+type noAccessError struct {
+	user, dir string
+}
+
+func (e *noAccessError) Error() string {
+	return fmt.Sprintf("PostgreSQL runs as user %s because PAL runs as root, and %s cannot enter %s "+
+		"(it needs search permission, x, on that directory and on every parent)", e.user, e.user, e.dir)
+}
 
 // run runs the PostgreSQL program prog from binDir in dir as the server's
 // user and returns an error quoting its output if it fails.
