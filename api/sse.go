@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/workers"
 )
 
@@ -90,16 +91,7 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	wctx, stopWatch := context.WithCancel(ctx)
 	evCh := make(chan event.Event, 64)
 	watchDone := make(chan error, 1)
-	go func() {
-		watchDone <- h.cfg.Store.Watch(wctx, id, head, func(ev event.Event) error {
-			select {
-			case evCh <- ev:
-				return nil
-			case <-wctx.Done():
-				return wctx.Err()
-			}
-		})
-	}()
+	go func() { watchDone <- h.follow(wctx, id, head, evCh) }()
 	defer func() {
 		stopWatch()
 		<-watchDone
@@ -151,9 +143,9 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 			}
 			_ = s.flush()
 			if ctx.Err() == nil {
-				// The watch failed (NATS went away): end the stream; the
-				// client resumes from its last id.
-				h.log.Warn("event stream ended: watch failed", "run_id", id, "err", err)
+				// The watch kept failing (NATS gone for a while): end the
+				// stream; the client resumes from its last id.
+				h.log.Warn("event stream ended: watching the journal failed", "run_id", id, "err", err)
 			}
 			return
 		case <-stopping:
@@ -161,6 +153,53 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// followGiveUp is how long follow keeps retrying a failing watch before
+// it ends the stream.
+const followGiveUp = time.Minute
+
+// follow sends the run's events after head to out, in order, until ctx
+// ends. A watch that fails (a timeout while JetStream is busy, NATS
+// reconnecting) is started again after the last event sent, so the
+// stream has no gap and no duplicate; follow gives up when the watch has
+// failed for followGiveUp with nothing delivered.
+func (h *handler) follow(ctx context.Context, runID string, head eventstore.Head, out chan<- event.Event) error {
+	from := head
+	delay := 50 * time.Millisecond
+	var failingSince time.Time
+	for {
+		delivered := false
+		err := h.cfg.Store.Watch(ctx, runID, from, func(ev event.Event) error {
+			select {
+			case out <- ev:
+				// Resume after ev; the stream seq stays at head's, which
+				// is at or before ev's message, and Watch skips what
+				// was already sent by seq.
+				from.Seq, delivered = ev.Seq, true
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if delivered || failingSince.IsZero() {
+			failingSince, delay = time.Now(), 50*time.Millisecond
+		} else if time.Since(failingSince) > followGiveUp {
+			return err
+		}
+		h.log.Debug("watching the journal failed; retrying", "run_id", runID, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(delay*2, 2*time.Second)
 	}
 }
 
