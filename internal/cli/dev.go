@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -13,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/internal/pgcluster"
+	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
@@ -23,15 +26,21 @@ func (e *env) devCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run everything in one process for local development",
-		Long: `pal dev runs an embedded NATS server with JetStream (store under
-./.pal/nats, listening on the address of PAL_NATS_URL, by default
-127.0.0.1:4222, so the nats CLI can connect) and a worker, in one process.
+		Long: `pal dev runs all of PAL in one process: an embedded NATS server with
+JetStream (store under ./.pal/nats, listening on the address of PAL_NATS_URL,
+by default 127.0.0.1:4222, so the nats CLI can connect), a local PostgreSQL
+(data under ./.pal/pg, from the machine's PostgreSQL binaries) unless
+DATABASE_URL is set, the projector, a worker with the recovery sweep, and the
+REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
+unset it makes up a token and prints it.
+
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
 built-in fake provider that answers "echo: <prompt>".`,
 		Args: cobra.NoArgs,
 		RunE: e.runDev,
 	}
 	addWorkerFlags(cmd)
+	addRESTFlags(cmd)
 	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
 	return cmd
 }
@@ -42,15 +51,29 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	rc, err := e.restSettings(cmd, true)
+	if err != nil {
+		return err
+	}
+	log, err := e.logger()
+	if err != nil {
+		return err
+	}
 	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", ".pal")
 	host, port, err := listenAddr(wc.natsURL)
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return badInput("creating %s: %v", dataDir, err)
+	}
+	_ = os.Chmod(dataDir, 0o755) // PostgreSQL's own user must be able to reach ./.pal/pg
 	storeDir := filepath.Join(dataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o755); err != nil {
 		return badInput("creating %s: %v", storeDir, err)
 	}
+
+	// NATS with JetStream, in this process.
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
 		NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict,
@@ -72,6 +95,34 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	}
 	defer nc.Close()
 
+	// PostgreSQL: DATABASE_URL, or a local cluster under the data dir.
+	dbURL, pgNote := e.getenv("DATABASE_URL"), "DATABASE_URL"
+	if dbURL == "" {
+		pg, err := pgcluster.Dev(ctx, filepath.Join(dataDir, "pg"), log)
+		if err != nil {
+			return withCode(ExitUnavailable, fmt.Errorf("starting the local PostgreSQL: %w", err))
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := pg.Stop(sctx, pgcluster.StopFast); err != nil {
+				log.Warn("stopping the local PostgreSQL", "err", err)
+			}
+		}()
+		dbURL, pgNote = pg.DSN(pgcluster.DevDatabase), "local, data in "+pg.DataDir()
+	}
+	pool, err := connectPGDurable(ctx, dbURL, log)
+	if err != nil {
+		return shutdownOr(ctx, err)
+	}
+	defer pool.Close()
+	if err := retry(ctx, log, "applying the migrations", func() error {
+		_, err := projections.Migrate(ctx, pool)
+		return err
+	}); err != nil {
+		return shutdownOr(ctx, err)
+	}
+
 	providers, llmNote, closeFake, err := e.devProviders()
 	if err != nil {
 		return err
@@ -82,20 +133,71 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		wc.id = "dev-" + sanitizeID(hostname)
 	}
 
-	abs, _ := filepath.Abs(dataDir)
-	fmt.Fprintf(e.stderr, `PAL dev is running.
-  NATS     nats://%s:%d   (JetStream store: %s)
-  worker   %s   (durability %s, lease TTL %s)
-  LLM      %s
+	// The write side, the projector and the REST API.
+	ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
+	if err != nil {
+		return err
+	}
+	stopCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	}
+	defer func() {
+		sctx, cancel := stopCtx()
+		defer cancel()
+		_ = ws.stop(sctx)
+	}()
+	proj := projections.New(pool, ws.store, projections.Config{Logger: log})
+	if err := proj.Start(ctx); err != nil {
+		return withCode(ExitUnavailable, err)
+	}
+	defer func() {
+		sctx, cancel := stopCtx()
+		defer cancel()
+		_ = proj.Stop(sctx)
+	}()
+	rest, err := startREST(ctx, rc, ws.store, nc, pool, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := stopCtx()
+		defer cancel()
+		_ = rest.Stop(sctx)
+	}()
 
+	abs, _ := filepath.Abs(dataDir)
+	fmt.Fprintf(e.stderr, `
+PAL dev is running.
+  NATS       nats://%s:%d   (JetStream store: %s)
+  Postgres   %s   (%s)
+  worker     %s   (durability %s, lease TTL %s)
+  LLM        %s
+`, host, port, filepath.Join(abs, "nats"), redactDSN(dbURL), pgNote, wc.id, wc.durability, wc.leaseTTL, llmNote)
+	printREST(e.stderr, rest, rc)
+	fmt.Fprintf(e.stderr, `
 Try it (in another terminal):
   pal run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait
   pal run events <run_id>
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
+  DATABASE_URL='%s' pal run list
 
 Press Ctrl-C to stop.
-`, host, port, filepath.Join(abs, "nats"), wc.id, wc.durability, wc.leaseTTL, llmNote)
-	return e.runWorkerWith(ctx, wc, nc, providers)
+`, dbURL)
+	<-ctx.Done()
+	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
+	return nil
+}
+
+// redactDSN hides a password in a connection string.
+func redactDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
 }
 
 // devProviders returns real providers when API keys are set, else the

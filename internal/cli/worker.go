@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -13,6 +16,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
@@ -26,14 +30,19 @@ func (e *env) workerCmd() *cobra.Command {
 		Long: `pal worker takes runs from the PAL_WORK queue and drives them, journaling
 every step to PAL_EVENTS. Run as many as you like; each run is driven by
 one worker at a time (a lease in PAL_LEASES). On SIGTERM a worker hands its
-runs to the others at once.`,
+runs to the others at once.
+
+Workers also carry out the durable commands of PAL_CMDS and answer the NATS
+service pal. With DATABASE_URL set they run the recovery sweep every
+PAL_RECOVERY_INTERVAL (default 30s): runs the projection shows running or
+queued, with no live lease and no pending work, are queued again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			wc, err := e.workerConfig(cmd)
 			if err != nil {
 				return err
 			}
-			return e.runWorkerWith(cmd.Context(), wc, nil, providersFromEnv())
+			return e.runWorkerWith(cmd.Context(), wc, nil, providersFromEnv(), e.getenv("DATABASE_URL"))
 		},
 	}
 	addWorkerFlags(cmd)
@@ -91,26 +100,39 @@ func connectors() connector.Registry {
 	return connector.Registry{wh.Kind(): wh}
 }
 
-// runWorkerWith runs a worker until ctx ends. nc, when given, is used
-// instead of dialling wc.natsURL (pal dev passes an in-process connection).
-func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry) error {
-	log, err := e.logger()
-	if err != nil {
-		return err
-	}
+// writeSide is a running worker with its command processor, NATS service
+// and (with Postgres) recovery sweep.
+type writeSide struct {
+	store *eventstore.Store
+	stop  func(ctx context.Context) error
+}
+
+// startWriteSide starts a worker, the durable command processor, the NATS
+// service pal and, when pool is not nil, the recovery sweep. nc, when given,
+// is used instead of dialling wc.natsURL (pal dev passes an in-process
+// connection).
+func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool, log *slog.Logger) (*writeSide, error) {
+	var err error
+	var closeNC func()
 	if nc == nil {
 		nc, err = connectDurable(wc.natsURL, "pal-worker", log)
 		if err != nil {
-			return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.natsURL, err))
+			return nil, withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.natsURL, err))
 		}
-		defer nc.Close()
+		closeNC = nc.Close
+	}
+	fail := func(err error) (*writeSide, error) {
+		if closeNC != nil {
+			closeNC()
+		}
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
-		return withCode(ExitUnavailable, err)
+		return fail(withCode(ExitUnavailable, err))
 	}
 	// A try that gets no answer (the server died mid-request) is retried
 	// after this long; the retry is resolved by the lost-ack check.
@@ -118,32 +140,74 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
 		eventstore.WithRequestTimeout(reqTimeout))
 	if err != nil {
-		return withCode(ExitUnavailable, err)
+		return fail(withCode(ExitUnavailable, err))
 	}
 	leases, err := eventstore.OpenLeases(ctx, js, wc.leaseTTL)
 	if err != nil {
-		return withCode(ExitUnavailable, err)
+		return fail(withCode(ExitUnavailable, err))
 	}
 	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log}, store, leases, providers, connectors())
 	if err := w.Start(ctx); err != nil {
-		return err
+		return fail(err)
 	}
 	cmds := workers.NewCommandProcessor(store, log)
 	if err := cmds.Start(ctx); err != nil {
-		return withCode(ExitUnavailable, err)
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitUnavailable, err))
 	}
 	svc, err := api.StartService(ctx, nc, store, log)
 	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
+		_ = cmds.Stop(context.WithoutCancel(ctx))
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err)))
+	}
+	var sweep *workers.Sweeper
+	if pool != nil {
+		interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
+		if warn != "" {
+			log.Warn(warn)
+		}
+		sweep = workers.NewSweeper(store, leases, projections.NewReader(pool), interval, log)
+		if err := sweep.Start(ctx); err != nil {
+			return fail(err)
+		}
+	} else {
+		log.Info("recovery sweep off: it reads the runs table, set DATABASE_URL to enable it")
 	}
 	log.Info("worker ready", "id", w.ID(), "nats", wc.natsURL, "durability", wc.durability, "lease_ttl", wc.leaseTTL)
+	return &writeSide{store: store, stop: func(sctx context.Context) error {
+		_ = svc.Stop()
+		var errs []error
+		if sweep != nil {
+			errs = append(errs, sweep.Stop(sctx))
+		}
+		errs = append(errs, cmds.Stop(sctx), w.Stop(sctx))
+		if closeNC != nil {
+			closeNC()
+		}
+		return errors.Join(errs...)
+	}}, nil
+}
+
+// runWorkerWith runs the write side until ctx ends.
+func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, dbURL string) error {
+	log, err := e.logger()
+	if err != nil {
+		return err
+	}
+	var pool *pgxpool.Pool
+	if dbURL != "" {
+		if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
+			return shutdownOr(ctx, err)
+		}
+		defer pool.Close()
+	}
+	ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
+	if err != nil {
+		return err
+	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	_ = svc.Stop()
-	cerr := cmds.Stop(sctx)
-	if err := w.Stop(sctx); err != nil {
-		return err
-	}
-	return cerr
+	return ws.stop(sctx)
 }
