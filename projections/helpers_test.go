@@ -304,10 +304,11 @@ type journalRowT struct {
 // requireProjectionMatchesStream asserts that journal_events holds each
 // (run_id, seq) of PAL_EVENTS exactly once, with the same kind, data (as
 // JSON values), step, attempt, worker, timestamp and stream sequence, and
-// nothing else. It also checks the journal's own invariants.
-func requireProjectionMatchesStream(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn) {
+// nothing else. It also checks the journal's own invariants, and returns
+// the journal.
+func requireProjectionMatchesStream(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn) testenv.Journal {
 	t.Helper()
-	testenv.ReadJournal(t, nc)
+	journal := testenv.ReadJournal(t, nc)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	msgs := readStream(t, js)
@@ -316,9 +317,9 @@ func requireProjectionMatchesStream(t *testing.T, pool *pgxpool.Pool, nc *nats.C
 		FROM journal_events`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (journalRowT, error) {
-		var j journalRowT
-		err := r.Scan(&j.runID, &j.seq, &j.kind, &j.stepID, &j.attempt, &j.workerID, &j.data, &j.streamSeq, &j.ts)
-		return j, err
+		var row journalRowT
+		err := r.Scan(&row.runID, &row.seq, &row.kind, &row.stepID, &row.attempt, &row.workerID, &row.data, &row.streamSeq, &row.ts)
+		return row, err
 	})
 	require.NoError(t, err)
 	type key struct {
@@ -347,7 +348,8 @@ func requireProjectionMatchesStream(t *testing.T, pool *pgxpool.Pool, nc *nats.C
 			require.JSONEq(t, storedJSON(e.Data), string(r.data), "run %s seq %d", e.RunID, e.Seq)
 		}
 	}
-	require.Len(t, got, n, "journal_events holds rows the stream does not")
+	require.Equal(t, n, len(got), "journal_events holds rows the stream does not")
+	return journal
 }
 
 // storedJSON is raw as the projection stores it: Postgres refuses NUL
@@ -357,10 +359,10 @@ func storedJSON(raw []byte) string {
 }
 
 // requireRowsMatchFold asserts that runs, steps and side_effect_receipts
-// hold exactly what engine.Fold makes of each run's journal.
-func requireRowsMatchFold(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn) {
+// hold exactly what engine.Fold makes of each run's journal (j, from
+// requireProjectionMatchesStream).
+func requireRowsMatchFold(t *testing.T, pool *pgxpool.Pool, j testenv.Journal) {
 	t.Helper()
-	j := testenv.ReadJournal(t, nc)
 	var nSteps, nReceipts int
 	for runID, evs := range j {
 		s, r := requireRunMatchesFold(t, pool, runID, evs)
@@ -447,7 +449,7 @@ func requireRunMatchesFold(t *testing.T, pool *pgxpool.Pool, runID string, evs [
 			}
 		}
 	}
-	require.Len(t, d.Steps, steps, "run %s: steps rows", runID)
+	require.Equal(t, steps, len(d.Steps), "run %s: steps rows", runID)
 	return steps, receipts
 }
 

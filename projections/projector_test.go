@@ -92,8 +92,8 @@ func TestProjectorEndToEnd(t *testing.T) {
 				final[id] = b.waitEnd(t, id).Kind
 			}
 			caughtUp(t, p)
-			requireProjectionMatchesStream(t, b.pool, b.nc)
-			requireRowsMatchFold(t, b.pool, b.nc)
+			j := requireProjectionMatchesStream(t, b.pool, b.nc)
+			requireRowsMatchFold(t, b.pool, j)
 
 			// Spot checks on top of the fold comparison.
 			q := projections.NewReader(b.pool)

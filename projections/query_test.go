@@ -99,6 +99,6 @@ func TestReaderQueries(t *testing.T) {
 	orphans, err = q.Orphans(ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, []string{ids[0], ids[1]}, orphans)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 }

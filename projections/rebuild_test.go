@@ -60,15 +60,16 @@ func TestRebuildEqualsLive(t *testing.T) {
 	require.Equal(t, int64(len(live["runs"])), res.Runs)
 	require.Equal(t, int64(len(live["steps"])), res.Steps)
 	require.Equal(t, int64(len(live["side_effect_receipts"])), res.Receipts)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 
 	// A projector started on the rebuilt tables takes over at their
 	// checkpoint and finds nothing to do.
 	p2 := b.projector(t, projections.Config{})
 	require.Equal(t, res.StreamSeq, p2.Stats().Checkpoint)
-	b.start(t, echoChain(3), `{"v":"after"}`)
+	after := b.start(t, echoChain(3), `{"v":"after"}`)
 	b.worker(t, "w2")
+	b.waitEnd(t, after)
 	caughtUp(t, p2)
 	requireProjectionMatchesStream(t, b.pool, b.nc)
 }
@@ -132,8 +133,8 @@ func TestRebuildWhileLive(t *testing.T) {
 	all, err := q.ListRuns(ctx, projections.RunFilter{Limit: projections.MaxListLimit})
 	require.NoError(t, err)
 	require.Len(t, all, len(runs))
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 
 	live := takeSnapshot(t, b.pool, false)
 	stopProjector(t, p)

@@ -87,8 +87,8 @@ func TestStatusOnlyMovesForward(t *testing.T) {
 	d, err := projections.NewReader(b.pool).GetRun(ctx, runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, d.Run.Status)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 }
 
 // TestFoldErrorDoesNotStopTheProjector projects a journal the engine
@@ -175,8 +175,8 @@ func TestValuesPostgresRefuses(t *testing.T) {
 	runID := b.start(t, echoChain(2), `{"v":"a\u0000b"}`)
 	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
 	caughtUp(t, p)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 	var out string
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		"SELECT output->>'v' FROM steps WHERE run_id = $1 AND step_id = 't2'", runID).Scan(&out))
@@ -211,6 +211,6 @@ func TestPostgresDownWhileRunsExecute(t *testing.T) {
 
 	b.pg.StartServer()
 	caughtUp(t, p)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
-	requireRowsMatchFold(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 }
