@@ -1,0 +1,62 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/workers"
+)
+
+// TestSweepRedrivesARunWithNoWork kills the worker driving a run with
+// kill -9 and deletes the run's work message, so nothing would ever drive
+// it again; a worker with DATABASE_URL finds it through the projection and
+// drives it to the end.
+func TestSweepRedrivesARunWithNoWork(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	ctx := ctxFor(t, 2*time.Minute)
+	pg := testenv.Postgres(t)
+	pool := pg.Pool(t)
+	_, err := projections.Migrate(ctx, pool)
+	require.NoError(t, err)
+	proj := projections.New(pool, p.store, projections.Config{})
+	require.NoError(t, proj.Start(ctx))
+	t.Cleanup(func() { _ = proj.Stop(context.Background()) })
+
+	runID := event.NewRunID()
+	hold := p.llm.Hold(providertest.ByKey(key(runID, "s2", 1)))
+	w1 := p.palWorker(t, "w1")
+	_, err = workers.StartRun(ctx, p.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"orphan"}`)})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err)
+	w1.Kill()
+	hold.Release()
+
+	// Lose the work message: the run is now an orphan.
+	ws, err := p.js.Stream(ctx, eventstore.WorkStream)
+	require.NoError(t, err)
+	m, err := ws.GetLastMsgForSubject(ctx, eventstore.WorkSubject(runID))
+	require.NoError(t, err)
+	require.NoError(t, ws.DeleteMsg(ctx, m.Sequence))
+	pending, err := p.store.WorkPending(ctx, runID)
+	require.NoError(t, err)
+	require.False(t, pending)
+
+	w2 := p.palWorker(t, "w2", "DATABASE_URL="+pg.DSN(), "PAL_RECOVERY_INTERVAL=1s")
+	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	require.Contains(t, w2.Output(), "re-enqueued orphaned run")
+	rs := resumesOf(t, p.events(t, runID))
+	require.Len(t, rs, 2)
+	require.Equal(t, "w2", rs[1].Worker)
+	require.True(t, rs[1].Crashed)
+}
