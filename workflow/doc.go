@@ -48,10 +48,37 @@
 //   - condition: evaluates data.expression and outputs {"result": value};
 //     the edges out of it branch on steps.<id>.output.result.
 //
-// The agent, subagent, approval and loop types of the design are not
-// implemented yet and are refused.
+//   - approval: parks the run until someone approves or rejects it (pal run
+//     approve, pal.cmd.runs.approve, pal.api.runs.approve or POST
+//     /v1/runs/{id}/approve). data (all optional): prompt (a template shown
+//     to the approver), approvers (who may decide), timeoutMs. The step's
+//     output is {"approved", "decision", "approver", "comment", "timed_out"}.
+//     A decision may arrive before the run reaches the step; it is kept and
+//     applied then. With no condition on any edge out of the node, a
+//     rejection or a timeout fails the run; with conditions, the output
+//     routes it (e.g. "steps.ok.output.timed_out").
+//   - loop: runs data.body, a whole workflow document with its own trigger,
+//     once per item of data.over (a template giving an array) or until
+//     data.until (an expression over the iteration's input and steps) is
+//     true, at most data.maxIterations times (default 100). Each
+//     iteration's input is {"item", "index", "with"}, where with is
+//     data.with rendered against the outer run. Step ids carry the
+//     iteration: each[3].fetch. The loop's output is {"iterations",
+//     "results" (each iteration's last output), "stopped"}.
+//   - subagent: runs data.workflow (a whole workflow document) as a child
+//     run with data.input (strings are templates). The child's id is
+//     derived from the parent run and step, so a re-driven parent adopts
+//     it; the child's output is the step's output. Children nest at most 5
+//     deep.
+//   - agent: an LLM tool-use loop. data: provider, model, prompt (required),
+//     system, tools ([{"name","description","parameters"}], implemented by
+//     Go functions registered on the worker under those names), maxTurns
+//     (default 10), maxTokens, temperature, timeoutMs, retry. Each model
+//     turn and each tool call is a step: ask.turn[0], ask.turn[0].tool[0].
+//     The output is {"text", "turns"}.
 //
-// The retry policy, data.retry on ai-step, tool and connector nodes, is
+// The retry policy, data.retry on ai-step, tool, connector, subagent and
+// agent nodes, is
 // {"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}:
 // maxAttempts counts the first try (default 1), classes are any, timeout,
 // llm, connector and tool.
@@ -59,7 +86,7 @@
 // # Graph
 //
 // Edges go from one node to another and may carry a condition. The graph
-// must be acyclic (loops will be a node type of their own), every node must
+// must be acyclic (a loop node repeats steps), every node must
 // be reachable from the trigger, and two edges may not join the same pair of
 // nodes. Order returns the nodes in topological order, ties broken by
 // declaration order; Incoming and Outgoing return a node's edges.
