@@ -33,18 +33,22 @@
 //
 //   - trigger: where the run starts, with the run input. Exactly one; it takes
 //     no data and no edge may lead into it.
+//
 //   - ai-step: one LLM call. data: provider and model (required), prompt or
 //     messages (at least one; each message has a role of system, user or
 //     assistant and a content), system, maxTokens, temperature (0 to 2),
 //     timeoutMs, retry. prompt, system and message contents are templates.
+//
 //   - tool: a Go function registered on the worker under data.tool, or the
 //     built-in "http" tool. data: tool (required), input (any JSON; every
 //     string in it is a template), timeoutMs, retry.
+//
 //   - connector: an external delivery with a receipt. data: kind ("webhook")
 //     and url (required), method (POST, PUT, PATCH, DELETE or GET), headers
 //     (string values), body (any JSON), timeoutMs, retry. The url, header
 //     values and every string in body are templates. A url must start with
 //     http:// or https://, or with a placeholder.
+//
 //   - condition: evaluates data.expression and outputs {"result": value};
 //     the edges out of it branch on steps.<id>.output.result.
 //
@@ -57,6 +61,7 @@
 //     applied then. With no condition on any edge out of the node, a
 //     rejection or a timeout fails the run; with conditions, the output
 //     routes it (e.g. "steps.ok.output.timed_out").
+//
 //   - loop: runs data.body, a whole workflow document with its own trigger,
 //     once per item of data.over (a template giving an array) or until
 //     data.until (an expression over the iteration's input and steps) is
@@ -65,11 +70,13 @@
 //     data.with rendered against the outer run. Step ids carry the
 //     iteration: each[3].fetch. The loop's output is {"iterations",
 //     "results" (each iteration's last output), "stopped"}.
+//
 //   - subagent: runs data.workflow (a whole workflow document) as a child
 //     run with data.input (strings are templates). The child's id is
 //     derived from the parent run and step, so a re-driven parent adopts
 //     it; the child's output is the step's output. Children nest at most 5
 //     deep.
+//
 //   - agent: an LLM tool-use loop. data: provider, model, prompt (required),
 //     system, tools ([{"name","description","parameters"}], implemented by
 //     Go functions registered on the worker under those names), maxTurns
