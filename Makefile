@@ -8,7 +8,7 @@ BIN := bin/pal
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build bin/pal
@@ -24,6 +24,14 @@ test: ## Run the whole test suite with the race detector (needs PostgreSQL binar
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# The stock nats CLI the README's replay commands are checked with.
+NATSCLI_VERSION := v0.5.0
+
+.PHONY: e2e
+e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built from the module proxy) as the README shows
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+	PAL=$(CURDIR)/$(BIN) NATS=$(CURDIR)/bin/nats bash e2e/replay.sh
 
 .PHONY: bench
 bench: build ## Benchmarks: go test -bench and the pal bench table
