@@ -41,6 +41,38 @@ type batch struct {
 	lastStreamSeq uint64
 }
 
+// pending is a batch being formed: its journal rows, and the runs its
+// events changed. The runs, steps and receipts rows are made from the
+// runs' states when the batch is handed to the writer (rows), so messages
+// that arrive while the writer is busy join the batch and each run still
+// gets one row per batch.
+type pending struct {
+	journal       []journalRow
+	seen          map[runSeq]bool
+	touched       map[string]*touchedRun
+	order         []string
+	lastStreamSeq uint64
+	// msgs counts the stream messages in the batch.
+	msgs int
+}
+
+type runSeq struct {
+	run string
+	seq uint64
+}
+
+// touchedRun is a run whose state the pending batch changed: rows that
+// changed after prev are written.
+type touchedRun struct {
+	st        *engine.RunState
+	prev      uint64
+	withBlobs bool
+}
+
+func newPending() *pending {
+	return &pending{seen: map[runSeq]bool{}, touched: map[string]*touchedRun{}}
+}
+
 // folder turns messages into rows with the engine's fold. It keeps the
 // folded state of recently active runs, so an event costs one Apply; a run
 // it has not got (cache miss, restart) or whose next event is not the one
@@ -54,46 +86,37 @@ type folder struct {
 	stats *counters
 }
 
-// fold maps msgs to one batch of rows. It fails only when ctx ends (while
-// reading a journal from JetStream): a run whose journal does not fold
-// still gets its journal rows, is logged and counted, and gets no more
-// derived rows.
-func (f *folder) fold(ctx context.Context, msgs []decoded) (*batch, error) {
-	b := &batch{}
-	type key struct {
-		run string
-		seq uint64
-	}
-	seen := make(map[key]bool, len(msgs))
+// fold adds msgs to pb. It fails only when ctx ends (while reading a
+// journal from JetStream): a run whose journal does not fold still gets its
+// journal rows, is logged and counted, and gets no more derived rows.
+func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
 	byRun := map[string][]event.Event{}
 	var order []string
 	for _, m := range msgs {
-		b.lastStreamSeq = max(b.lastStreamSeq, m.streamSeq)
+		pb.lastStreamSeq = max(pb.lastStreamSeq, m.streamSeq)
 		for _, ev := range m.evs {
-			k := key{ev.RunID, ev.Seq}
-			if seen[k] {
+			k := runSeq{ev.RunID, ev.Seq}
+			if pb.seen[k] {
 				continue // redelivered within the batch
 			}
-			seen[k] = true
-			b.journal = append(b.journal, journalRowOf(ev, m.streamSeq))
+			pb.seen[k] = true
+			pb.journal = append(pb.journal, journalRowOf(ev, m.streamSeq))
 			if _, ok := byRun[ev.RunID]; !ok {
 				order = append(order, ev.RunID)
 			}
 			byRun[ev.RunID] = append(byRun[ev.RunID], ev)
 		}
 	}
-	keys := map[string]bool{}
 	for _, run := range order {
-		if err := f.foldRun(ctx, b, run, byRun[run], keys); err != nil {
-			return nil, err
+		if err := f.foldRun(ctx, pb, run, byRun[run]); err != nil {
+			return err
 		}
 	}
-	return b, nil
+	return nil
 }
 
-// foldRun applies one run's events of the batch to its state and adds the
-// rows they changed.
-func (f *folder) foldRun(ctx context.Context, b *batch, runID string, evs []event.Event, keys map[string]bool) error {
+// foldRun applies one run's events to its state and records the run in pb.
+func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, evs []event.Event) error {
 	// A redelivered older message may follow a newer one.
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
 	e := f.cache.get(runID)
@@ -106,7 +129,7 @@ func (f *folder) foldRun(ctx context.Context, b *batch, runID string, evs []even
 		st, prev = e.st, e.st.LastSeq
 	}
 	for len(evs) > 0 && evs[0].Seq <= prev {
-		evs = evs[1:] // already folded (and written)
+		evs = evs[1:] // already folded
 	}
 	if len(evs) == 0 {
 		return nil
@@ -132,7 +155,12 @@ func (f *folder) foldRun(ctx context.Context, b *batch, runID string, evs []even
 			break
 		}
 	}
-	f.addRows(b, st, prev, withBlobs, keys)
+	if t, ok := pb.touched[runID]; ok {
+		t.st, t.prev, t.withBlobs = st, min(t.prev, prev), t.withBlobs || withBlobs
+	} else {
+		pb.touched[runID] = &touchedRun{st: st, prev: prev, withBlobs: withBlobs}
+		pb.order = append(pb.order, runID)
+	}
 	switch {
 	case foldErr != nil:
 		f.broken(runID, st, foldErr)
@@ -142,6 +170,17 @@ func (f *folder) foldRun(ctx context.Context, b *batch, runID string, evs []even
 		f.cache.put(runID, &cacheEntry{st: st})
 	}
 	return nil
+}
+
+// rows makes the batch pb stands for.
+func (f *folder) rows(pb *pending) *batch {
+	b := &batch{journal: pb.journal, lastStreamSeq: pb.lastStreamSeq}
+	keys := map[string]bool{}
+	for _, run := range pb.order {
+		t := pb.touched[run]
+		f.addRows(b, t.st, t.prev, t.withBlobs, keys)
+	}
+	return b
 }
 
 // rebuild folds a run's journal from JetStream up to seq upto.

@@ -389,19 +389,34 @@ func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, in chan<-
 	}
 }
 
-// project writes what arrives on in, batch after batch, until ctx ends.
+// handoff is a batch ready to be written, with the message to
+// acknowledge once it commits.
+type handoff struct {
+	b    *batch
+	last jetstream.Msg
+}
+
+// project forms batches from what arrives on in and hands each to the
+// writer goroutine when it is free. While the writer commits one batch the
+// next one grows (up to BatchSize messages), so batches are small when
+// events trickle in, keeping the lag low, and full when the projector is
+// behind; folding overlaps writing.
 func (p *Projector) project(ctx context.Context, in <-chan jetstream.Msg) {
-	msgs := make([]jetstream.Msg, 0, p.cfg.BatchSize)
-	for {
-		msgs = msgs[:0]
-		select {
-		case m := <-in:
-			msgs = append(msgs, m)
-		case <-ctx.Done():
-			return
-		}
+	idle := make(chan struct{})
+	work := make(chan handoff)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.writeLoop(ctx, idle, work)
+	}()
+	defer func() { <-done }()
+
+	pb := newPending()
+	var last jetstream.Msg
+	absorb := func(first jetstream.Msg) error {
+		msgs := []jetstream.Msg{first}
 	drain:
-		for len(msgs) < p.cfg.BatchSize {
+		for pb.msgs+len(msgs) < p.cfg.BatchSize {
 			select {
 			case m := <-in:
 				msgs = append(msgs, m)
@@ -409,37 +424,112 @@ func (p *Projector) project(ctx context.Context, in <-chan jetstream.Msg) {
 				break drain
 			}
 		}
-		if err := p.handle(ctx, msgs); err != nil {
-			return // ctx ended
+		dec := make([]decoded, 0, len(msgs))
+		for _, m := range msgs {
+			if d, ok := p.decode(m); ok {
+				dec = append(dec, d)
+			}
+		}
+		pb.msgs += len(msgs)
+		last = msgs[len(msgs)-1]
+		return p.f.fold(ctx, pb, dec)
+	}
+	for {
+		// Take what has arrived before handing anything off.
+		select {
+		case m := <-in:
+			if pb.msgs < p.cfg.BatchSize {
+				if err := absorb(m); err != nil {
+					return
+				}
+				continue
+			}
+			// Full: keep m for the next batch.
+			if !p.handOff(ctx, idle, work, pb, last) {
+				return
+			}
+			pb, last = newPending(), nil
+			if err := absorb(m); err != nil {
+				return
+			}
+			continue
+		default:
+		}
+		if pb.msgs == 0 {
+			select {
+			case m := <-in:
+				if err := absorb(m); err != nil {
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		var more <-chan jetstream.Msg
+		if pb.msgs < p.cfg.BatchSize {
+			more = in
+		}
+		select {
+		case <-idle:
+			select {
+			case work <- handoff{b: p.f.rows(pb), last: last}:
+			case <-ctx.Done():
+				return
+			}
+			pb, last = newPending(), nil
+		case m := <-more:
+			if err := absorb(m); err != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
 		}
 	}
 }
 
-// handle folds msgs, writes them and the checkpoint in one transaction
-// (retrying while Postgres refuses), then acknowledges them.
-func (p *Projector) handle(ctx context.Context, msgs []jetstream.Msg) error {
-	dec := make([]decoded, 0, len(msgs))
-	for _, m := range msgs {
-		d, ok := p.decode(m)
-		if ok {
-			dec = append(dec, d)
+// handOff waits for the writer to be free and gives it pb.
+func (p *Projector) handOff(ctx context.Context, idle <-chan struct{}, work chan<- handoff, pb *pending, last jetstream.Msg) bool {
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case work <- handoff{b: p.f.rows(pb), last: last}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// writeLoop commits the batches project hands it, one at a time, in order:
+// each in one transaction with its checkpoint (retrying while Postgres
+// refuses), then acknowledges it.
+func (p *Projector) writeLoop(ctx context.Context, idle chan<- struct{}, work <-chan handoff) {
+	for {
+		select {
+		case idle <- struct{}{}:
+		case <-ctx.Done():
+			return
 		}
+		var h handoff
+		select {
+		case h = <-work:
+		case <-ctx.Done():
+			return
+		}
+		if err := p.writeRetrying(ctx, h.b); err != nil {
+			return // ctx ended
+		}
+		if err := h.last.Ack(); err != nil {
+			// Harmless: the messages come again and change nothing.
+			p.log.Debug("acknowledging a batch", "err", err)
+		}
+		p.stats.events.Add(uint64(len(h.b.journal)))
+		p.stats.batches.Add(1)
+		p.setCheckpoint(h.b.lastStreamSeq)
 	}
-	b, err := p.f.fold(ctx, dec)
-	if err != nil {
-		return err
-	}
-	if err := p.writeRetrying(ctx, b); err != nil {
-		return err
-	}
-	if err := msgs[len(msgs)-1].Ack(); err != nil {
-		// Harmless: the messages come again and change nothing.
-		p.log.Debug("acknowledging a batch", "err", err)
-	}
-	p.stats.events.Add(uint64(len(b.journal)))
-	p.stats.batches.Add(1)
-	p.setCheckpoint(b.lastStreamSeq)
-	return nil
 }
 
 // decode reads a message's stream sequence and events. A message that is

@@ -290,10 +290,11 @@ func (r *replayer) replayTo(ctx context.Context, db sender, target uint64, phase
 			}
 			dec = append(dec, decoded{streamSeq: r.seq, evs: evs})
 		}
-		b, err := r.f.fold(ctx, dec)
-		if err != nil {
+		pb := newPending()
+		if err := r.f.fold(ctx, pb, dec); err != nil {
 			return fmt.Errorf("rebuild: %w", err)
 		}
+		b := r.f.rows(pb)
 		if err := r.w.write(ctx, db, b, writeOpts{projector: r.opts.Name}); err != nil {
 			return fmt.Errorf("rebuild: writing stream seq ≤ %d: %w", r.seq, err)
 		}
