@@ -1,12 +1,14 @@
 -- PAL projections: the read side of the journal in PAL_EVENTS (DESIGN §7).
 -- Every row here is derived from the stream and can be rebuilt from it
 -- (pal projections rebuild); nothing else writes these tables.
+-- Identifiers use the "C" collation: keys compare byte for byte, as in
+-- the stream, whatever the database's locale, and their indexes stay fast.
 
 CREATE TABLE journal_events (
-    run_id     text        NOT NULL,
+    run_id     text COLLATE "C" NOT NULL,
     seq        bigint      NOT NULL,
     kind       text        NOT NULL,
-    step_id    text,
+    step_id    text COLLATE "C",
     attempt    integer,
     worker_id  text        NOT NULL,
     data       jsonb       NOT NULL,
@@ -18,7 +20,7 @@ COMMENT ON TABLE journal_events IS
     'PAL: every journal event, once per (run_id, seq), as it is in PAL_EVENTS (stream_seq)';
 
 CREATE TABLE runs (
-    run_id         text PRIMARY KEY,
+    run_id         text COLLATE "C" PRIMARY KEY,
     status         text NOT NULL
         CHECK (status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')),
     workflow_name  text,
@@ -26,8 +28,8 @@ CREATE TABLE runs (
     workflow_hash  text,
     input          jsonb,
     output         jsonb,
-    parent_run_id  text,
-    parent_step_id text,
+    parent_run_id  text COLLATE "C",
+    parent_step_id text COLLATE "C",
     depth          integer          NOT NULL DEFAULT 0,
     cost_usd       double precision NOT NULL DEFAULT 0,
     input_tokens   bigint           NOT NULL DEFAULT 0,
@@ -50,8 +52,8 @@ COMMENT ON TABLE runs IS
     'PAL: one row per run, its state folded from the journal up to last_seq';
 
 CREATE TABLE steps (
-    run_id          text    NOT NULL,
-    step_id         text    NOT NULL,
+    run_id          text COLLATE "C" NOT NULL,
+    step_id         text COLLATE "C" NOT NULL,
     attempt         integer NOT NULL,
     node_id         text,
     node_type       text,
@@ -60,7 +62,7 @@ CREATE TABLE steps (
     output          jsonb,
     error           text,
     error_class     text,
-    idempotency_key text,
+    idempotency_key text COLLATE "C",
     tries           integer          NOT NULL DEFAULT 0,
     input_tokens    bigint           NOT NULL DEFAULT 0,
     output_tokens   bigint           NOT NULL DEFAULT 0,
@@ -76,10 +78,10 @@ COMMENT ON TABLE steps IS
     'PAL: one row per step attempt (the waterfall), folded from the journal up to last_seq';
 
 CREATE TABLE side_effect_receipts (
-    run_id          text    NOT NULL,
-    step_id         text    NOT NULL,
+    run_id          text COLLATE "C" NOT NULL,
+    step_id         text COLLATE "C" NOT NULL,
     attempt         integer NOT NULL,
-    idempotency_key text UNIQUE,
+    idempotency_key text COLLATE "C" UNIQUE,
     connector       text,
     target          text,
     status          text    NOT NULL CHECK (status IN ('claimed', 'delivered', 'unconfirmed')),
@@ -93,7 +95,7 @@ COMMENT ON TABLE side_effect_receipts IS
     'PAL: one row per claimed external delivery (webhook, email) of a step attempt';
 
 CREATE TABLE projection_checkpoints (
-    projector  text PRIMARY KEY,
+    projector  text COLLATE "C" PRIMARY KEY,
     stream_seq bigint      NOT NULL,
     updated_at timestamptz NOT NULL
 );
