@@ -214,3 +214,28 @@ func TestPostgresDownWhileRunsExecute(t *testing.T) {
 	j := requireProjectionMatchesStream(t, b.pool, b.nc)
 	requireRowsMatchFold(t, b.pool, j)
 }
+
+// TestNATSRestartWhileProjecting restarts the NATS server while runs
+// execute: the projector's connection reconnects, its durable consumer
+// carries on, and the projection ends up equal to the stream.
+func TestNATSRestartWhileProjecting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.projector(t, projections.Config{})
+	b.worker(t, "w1")
+	var runs []string
+	for range 4 {
+		runs = append(runs, b.start(t, echoChain(40), `{"v":"before the restart"}`))
+	}
+	require.NoError(t, p.WaitFor(ctxTimeout(t, 30*time.Second), 20))
+	b.nats.Restart(t)
+	for range 4 {
+		runs = append(runs, b.start(t, echoChain(10), `{"v":"after the restart"}`))
+	}
+	for _, id := range runs {
+		require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind)
+	}
+	caughtUp(t, p)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
+}
