@@ -35,7 +35,8 @@ e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built f
 
 .PHONY: bench
 bench: build ## Benchmarks: go test -bench and the pal bench table
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./workers/
+	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill' -benchtime 1x ./workers/
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./projections/
 	./$(BIN) bench
 
 .PHONY: lint

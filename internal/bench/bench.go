@@ -244,9 +244,22 @@ func (e *Env) Runs(ctx context.Context, runs, steps int) (Result, error) {
 	}
 	res := Result{Runs: runs, StepsPerRun: steps, Elapsed: time.Since(start)}
 	for _, id := range ids {
-		evs, _, err := e.Store.Read(ctx, id)
-		if err != nil {
-			return res, err
+		// A core subscriber can see a message before the stream has stored
+		// it (in strict mode, before the fsync): read until the end shows.
+		var evs []event.Event
+		for {
+			var err error
+			if evs, _, err = e.Store.Read(ctx, id); err != nil {
+				return res, err
+			}
+			if evs[len(evs)-1].Kind.Terminal() {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return res, fmt.Errorf("bench: run %s has not ended: %w", id, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
 		}
 		last := evs[len(evs)-1]
 		if last.Kind != event.RunSucceeded {

@@ -1,0 +1,75 @@
+package workers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/palrun/pal/internal/bench"
+)
+
+// BenchmarkStepOverhead measures one sequential run of no-op tool steps:
+// the wall time of a step, journal included (the gap between consecutive
+// step_completed events), for each durability mode. Run it with
+//
+//	go test -run '^$' -bench StepOverhead -benchtime 1x ./workers/
+func BenchmarkStepOverhead(b *testing.B) {
+	for _, mode := range []struct {
+		name   string
+		strict bool
+	}{{"process", false}, {"strict", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			env := startBench(b, mode.strict)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			for range b.N {
+				res, err := env.Runs(ctx, 1, 500)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(res.Percentile(0.5).Microseconds()), "p50-µs/step")
+				b.ReportMetric(float64(res.Percentile(0.99).Microseconds()), "p99-µs/step")
+				b.ReportMetric(res.StepsPerSecond(), "steps/s")
+			}
+		})
+	}
+}
+
+// BenchmarkConcurrentRuns measures throughput with 64 runs of 50 no-op
+// steps at once, for each durability mode.
+func BenchmarkConcurrentRuns(b *testing.B) {
+	for _, mode := range []struct {
+		name   string
+		strict bool
+	}{{"process", false}, {"strict", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			env := startBench(b, mode.strict)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			for range b.N {
+				res, err := env.Runs(ctx, 64, 50)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(res.StepsPerSecond(), "steps/s")
+				b.ReportMetric(float64(res.Percentile(0.5).Microseconds()), "p50-µs/step")
+			}
+		})
+	}
+}
+
+func startBench(b *testing.B, strict bool) *bench.Env {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env, err := bench.Start(ctx, bench.Options{Strict: strict, Dir: b.TempDir(), Concurrency: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(env.Close)
+	if _, err := env.Runs(ctx, 4, 10); err != nil { // warm up
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	return env
+}
