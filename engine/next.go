@@ -137,24 +137,40 @@ func Next(wf *workflow.Workflow, st *RunState) Action {
 // nil action and the scope's output (that of its last completed step, or
 // its input when nothing ran) when every node is resolved.
 func walk(wf *workflow.Workflow, st *RunState, prefix string, input any) (Action, json.RawMessage) {
-	env := scopeEnv(st, wf, prefix, input)
-	resolved := make(map[string]bool, len(wf.Nodes))
-	completed := make(map[string]bool, len(wf.Nodes))
+	var env workflow.Env
+	if prefix == "" && wf == st.Workflow && st.outputs != nil {
+		env = workflow.Env{Input: input, Steps: st.outputs}
+	} else {
+		env = scopeEnv(st, wf, prefix, input)
+	}
+	// state holds, per node index, 1 for resolved (dead) and 2 for
+	// completed.
+	const (
+		isResolved  = 1
+		isCompleted = 2
+	)
+	state := make([]uint8, len(wf.Nodes))
+	resolved := func(id string) bool { return state[wf.Index(id)] != 0 }
+	completed := func(id string) bool { return state[wf.Index(id)] == isCompleted }
 	var last *Step
 nodes:
-	for _, id := range wf.Order() {
-		node, _ := wf.Node(id)
+	for _, id := range wf.OrderShared() {
+		idx := wf.Index(id)
+		node := &wf.Nodes[idx]
 		if node.Type == workflow.TypeTrigger {
-			resolved[id], completed[id] = true, true
+			state[idx] = isCompleted
 			continue
 		}
-		sid := prefix + id
+		sid := id
+		if prefix != "" {
+			sid = prefix + id
+		}
 		fired := false
-		for _, e := range wf.Incoming(id) {
-			if !resolved[e.From] {
+		for _, e := range wf.IncomingShared(id) {
+			if !resolved(e.From) {
 				continue nodes // pending: a source has not run yet
 			}
-			if completed[e.From] && !fired {
+			if completed(e.From) && !fired {
 				ok, err := wf.EdgeFires(e, env)
 				if err != nil {
 					return Fail{Code: event.CodeStepFailed, StepID: sid, Error: err.Error()}, nil
@@ -163,7 +179,7 @@ nodes:
 			}
 		}
 		if !fired {
-			resolved[id] = true // dead: no incoming edge fired
+			state[idx] = isResolved // dead: no incoming edge fired
 			continue
 		}
 		if s, ok := st.Steps[sid]; ok {
@@ -174,7 +190,7 @@ nodes:
 						return f, nil
 					}
 				}
-				resolved[id], completed[id] = true, true
+				state[idx] = isCompleted
 				if last == nil || s.CompletedSeq > last.CompletedSeq {
 					last = s
 				}

@@ -196,6 +196,10 @@ type RunState struct {
 
 	input   any
 	decoded bool
+	// outputs maps the id of every completed step (and the trigger) to its
+	// output, for the top-level template environment; kept up to date by
+	// Apply so Next need not rebuild it.
+	outputs map[string]any
 }
 
 // Input returns the decoded run input.
@@ -265,6 +269,11 @@ func (st *RunState) apply(ev event.Event) error {
 		st.CreatedAt = ev.TS
 		if len(st.Created.Workflow) > 0 {
 			st.Workflow, st.WorkflowErr = parseCached(st.Created.WorkflowHash, st.Created.Workflow)
+		}
+		if st.Workflow != nil {
+			if t := st.Workflow.Trigger(); t != nil {
+				st.setOutput(t.ID, st.Created.Input)
+			}
 		}
 	case event.RunResumed:
 		var d event.RunResumedData
@@ -342,6 +351,7 @@ func (st *RunState) apply(ev event.Event) error {
 		st.CrashesAtStep = 0
 		s.CompletedSeq = ev.Seq
 		s.WaitReason, s.TimeoutAt = "", time.Time{}
+		st.setOutput(ev.StepID, d.Output)
 		s.RetryAt = time.Time{}
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Output, a.Usage, a.Delivery, a.DurationMs, a.EndedAt = StepCompleted, d.Output, d.Usage, d.Delivery, d.DurationMs, ev.TS
@@ -469,4 +479,16 @@ func decode(raw json.RawMessage) any {
 		return nil
 	}
 	return v
+}
+
+// setOutput records a completed step's output for the template
+// environment. Outputs stay raw JSON; templates decode what they read.
+func (st *RunState) setOutput(id string, raw json.RawMessage) {
+	if st.outputs == nil {
+		st.outputs = map[string]any{}
+	}
+	if len(raw) == 0 {
+		raw = json.RawMessage("null")
+	}
+	st.outputs[id] = raw
 }

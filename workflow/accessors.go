@@ -138,3 +138,24 @@ func (n *Node) Retry() *RetryPolicy {
 	}
 	return d.Retry
 }
+
+// OrderShared is Order without the copy, for hot paths: the caller must
+// not modify the slice.
+func (w *Workflow) OrderShared() []string { return w.order }
+
+// IncomingShared is Incoming without the copy, for hot paths: the caller
+// must not modify the slice.
+func (w *Workflow) IncomingShared(id string) []Edge {
+	if w.inEdges == nil {
+		return w.Incoming(id)
+	}
+	return w.inEdges[id]
+}
+
+// Index returns the position of node id in Nodes, or -1.
+func (w *Workflow) Index(id string) int {
+	if i, ok := w.byID[id]; ok {
+		return i
+	}
+	return -1
+}

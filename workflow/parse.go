@@ -58,6 +58,10 @@ func Parse(raw []byte) (*Workflow, error) {
 	if ps := w.check(); len(ps) > 0 {
 		return nil, &ValidationError{Workflow: w.Name, Problems: ps}
 	}
+	w.inEdges = make(map[string][]Edge, len(w.incoming))
+	for id, idx := range w.incoming {
+		w.inEdges[id] = w.edges(idx)
+	}
 	return w, nil
 }
 

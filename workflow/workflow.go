@@ -34,6 +34,7 @@ type Workflow struct {
 	hash     string
 	exprs    *conditions          // compiled conditions, by expression
 	subs     map[string]*Workflow // nested workflows by node id (loop bodies, subagents)
+	inEdges  map[string][]Edge    // Incoming, precomputed
 }
 
 // Node is one node of the graph. Data holds the type's settings, decoded by
