@@ -81,6 +81,8 @@ type Stats struct {
 	Loads uint64
 }
 
+var errProjectorStopped = errors.New("projector stopped")
+
 // CheckpointAheadError reports a database whose checkpoint is past the end
 // of PAL_EVENTS: it holds the projection of another (or an older) stream.
 type CheckpointAheadError struct {
@@ -108,11 +110,13 @@ type Projector struct {
 	log   *slog.Logger
 	stats counters
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	startMu    sync.Mutex // serialises Start
+	mu         sync.Mutex
+	initCancel context.CancelFunc
+	started    bool
+	stopped    bool
+	cancel     context.CancelFunc
+	done       chan struct{}
 
 	ckMu      sync.Mutex
 	ckChanged chan struct{}
@@ -154,14 +158,32 @@ func (p *Projector) readRun(ctx context.Context, runID string) ([]event.Event, e
 // NATS is unreachable Start keeps trying until ctx ends. Errors: ctx's;
 // *CheckpointAheadError; a missing table (run Migrate first).
 func (p *Projector) Start(ctx context.Context) error {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	ictx, cancelInit := context.WithCancel(ctx)
+	defer cancelInit()
+	p.mu.Lock()
+	started, stopped := p.started, p.stopped
+	p.initCancel = cancelInit
+	p.mu.Unlock()
+	switch {
+	case started:
+		return errors.New("projector already started")
+	case stopped:
+		return errProjectorStopped
+	}
+	// Not under mu: this may wait for Postgres or NATS; Stop cancels it.
+	cons, cp, err := p.initConsumer(ictx)
+	if err != nil {
+		if ctx.Err() == nil && ictx.Err() != nil {
+			return errProjectorStopped
+		}
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.started {
-		return errors.New("projector already started")
-	}
-	cons, cp, err := p.initConsumer(ctx)
-	if err != nil {
-		return err
+	if p.stopped {
+		return errProjectorStopped
 	}
 	p.started = true
 	p.setCheckpoint(cp)
@@ -184,6 +206,10 @@ func (p *Projector) Start(ctx context.Context) error {
 func (p *Projector) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.started || p.stopped {
+		p.stopped = true
+		if p.initCancel != nil {
+			p.initCancel() // a Start still waiting gives up
+		}
 		p.mu.Unlock()
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
@@ -238,4 +239,25 @@ func TestNATSRestartWhileProjecting(t *testing.T) {
 	caughtUp(t, p)
 	j := requireProjectionMatchesStream(t, b.pool, b.nc)
 	requireRowsMatchFold(t, b.pool, j)
+}
+
+// TestStopWhileStartWaits stops a projector whose Start is waiting for an
+// unreachable Postgres: Start gives up at once with an error.
+func TestStopWhileStartWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://pal@127.0.0.1:1/pal?connect_timeout=1")
+	require.NoError(t, err)
+	defer pool.Close()
+	p := projections.New(pool, b.store, projections.Config{Logger: testLogger(t)})
+	errc := make(chan error, 1)
+	go func() { errc <- p.Start(ctx) }()
+	require.NoError(t, p.Stop(ctx))
+	select {
+	case err := <-errc:
+		require.Error(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start kept waiting after Stop")
+	}
 }
