@@ -45,7 +45,8 @@ type HandlerConfig struct {
 	// the Postgres projection).
 	Runs RunLister
 	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
-	// NATS is always checked.
+	// NATS is always checked. Return a *NotReadyError to name what is
+	// down.
 	Ready func(ctx context.Context) error
 	// Tokens are the accepted bearer tokens.
 	Tokens []Token
@@ -540,8 +541,10 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		// The cause may name the database and its user: log it, answer
+		// without it.
 		h.log.Warn("listing runs failed", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs: "+err.Error(), "")
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs: the Postgres projection is not available (the server log says why)", "")
 		return
 	}
 	writeJSON(w, http.StatusOK, ListOf(rows, f.Limit))
@@ -563,7 +566,15 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if h.cfg.Ready != nil {
 		if err := h.cfg.Ready(ctx); err != nil {
-			writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error(), "")
+			// /readyz needs no token: its answer names what is down, the
+			// log says why.
+			h.log.Debug("not ready", "err", err)
+			what := "a dependency"
+			var ne *NotReadyError
+			if errors.As(err, &ne) {
+				what = ne.What
+			}
+			writeError(w, http.StatusServiceUnavailable, "unavailable", what+" is not reachable", "")
 			return
 		}
 	}
@@ -579,7 +590,19 @@ func (h *handler) natsReady(ctx context.Context) error {
 		return fmt.Errorf("not connected (%s)", strings.ToLower(st.String()))
 	}
 	if _, err := h.cfg.Store.JetStream().AccountInfo(ctx); err != nil {
-		return fmt.Errorf("JetStream does not answer: %w", err)
+		h.log.Debug("not ready: JetStream does not answer", "err", err)
+		return errors.New("JetStream does not answer")
 	}
 	return nil
 }
+
+// NotReadyError is what a HandlerConfig.Ready check returns to name the
+// dependency that is down: /readyz answers "<What> is not reachable"
+// without the cause, which may name hosts or users.
+type NotReadyError struct {
+	What string
+	Err  error
+}
+
+func (e *NotReadyError) Error() string { return e.What + ": " + e.Err.Error() }
+func (e *NotReadyError) Unwrap() error { return e.Err }

@@ -177,7 +177,7 @@ func TestStartGetCancel(t *testing.T) {
 	require.Equal(t, "cancelled", res.json(t)["status"])
 
 	// A body may name the canceller and repeat the run id.
-	other := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`}`).json(t)["run_id"].(string)
+	other := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`,"input":{"topic":"x"}}`).json(t)["run_id"].(string)
 	res = b.post(t, "/v1/runs/"+other+"/cancel", fmt.Sprintf(`{"run_id":%q,"reason":"test","by":"ops"}`, other))
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	final = b.waitEnd(t, other)
@@ -250,14 +250,14 @@ func TestHealthAndReady(t *testing.T) {
 	var pgDown atomic.Bool
 	b := setup(t, withReady(func(context.Context) error {
 		if pgDown.Load() {
-			return fmt.Errorf("Postgres: connection refused")
+			return &api.NotReadyError{What: "Postgres", Err: fmt.Errorf("dial tcp 10.0.0.9:5432: connection refused")}
 		}
 		return nil
 	}))
 	require.Equal(t, map[string]any{"ok": true}, b.get(t, "/readyz").json(t))
 	pgDown.Store(true)
 	m := requireError(t, b.get(t, "/readyz"), 503, "unavailable")
-	require.Contains(t, m["detail"], "Postgres")
+	require.Equal(t, "Postgres is not reachable", m["detail"], "the cause stays in the log")
 	pgDown.Store(false)
 
 	b.nats.Shutdown()

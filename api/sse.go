@@ -62,11 +62,19 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	}
 
 	rc := http.NewResponseController(w)
+	// No read deadline on a stream: the server's background read is how
+	// a client that goes away is noticed.
+	if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return
+	}
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-cache")
 	hdr.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
 	s := &sseStream{w: w, rc: rc}
 	if err := s.write(fmt.Appendf(nil, "retry: %d\n\n", sseRetryMs)); err != nil {
 		return

@@ -441,7 +441,7 @@ func (e *env) runWatch(cmd *cobra.Command, args []string) error {
 		})
 		if err != nil {
 			if errors.Is(err, context.Canceled) {
-				return err
+				return withCode(ExitInternal, fmt.Errorf("interrupted before run %s ended", runID))
 			}
 			return withCode(ExitUnavailable, err)
 		}

@@ -113,7 +113,7 @@ func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
-				return fmt.Errorf("Postgres: %w", err)
+				return &api.NotReadyError{What: "Postgres", Err: err}
 			}
 			return nil
 		}
