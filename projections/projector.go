@@ -307,30 +307,35 @@ func (p *Projector) initConsumer(ctx context.Context) (jetstream.Consumer, uint6
 }
 
 // openConsumer returns the durable consumer positioned after the
-// checkpoint, and the checkpoint. With verify, an existing consumer that
-// is not exactly at the checkpoint with nothing in flight (a projector
-// died mid-batch, an ack was lost, the database was replaced) is deleted
-// and created again at the checkpoint: Postgres, not the consumer, knows
-// what has been written. Without verify an existing consumer is used as
-// it is.
+// checkpoint, and the checkpoint (0 when it was not read). With verify,
+// an existing consumer that is not exactly at the checkpoint with nothing
+// in flight (a projector died mid-batch, an ack was lost, the database was
+// replaced) is deleted and created again at the checkpoint: Postgres, not
+// the consumer, knows what has been written. Without verify an existing
+// consumer is used as it is, and Postgres is not asked.
 func (p *Projector) openConsumer(ctx context.Context, verify bool) (jetstream.Consumer, uint64, error) {
-	cp, err := readCheckpoint(ctx, p.pool, p.cfg.Name)
-	if err != nil {
-		return nil, 0, err
-	}
 	stream, err := p.store.JetStream().Stream(ctx, eventstore.EventsStream)
 	if err != nil {
 		return nil, 0, fmt.Errorf("opening stream %s: %w", eventstore.EventsStream, err)
 	}
+	cons, err := stream.Consumer(ctx, p.cfg.Name)
+	if err == nil && !verify {
+		return cons, 0, nil
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, 0, fmt.Errorf("looking up consumer %s: %w", p.cfg.Name, err)
+	}
+	cp, cerr := readCheckpoint(ctx, p.pool, p.cfg.Name)
+	if cerr != nil {
+		return nil, 0, cerr
+	}
 	if last := stream.CachedInfo().State.LastSeq; cp > last {
 		return nil, 0, &CheckpointAheadError{Projector: p.cfg.Name, Checkpoint: cp, StreamLast: last}
 	}
-	cons, err := stream.Consumer(ctx, p.cfg.Name)
-	switch {
-	case err == nil:
+	if err == nil {
 		ci := cons.CachedInfo()
-		if !verify || (ci.AckFloor.Stream == cp && ci.Delivered.Stream == cp && ci.NumAckPending == 0 &&
-			ci.Config.AckPolicy == jetstream.AckAllPolicy) {
+		if ci.AckFloor.Stream == cp && ci.Delivered.Stream == cp && ci.NumAckPending == 0 &&
+			ci.Config.AckPolicy == jetstream.AckAllPolicy {
 			return cons, cp, nil
 		}
 		p.log.Info("repositioning the consumer at the checkpoint", "checkpoint", cp,
@@ -338,9 +343,6 @@ func (p *Projector) openConsumer(ctx context.Context, verify bool) (jetstream.Co
 		if err := stream.DeleteConsumer(ctx, p.cfg.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, 0, fmt.Errorf("deleting consumer %s: %w", p.cfg.Name, err)
 		}
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-	default:
-		return nil, 0, fmt.Errorf("looking up consumer %s: %w", p.cfg.Name, err)
 	}
 	cons, err = stream.CreateConsumer(ctx, p.consumerConfig(cp))
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
@@ -260,4 +261,37 @@ func TestStopWhileStartWaits(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Start kept waiting after Stop")
 	}
+}
+
+// TestCleanRestartKeepsTheConsumer stops a projector that has caught up
+// and starts another: the durable consumer is where the checkpoint says,
+// so it is kept, not created again.
+func TestCleanRestartKeepsTheConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.projector(t, projections.Config{})
+	b.worker(t, "w1")
+	id := b.start(t, echoChain(5), `{"v":"restart"}`)
+	b.waitEnd(t, id)
+	caughtUp(t, p)
+	stopProjector(t, p)
+	ctx := context.Background()
+	info := func() *jetstream.ConsumerInfo {
+		c, err := b.js.Consumer(ctx, eventstore.EventsStream, projections.DefaultName)
+		require.NoError(t, err)
+		ci, err := c.Info(ctx)
+		require.NoError(t, err)
+		return ci
+	}
+	// The last ack is asynchronous: wait until the server has it.
+	require.Eventually(t, func() bool { return info().AckFloor.Stream == p.Stats().Checkpoint }, 10*time.Second, 5*time.Millisecond)
+	before := info().Created
+
+	p2 := b.projector(t, projections.Config{})
+	require.Equal(t, before, info().Created, "the consumer was kept")
+	id = b.start(t, echoChain(3), `{"v":"after"}`)
+	b.waitEnd(t, id)
+	caughtUp(t, p2)
+	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireRowsMatchFold(t, b.pool, j)
 }
