@@ -136,6 +136,13 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 		}()
 	}
 	connected.Wait()
+	// All the watchers share one journal watch: one consumer on PAL_EVENTS.
+	events, err := b.js.Stream(ctx, eventstore.EventsStream)
+	require.NoError(tb, err)
+	require.Eventually(tb, func() bool {
+		info, err := events.Info(ctx)
+		return err == nil && info.State.Consumers == 1
+	}, 30*time.Second, 10*time.Millisecond, "%d watchers of one run should share one consumer", cfg.watchers)
 
 	// The watched run's journal, appended at a steady pace.
 	driverDone := make(chan error, 1)
@@ -230,9 +237,7 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 	res.events = total
 
 	// Every start created its run.
-	info, err := b.js.Stream(ctx, eventstore.EventsStream)
-	require.NoError(tb, err)
-	si, err := info.Info(ctx, jetstream.WithSubjectFilter(eventstore.EventsPrefix+"*"))
+	si, err := events.Info(ctx, jetstream.WithSubjectFilter(eventstore.EventsPrefix+"*"))
 	require.NoError(tb, err)
 	require.Len(tb, si.State.Subjects, cfg.starts+1, "one journal per start, plus the watched run")
 	return res

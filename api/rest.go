@@ -61,10 +61,11 @@ type HandlerConfig struct {
 }
 
 type handler struct {
-	cfg  HandlerConfig
-	nc   *nats.Conn
-	auth *authenticator
-	log  *slog.Logger
+	cfg   HandlerConfig
+	nc    *nats.Conn
+	auth  *authenticator
+	log   *slog.Logger
+	feeds *feeds
 }
 
 // NewHandler returns PAL's REST API:
@@ -94,6 +95,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	if h.cfg.KeepAlive <= 0 {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
+	h.feeds = newFeeds(cfg.Store, h.log)
 	v1 := http.NewServeMux()
 	v1.HandleFunc("POST /v1/runs", h.startRun)
 	v1.HandleFunc("GET /v1/runs", h.listRuns)

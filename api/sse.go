@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/workers"
 )
 
@@ -61,6 +60,29 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	terminal := evs[len(evs)-1].Kind.Terminal()
+	var sub *subscription
+	if !terminal && r.Method != http.MethodHead {
+		// Join the run's feed, then read what was appended since the
+		// read above: together they cover every event, and the seq
+		// check below drops the overlap.
+		var leave func()
+		sub, leave, err = h.feeds.subscribe(ctx, id)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		defer leave()
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		more, _, err := h.cfg.Store.ReadAfter(rctx, id, head)
+		cancel()
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		evs = append(evs, more...)
+	}
+
 	rc := http.NewResponseController(w)
 	// No read deadline on a stream: the server's background read is how
 	// a client that goes away is noticed.
@@ -79,52 +101,61 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	if err := s.write(fmt.Appendf(nil, "retry: %d\n\n", sseRetryMs)); err != nil {
 		return
 	}
-	for _, ev := range evs {
-		if ev.Seq <= after {
-			continue
+	// send writes ev unless it was sent already; done reports the end of
+	// the stream (the terminal event, a write error, a gap).
+	last := after
+	send := func(ev event.Event) (done bool) {
+		switch {
+		case ev.Seq <= last:
+			return false
+		case ev.Seq != last+1:
+			// A gap would break the exactly-once promise: end the stream
+			// and let the client resume from its last id.
+			h.log.Warn("event stream ended: gap in the feed", "run_id", id, "after", last, "got", ev.Seq)
+			return true
 		}
 		if err := s.event(ev); err != nil {
-			return
+			return true
 		}
-		if ev.Kind.Terminal() {
+		last = ev.Seq
+		return ev.Kind.Terminal()
+	}
+	for _, ev := range evs {
+		if send(ev) {
 			_ = s.flush()
 			return
 		}
 	}
-	if err := s.flush(); err != nil {
+	if err := s.flush(); err != nil || sub == nil {
 		return
 	}
 
-	// Follow the journal from where the read ended.
-	wctx, stopWatch := context.WithCancel(ctx)
-	evCh := make(chan event.Event, 64)
-	watchDone := make(chan error, 1)
-	go func() { watchDone <- h.follow(wctx, id, head, evCh) }()
-	defer func() {
-		stopWatch()
-		<-watchDone
-	}()
 	keepAlive := time.NewTicker(h.cfg.KeepAlive)
 	defer keepAlive.Stop()
 	stopping := shutdownSignal(ctx)
 	for {
 		select {
-		case ev := <-evCh:
-			if err := s.event(ev); err != nil {
+		case ev, ok := <-sub.events:
+			if !ok {
+				if sub.err != nil && ctx.Err() == nil {
+					h.log.Info("event stream ended", "run_id", id, "reason", sub.err)
+				}
+				_ = s.flush()
 				return
 			}
-			if ev.Kind.Terminal() {
+			if send(ev) {
 				_ = s.flush()
 				return
 			}
 			// Write what else has arrived before flushing once.
 			for more := true; more; {
 				select {
-				case ev := <-evCh:
-					if err := s.event(ev); err != nil {
-						return
+				case ev, ok := <-sub.events:
+					if !ok {
+						more = false
+						break
 					}
-					if ev.Kind.Terminal() {
+					if send(ev) {
 						_ = s.flush()
 						return
 					}
@@ -142,20 +173,6 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 			if err := s.flush(); err != nil {
 				return
 			}
-		case err := <-watchDone:
-			watchDone <- err // for the deferred wait
-			for len(evCh) > 0 {
-				if err := s.event(<-evCh); err != nil {
-					return
-				}
-			}
-			_ = s.flush()
-			if ctx.Err() == nil {
-				// The watch kept failing (NATS gone for a while): end the
-				// stream; the client resumes from its last id.
-				h.log.Warn("event stream ended: watching the journal failed", "run_id", id, "err", err)
-			}
-			return
 		case <-stopping:
 			return
 		case <-ctx.Done():
@@ -164,52 +181,9 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// followGiveUp is how long follow keeps retrying a failing watch before
-// it ends the stream.
+// followGiveUp is how long a feed keeps retrying a failing watch before
+// it ends its event streams.
 const followGiveUp = time.Minute
-
-// follow sends the run's events after head to out, in order, until ctx
-// ends. A watch that fails (a timeout while JetStream is busy, NATS
-// reconnecting) is started again after the last event sent, so the
-// stream has no gap and no duplicate; follow gives up when the watch has
-// failed for followGiveUp with nothing delivered.
-func (h *handler) follow(ctx context.Context, runID string, head eventstore.Head, out chan<- event.Event) error {
-	from := head
-	delay := 50 * time.Millisecond
-	var failingSince time.Time
-	for {
-		delivered := false
-		err := h.cfg.Store.Watch(ctx, runID, from, func(ev event.Event) error {
-			select {
-			case out <- ev:
-				// Resume after ev; the stream seq stays at head's, which
-				// is at or before ev's message, and Watch skips what
-				// was already sent by seq.
-				from.Seq, delivered = ev.Seq, true
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if delivered || failingSince.IsZero() {
-			failingSince, delay = time.Now(), 50*time.Millisecond
-		} else if time.Since(failingSince) > followGiveUp {
-			return err
-		}
-		h.log.Debug("watching the journal failed; retrying", "run_id", runID, "err", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
-}
 
 // resumeAfter returns the seq after which to start: Last-Event-ID when
 // sent (a reconnect), else ?after=, else 0.
