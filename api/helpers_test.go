@@ -2,7 +2,6 @@ package api_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -376,9 +375,4 @@ func (s *sseStream) readAll(t testing.TB) []sseEvent {
 		require.NoError(t, err)
 		out = append(out, ev)
 	}
-}
-
-func jsonBody(v any) *bytes.Reader {
-	b, _ := json.Marshal(v)
-	return bytes.NewReader(b)
 }
