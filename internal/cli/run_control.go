@@ -16,8 +16,9 @@ func (e *env) runApproveCmd() *cobra.Command {
 		Use:   "approve RUN_ID --step STEP --approver NAME [--reject] [--comment TEXT]",
 		Short: "Approve (or reject) a step that waits for a decision",
 		Long: `pal run approve records a decision on an approval step of a run: approve by
-default, reject with --reject. The step must be waiting for the decision;
-otherwise nothing is written and the command says why.
+default, reject with --reject. A decision the run cannot take (the run has
+ended, the step is not an approval step that waits for one) is refused:
+nothing is written and the command says why.
 
 --json prints {"ok": true, "run_id": "..."} (or {"error", "detail"}).
 
