@@ -37,7 +37,20 @@ func TestApprovalWaitSurvivesRestartOfEveryProcess(t *testing.T) {
 		require.NoError(t, p.WaitForOutput(ctx, "worker ready"), p.Output())
 		return p
 	}
+	pg := testenv.Postgres(t)
+	pool := pg.Pool(t)
+	projector := func() *testenv.Process {
+		p := testenv.StartProcess(t, bin, []string{"projector"}, []string{"PAL_NATS_URL=" + nproc.URL(), "DATABASE_URL=" + pg.DSN()})
+		require.NoError(t, p.WaitForOutput(ctx, "projector ready"), p.Output())
+		return p
+	}
+	statusInPG := func(runID string) string {
+		var s string
+		_ = pool.QueryRow(ctx, "SELECT status FROM runs WHERE run_id = $1", runID).Scan(&s)
+		return s
+	}
 	w1 := worker("w1")
+	proj := projector()
 	parked, err := workers.StartRun(ctx, store, workers.StartRequest{Workflow: json.RawMessage(approvalWorkflow("")), Input: json.RawMessage(`{"v":"7"}`)})
 	require.NoError(t, err)
 	// A second run will get its approval before it reaches the step.
@@ -57,12 +70,16 @@ func TestApprovalWaitSurvivesRestartOfEveryProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, workers.Approve(ctx, store, workers.ApproveRequest{RunID: early, StepID: "ok", Approve: true, Approver: "ana"}))
 
-	// Kill everything: the worker, then the NATS server.
+	require.Eventually(t, func() bool { return statusInPG(parked.RunID) == "waiting" }, time.Minute, 20*time.Millisecond)
+
+	// Kill everything: the worker, the projector, then the NATS server.
 	w1.Kill()
+	proj.Kill()
 	nproc.Kill()
 	nproc.Start(t)
 	hold.Release()
 	worker("w2")
+	projector()
 	v, err := workers.GetRun(ctx, store, parked.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusWaiting, v.Status, "the wait survived")
@@ -75,6 +92,8 @@ func TestApprovalWaitSurvivesRestartOfEveryProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, find(evs, event.StepCompleted, "ok"), 1)
 	require.Empty(t, find(evs, event.StepWaiting, "ok"), "the early decision was applied when the run arrived")
+	require.Eventually(t, func() bool { return statusInPG(parked.RunID) == "succeeded" && statusInPG(early) == "succeeded" },
+		time.Minute, 20*time.Millisecond, "the restarted projector catches up")
 	testenv.ReadJournal(t, nc)
 }
 
