@@ -7,6 +7,7 @@ package projections_test
 //     runs are active at a time as with one worker of default
 //     concurrency), then times a projector from an empty database until it
 //     has committed the last message: events/s.
+//   - BenchmarkRebuild replays the same stream with Rebuild.
 //   - BenchmarkProjectorLag appends 2 000 events/s for 10 s across 20
 //     active runs and measures, per event, the time from Append returning
 //     (JetStream has stored it) to the NOTIFY of the batch that commits it
@@ -124,9 +125,10 @@ func freshDB(b *testing.B) *testenv.PG {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func BenchmarkProjectorThroughput(b *testing.B) {
-	const runs, steps, writers = 2000, 49, 64
-	e := newBenchEnv(b)
+// fill appends runs runs of steps tool steps, from writers goroutines, and
+// returns the stream's last sequence.
+func (e *benchEnv) fill(b *testing.B, runs, steps, writers int) uint64 {
+	b.Helper()
 	ctx := context.Background()
 	fillStart := time.Now()
 	var wg sync.WaitGroup
@@ -156,6 +158,13 @@ func BenchmarkProjectorThroughput(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Logf("filled PAL_EVENTS with %d events in %s", last, time.Since(fillStart).Round(time.Millisecond))
+	return last
+}
+
+func BenchmarkProjectorThroughput(b *testing.B) {
+	e := newBenchEnv(b)
+	ctx := context.Background()
+	last := e.fill(b, 2000, 49, 64)
 
 	var total time.Duration
 	var batches uint64
@@ -181,6 +190,31 @@ func BenchmarkProjectorThroughput(b *testing.B) {
 	}
 	b.ReportMetric(float64(last)*float64(b.N)/total.Seconds(), "events/s")
 	b.ReportMetric(float64(last)*float64(b.N)/float64(batches), "events/batch")
+}
+
+// BenchmarkRebuild replays the same 200 000 events as
+// BenchmarkProjectorThroughput with Rebuild: events/s.
+func BenchmarkRebuild(b *testing.B) {
+	e := newBenchEnv(b)
+	ctx := context.Background()
+	last := e.fill(b, 2000, 49, 64)
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		pool := freshDB(b).Pool(b)
+		b.StartTimer()
+		start := time.Now()
+		res, err := projections.Rebuild(ctx, pool, e.js, projections.RebuildOptions{Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(start)
+		if res.StreamSeq != last {
+			b.Fatalf("rebuilt up to %d of %d", res.StreamSeq, last)
+		}
+	}
+	b.ReportMetric(float64(last)*float64(b.N)/total.Seconds(), "events/s")
 }
 
 func BenchmarkProjectorLag(b *testing.B) {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
@@ -222,7 +223,7 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 	if err := r.replayTo(ctx, tx, target, PhaseCatchUp); err != nil {
 		return res, err
 	}
-	r.progress(PhaseSwap, target)
+	r.progress(PhaseSwap, r.seq, target)
 	liveID := pgx.Identifier{live}.Sanitize()
 	for _, t := range projectedTables {
 		if _, err := tx.Exec(ctx, "DROP TABLE "+qualify(live, t)); err != nil {
@@ -259,53 +260,86 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 	return res, nil
 }
 
-// replayer replays the stream in order into the staging tables.
+// replayer replays the stream in order into the staging tables. Within
+// replayTo, seq belongs to the reading goroutine and events to the
+// writing one.
 type replayer struct {
 	it     jetstream.MessagesContext
 	w      *writer
 	f      *folder
 	opts   RebuildOptions
-	seq    uint64 // last stream sequence replayed
-	events uint64
+	seq    uint64 // last stream sequence read
+	events uint64 // journal events written
 }
 
 // replayTo replays messages until stream sequence target, in batches
-// written through db.
+// written through db: one goroutine reads and decodes, one folds, one
+// writes, so the three overlap.
 func (r *replayer) replayTo(ctx context.Context, db sender, target uint64, phase string) error {
-	for r.seq < target {
-		dec := make([]decoded, 0, r.opts.BatchSize)
-		for len(dec) < r.opts.BatchSize && r.seq < target {
-			m, err := r.it.Next(jetstream.NextContext(ctx))
-			if err != nil {
-				return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
-			}
-			md, err := m.Metadata()
-			if err != nil {
-				return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
-			}
-			r.seq = md.Sequence.Stream
-			evs, err := event.Decode(m.Data())
-			if err != nil {
-				r.f.log.Error("skipping a message that is not a PAL event", "stream_seq", r.seq, "err", err)
-			}
-			dec = append(dec, decoded{streamSeq: r.seq, evs: evs})
-		}
-		pb := newPending()
-		if err := r.f.fold(ctx, pb, dec); err != nil {
-			return fmt.Errorf("rebuild: %w", err)
-		}
-		b := r.f.rows(pb)
-		if err := r.w.write(ctx, db, b, writeOpts{projector: r.opts.Name}); err != nil {
-			return fmt.Errorf("rebuild: writing stream seq ≤ %d: %w", r.seq, err)
-		}
-		r.events += uint64(len(b.journal))
-		r.progress(phase, target)
+	if r.seq >= target {
+		return nil
 	}
-	return nil
+	g, gctx := errgroup.WithContext(ctx)
+	chunks := make(chan []decoded, 1)
+	work := make(chan *batch, 1)
+	g.Go(func() error {
+		defer close(chunks)
+		for r.seq < target {
+			dec := make([]decoded, 0, r.opts.BatchSize)
+			for len(dec) < r.opts.BatchSize && r.seq < target {
+				m, err := r.it.Next(jetstream.NextContext(gctx))
+				if err != nil {
+					return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
+				}
+				md, err := m.Metadata()
+				if err != nil {
+					return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
+				}
+				r.seq = md.Sequence.Stream
+				evs, err := event.Decode(m.Data())
+				if err != nil {
+					r.f.log.Error("skipping a message that is not a PAL event", "stream_seq", r.seq, "err", err)
+				}
+				dec = append(dec, decoded{streamSeq: r.seq, evs: evs})
+			}
+			select {
+			case chunks <- dec:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	g.Go(func() error {
+		defer close(work)
+		for dec := range chunks {
+			pb := newPending()
+			if err := r.f.fold(gctx, pb, dec); err != nil {
+				return fmt.Errorf("rebuild: %w", err)
+			}
+			select {
+			case work <- r.f.rows(pb):
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	g.Go(func() error {
+		for b := range work {
+			if err := r.w.write(gctx, db, b, writeOpts{projector: r.opts.Name}); err != nil {
+				return fmt.Errorf("rebuild: writing stream seq ≤ %d: %w", b.lastStreamSeq, err)
+			}
+			r.events += uint64(len(b.journal))
+			r.progress(phase, b.lastStreamSeq, target)
+		}
+		return nil
+	})
+	return g.Wait()
 }
 
-func (r *replayer) progress(phase string, target uint64) {
+func (r *replayer) progress(phase string, seq, target uint64) {
 	if r.opts.Progress != nil {
-		r.opts.Progress(RebuildProgress{Phase: phase, Events: r.events, StreamSeq: r.seq, Target: target})
+		r.opts.Progress(RebuildProgress{Phase: phase, Events: r.events, StreamSeq: seq, Target: target})
 	}
 }
