@@ -32,14 +32,16 @@
 // folds a run afresh from its journal in JetStream when its state is not
 // cached or its next event is not the one after the state.
 //
-// Idempotent. A batch of messages is written in one transaction that also
-// moves the checkpoint (GREATEST, so it never moves back); the batch is
-// acknowledged after the commit. Journal rows are inserted with ON CONFLICT
-// (run_id, seq) DO NOTHING, and runs, steps and receipts rows are upserted
-// only WHERE the stored last_seq is lower. Redelivered or replayed
-// messages therefore change nothing. On start the durable consumer is put
-// right after the checkpoint in Postgres, so a projector killed mid-batch
-// (kill -9) writes that batch again, whole.
+// Idempotent. The projector reads PAL_EVENTS with the durable pull
+// consumer pal-projector. A batch of messages (whatever has arrived while
+// the previous batch was being written, up to Config.BatchSize) is written
+// in one transaction that also moves the checkpoint (GREATEST, so it never
+// moves back); the batch is acknowledged after the commit. Journal rows
+// are inserted with ON CONFLICT (run_id, seq) DO NOTHING, and runs, steps
+// and receipts rows are upserted only WHERE the stored last_seq is lower.
+// Redelivered or replayed messages therefore change nothing. On start the
+// durable consumer is put right after the checkpoint in Postgres, so a
+// projector killed mid-batch (kill -9) writes that batch again, whole.
 //
 // Monotonic. A row only moves forward in seq: a run's status is the fold
 // of its journal at the row's last_seq, and an older state never
@@ -56,7 +58,8 @@
 // does not fold (or a message that is not a PAL event) is logged and
 // counted (Stats) and still gets its journal rows; it never stops the
 // projector. Values Postgres refuses (a NUL character, invalid UTF-8) are
-// stored with U+FFFD in their place.
+// stored with U+FFFD in their place. NATS going away only pauses the
+// consumer, which resumes when the connection is back.
 //
 // Run one projector per database: two would take turns on the batch lock
 // but share one consumer position.
