@@ -327,3 +327,42 @@ func TestListRuns(t *testing.T) {
 		require.Equal(t, field, m["field"], q)
 	}
 }
+
+func TestApprove(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withWorker())
+	wf := `{"name":"gate","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ok","type":"approval","data":{"prompt":"Ship it?","approvers":["ci","ann"]}},
+		{"id":"done","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"ok"},{"from":"ok","to":"done"}]}`
+	start := func() string {
+		res := b.post(t, "/v1/runs", `{"workflow":`+wf+`}`)
+		require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
+		id := res.json(t)["run_id"].(string)
+		b.waitFor(t, id, "the approval wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+		return id
+	}
+
+	id := start()
+	require.Equal(t, "waiting", b.get(t, "/v1/runs/"+id).json(t)["status"])
+	before := b.journalState(t)
+	m := requireError(t, b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"approve","approver":"bob"}`), 400, "bad_input")
+	require.Equal(t, "approver", m["field"])
+	require.Equal(t, before, b.journalState(t))
+	// No approver in the body: the token's name decides.
+	res := b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"approve","comment":"looks good"}`)
+	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
+	require.Equal(t, map[string]any{"ok": true, "run_id": id}, res.json(t))
+	require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind)
+	got := b.waitFor(t, id, "the decision", func(ev event.Event) bool { return ev.Kind == event.ApprovalReceived })
+	require.Equal(t, "ci", got.WorkerID)
+	n := len(b.events(t, id))
+	requireError(t, b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"reject"}`), 409, "conflict")
+	require.Len(t, b.events(t, id), n)
+
+	// A rejection fails the run (no edge routes on it).
+	id = start()
+	res = b.post(t, "/v1/runs/"+id+"/approve", fmt.Sprintf(`{"run_id":%q,"step_id":"ok","decision":"reject","approver":"ann"}`, id))
+	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
+	require.Equal(t, event.RunFailed, b.waitEnd(t, id).Kind)
+}

@@ -362,3 +362,40 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(b)
 }
+
+func TestRunApprove(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := `{"name":"gate","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ok","type":"approval","data":{"prompt":"Ship it?"}},
+		{"id":"done","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"ok"},{"from":"ok","to":"done"}]}`
+	id := b.start(t, wf, `{}`)
+	watch := startPal(t, b, "run", "watch", id)
+	watch.waitLine(t, "step_waiting")
+	r := b.pal(t, nil, "run", "get", id)
+	require.Regexp(t, `(?m)^Status\s+waiting$`, r.stdout)
+	require.Regexp(t, `(?m)^ok\s+approval\s+waiting\s`, r.stdout)
+
+	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--comment", "ship it")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Equal(t, "approved step ok of run "+id+" (by ann)\n", r.stdout)
+	code, stdout, stderr := watch.wait(t)
+	require.Equal(t, 0, code, "%s\n%s", stdout, stderr)
+	require.Regexp(t, `(?m)^run `+id+` succeeded after \S+$`, stdout)
+
+	before := b.journal(t)
+	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--reject", "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Equal(t, "conflict", decodeJSON[map[string]any](t, r.stdout)["error"])
+	require.Equal(t, before, b.journal(t))
+
+	// --reject, --json: the run fails.
+	id = b.start(t, wf, `{}`)
+	b.waitFor(t, id, func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--reject", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Equal(t, map[string]any{"ok": true, "run_id": id}, decodeJSON[map[string]any](t, r.stdout))
+	r = b.pal(t, nil, "run", "watch", id)
+	require.Equal(t, 1, r.code, "%s", r)
+}
