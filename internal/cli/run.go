@@ -265,6 +265,25 @@ func summary(ev event.Event) string {
 		var d event.StepRetryingData
 		_ = ev.DecodeData(&d)
 		return fmt.Sprintf("next attempt %d of %d in %dms: %s", d.Attempt, d.Of, d.DelayMs, d.Error)
+	case event.StepWaiting:
+		var d event.StepWaitingData
+		_ = ev.DecodeData(&d)
+		s := "waiting for " + d.Reason
+		if d.ChildRunID != "" {
+			s += " " + d.ChildRunID
+		}
+		if d.TimeoutAt != "" {
+			s += " until " + d.TimeoutAt
+		}
+		return s
+	case event.ApprovalReceived:
+		var d event.ApprovalReceivedData
+		_ = ev.DecodeData(&d)
+		s := d.Decision + " by " + d.Approver
+		if d.Comment != "" {
+			s += ": " + truncate(d.Comment, 60)
+		}
+		return s
 	case event.RunSucceeded:
 		var d event.RunSucceededData
 		_ = ev.DecodeData(&d)

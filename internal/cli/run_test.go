@@ -383,6 +383,8 @@ func TestRunApprove(t *testing.T) {
 	code, stdout, stderr := watch.wait(t)
 	require.Equal(t, 0, code, "%s\n%s", stdout, stderr)
 	require.Regexp(t, `(?m)^run `+id+` succeeded after \S+$`, stdout)
+	require.Regexp(t, `(?m)\sstep_waiting\s+ok\s+waiting for approval$`, stdout)
+	require.Regexp(t, `(?m)\sapproval_received\s+ok\s+approve by ann: ship it$`, stdout)
 
 	before := b.journal(t)
 	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--reject", "--json")
