@@ -104,9 +104,13 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	v1.HandleFunc("POST /v1/runs/{id}/approve", h.approve)
 	v1.HandleFunc("POST /v1/runs/{id}/cancel", h.cancel)
 
+	open := http.NewServeMux()
+	open.HandleFunc("GET /healthz", h.healthz)
+	open.HandleFunc("GET /readyz", h.readyz)
+	probes := jsonFallbacks(open)
 	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", h.healthz)
-	root.HandleFunc("GET /readyz", h.readyz)
+	root.Handle("/healthz", probes)
+	root.Handle("/readyz", probes)
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
 	return root
 }

@@ -207,6 +207,7 @@ func TestAuth(t *testing.T) {
 	// Health needs no token.
 	require.Equal(t, http.StatusOK, b.get(t, "/healthz", "Authorization", "").status)
 	require.Equal(t, http.StatusOK, b.get(t, "/readyz", "Authorization", "").status)
+	requireError(t, b.post(t, "/healthz", "", "Authorization", ""), 405, "method_not_allowed")
 
 	// No tokens and not insecure: every /v1 request is refused.
 	closed := setup(t, withTokens(nil, false))
