@@ -256,10 +256,11 @@ func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 
 // startBody is POST /v1/runs: the durable start command without reply_to.
 type startBody struct {
-	Workflow       json.RawMessage `json:"workflow"`
-	Input          json.RawMessage `json:"input,omitempty"`
-	RunID          string          `json:"run_id,omitempty"`
-	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	LLM            *workers.LLMSpec `json:"llm,omitempty"`
+	Workflow       json.RawMessage  `json:"workflow"`
+	Input          json.RawMessage  `json:"input,omitempty"`
+	RunID          string           `json:"run_id,omitempty"`
+	IdempotencyKey string           `json:"idempotency_key,omitempty"`
 }
 
 // StartAnswer is the answer to POST /v1/runs.
@@ -287,7 +288,7 @@ func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	cmd := workers.StartCommand{Workflow: b.Workflow, Input: b.Input, RunID: b.RunID, IdempotencyKey: b.IdempotencyKey}
+	cmd := workers.StartCommand{Workflow: b.Workflow, LLM: b.LLM, Input: b.Input, RunID: b.RunID, IdempotencyKey: b.IdempotencyKey}
 	if err := cmd.Validate(); err != nil {
 		h.fail(w, r, err)
 		return
@@ -304,7 +305,7 @@ func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	res, err := workers.StartRun(ctx, h.cfg.Store, workers.StartRequest{RunID: b.RunID, Workflow: b.Workflow,
+	res, err := workers.StartRun(ctx, h.cfg.Store, workers.StartRequest{RunID: b.RunID, Workflow: b.Workflow, LLM: b.LLM,
 		Input: b.Input, IdempotencyKey: key, Writer: identity(r.Context())})
 	if err != nil && res.RunID == "" {
 		h.fail(w, r, err)

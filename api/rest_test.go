@@ -367,3 +367,17 @@ func TestApprove(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	require.Equal(t, event.RunFailed, b.waitEnd(t, id).Kind)
 }
+
+func TestStartPlainLLMRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withWorker())
+	res := b.post(t, "/v1/runs", `{"llm":{"provider":"openai","model":"gpt-4o-mini","prompt":"hello {{input.who}}"},"input":{"who":"pal"}}`)
+	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
+	runID := res.json(t)["run_id"].(string)
+	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+	got := b.get(t, "/v1/runs/"+runID).json(t)
+	require.Equal(t, "succeeded", got["status"])
+	require.Equal(t, "llm", got["workflow"])
+	requireError(t, b.post(t, "/v1/runs", `{"llm":{"provider":"openai","model":"m","prompt":"x"},"workflow":`+echoWorkflow+`}`), 400, "bad_input")
+	requireError(t, b.post(t, "/v1/runs", `{"llm":{"provider":"openai","model":"m","prompt":"x","bogus":1}}`), 400, "bad_input")
+}
