@@ -74,10 +74,13 @@ type Attempt struct {
 	EndedAt    time.Time
 	DurationMs int64
 	// Side effect receipt of this attempt.
-	Connector      string
-	Target         string
-	Claimed        bool
-	Delivered      bool
+	Connector string
+	Target    string
+	Claimed   bool
+	Delivered bool
+	// Failed reports a definite failure: the target answered with an
+	// error, so a claimed delivery did not happen.
+	Failed         bool
 	DeliveryStatus int
 	ClaimedAt      time.Time
 	DeliveredAt    time.Time
@@ -268,7 +271,7 @@ func (st *RunState) apply(ev event.Event) error {
 		st.Status = StatusQueued
 		st.CreatedAt = ev.TS
 		if len(st.Created.Workflow) > 0 {
-			st.Workflow, st.WorkflowErr = parseCached(st.Created.WorkflowHash, st.Created.Workflow)
+			st.Workflow, st.WorkflowErr = workflow.ParseCached(st.Created.Workflow)
 		}
 		if st.Workflow != nil {
 			if t := st.Workflow.Trigger(); t != nil {
@@ -300,7 +303,7 @@ func (st *RunState) apply(ev event.Event) error {
 		s.StartedAt = ev.TS
 		s.Error, s.Class = "", ""
 		a := s.attempt(ev.Attempt, ev.Seq)
-		a.Status, a.Key, a.Input, a.Error, a.Class = StepRunning, d.IdempotencyKey, d.Input, "", ""
+		a.Status, a.Key, a.Input, a.Error, a.Class, a.Failed = StepRunning, d.IdempotencyKey, d.Input, "", "", false
 		a.Tries++
 		if a.StartedAt.IsZero() {
 			a.StartedAt = ev.TS
@@ -366,6 +369,7 @@ func (st *RunState) apply(ev event.Event) error {
 		s.EndedAt = ev.TS
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Error, a.Class, a.DurationMs, a.EndedAt = StepFailed, d.Error, d.Class, d.DurationMs, ev.TS
+		a.Failed = !d.OutcomeUnknown
 	case event.StepRetrying:
 		var d event.StepRetryingData
 		if err := ev.DecodeData(&d); err != nil {
@@ -377,6 +381,9 @@ func (st *RunState) apply(ev event.Event) error {
 		s.Claimed, s.Delivered = false, false
 		failed := s.attempt(s.Attempt, ev.Seq)
 		failed.Status, failed.Error, failed.Class, failed.EndedAt = StepRetried, d.Error, d.Class, ev.TS
+		// A retry with the next attempt follows a definite failure; one with
+		// the same attempt, an unknown outcome.
+		failed.Failed = d.Attempt != s.Attempt
 		if d.Attempt != s.Attempt {
 			s.Key = event.IdempotencyKey(st.RunID, ev.StepID, d.Attempt)
 		}

@@ -65,6 +65,7 @@ type attemptSummary struct {
 	Delivery       string            `json:"delivery,omitempty"`
 	Claimed        bool              `json:"claimed,omitempty"`
 	Delivered      bool              `json:"delivered,omitempty"`
+	Failed         bool              `json:"failed,omitempty"`
 	DeliveryStatus int               `json:"delivery_status,omitempty"`
 	Target         string            `json:"target,omitempty"`
 	StartedAt      string            `json:"started_at,omitempty"`
@@ -122,7 +123,7 @@ func summarise(st *engine.RunState, next engine.Action) summary {
 		last := &s.Steps[len(s.Steps)-1]
 		for _, a := range x.Attempts {
 			last.Attempts = append(last.Attempts, attemptSummary{Attempt: a.Attempt, Status: a.Status, Key: a.Key,
-				Tries: a.Tries, Error: a.Error, Delivery: a.Delivery, Claimed: a.Claimed, Delivered: a.Delivered,
+				Tries: a.Tries, Error: a.Error, Delivery: a.Delivery, Claimed: a.Claimed, Delivered: a.Delivered, Failed: a.Failed,
 				DeliveryStatus: a.DeliveryStatus, Target: a.Target, StartedAt: timeString(a.StartedAt),
 				EndedAt: timeString(a.EndedAt), LastSeq: a.LastSeq})
 		}

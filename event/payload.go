@@ -92,6 +92,9 @@ type StepFailedData struct {
 	Error      string `json:"error"`
 	Class      string `json:"class"`
 	DurationMs int64  `json:"duration_ms"`
+	// OutcomeUnknown reports that the failed call may have reached its
+	// target (a timeout, a connection cut after sending).
+	OutcomeUnknown bool `json:"outcome_unknown,omitempty"`
 }
 
 // StepRetryingData is the payload of step_retrying, journaled between

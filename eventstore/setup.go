@@ -47,7 +47,12 @@ func (c Config) withDefaults() Config {
 // Setup creates or updates PAL's streams, the lease bucket and the work
 // consumer. It is idempotent: running it again with the same config
 // changes nothing.
+//
+// Only a caller that states a LeaseTTL (a worker) sets the work consumer's
+// AckWait; other callers (the CLI, the projector, the API) create the
+// consumer if it is missing and otherwise leave it as the workers set it.
 func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	ownsTTL := cfg.LeaseTTL > 0
 	cfg = cfg.withDefaults()
 	streams := []jetstream.StreamConfig{
 		{
@@ -112,7 +117,14 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", LeaseBucket, err)
 	}
-	_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
+	if ownsTTL {
+		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
+	} else if _, err = js.Consumer(ctx, WorkStream, WorkConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		_, err = js.CreateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			err = nil // created meanwhile by a worker
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("setting up consumer %s: %w", WorkConsumer, err)
 	}

@@ -1,6 +1,7 @@
 package eventstore_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -138,4 +139,23 @@ func TestOpenBeforeSetupIsMissing(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, eventstore.IsMissing(err), "got %v", err)
 	require.False(t, eventstore.IsMissing(eventstore.ErrConflict))
+}
+
+func TestSetupWithoutTTLLeavesTheWorkersAckWait(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(ns.Conn(t))
+	require.NoError(t, err)
+	ctx := context.Background()
+	// A CLI or projector on a fresh server: the consumer gets the default.
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
+	c, err := js.Consumer(ctx, eventstore.WorkStream, eventstore.WorkConsumer)
+	require.NoError(t, err)
+	require.Equal(t, eventstore.DefaultLeaseTTL, c.CachedInfo().Config.AckWait)
+	// A worker with a 1 s lease sets it; a later Setup without a TTL keeps it.
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{LeaseTTL: time.Second}))
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
+	c, err = js.Consumer(ctx, eventstore.WorkStream, eventstore.WorkConsumer)
+	require.NoError(t, err)
+	require.Equal(t, time.Second, c.CachedInfo().Config.AckWait)
 }

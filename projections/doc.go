@@ -18,7 +18,7 @@
 //	                        attempt); status (running, completed, failed, retried,
 //	                        waiting), input, output, key, tries, usage, timings, last_seq
 //	side_effect_receipts    one row per claimed delivery of a step attempt: status
-//	                        claimed, delivered or unconfirmed; idempotency_key is unique
+//	                        claimed, delivered, failed or unconfirmed; idempotency_key is unique
 //	projection_checkpoints  per projector, the last stream sequence written
 //
 // Timestamps in projected rows are the events' own (ts), never the time of

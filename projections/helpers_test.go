@@ -470,6 +470,8 @@ func requireReceipt(t *testing.T, pool *pgxpool.Pool, runID, stepID string, a *e
 	switch {
 	case a.Delivered:
 		wantStatus = "delivered"
+	case a.Failed:
+		wantStatus = "failed"
 	case a.Status == engine.StepCompleted || a.Status == engine.StepFailed || a.Status == engine.StepRetried:
 		wantStatus = "unconfirmed"
 	}

@@ -47,7 +47,7 @@ func TestMigrateCommand(t *testing.T) {
 
 	p = testenv.StartProcess(t, bin, []string{"migrate", "--database-url", pg.DSN()}, nil)
 	require.Equal(t, 0, exitCode(t, p), p.Output())
-	require.Contains(t, p.Output(), "schema up to date (version 1)")
+	require.Contains(t, p.Output(), "schema up to date (version 2)")
 }
 
 // TestProjectorKill9MidBatch kills a pal projector process while a batch is

@@ -76,10 +76,13 @@ const (
 	ReceiptClaimed = "claimed"
 	// ReceiptDelivered: the receiver acknowledged the delivery.
 	ReceiptDelivered = "delivered"
-	// ReceiptUnconfirmed: the attempt ended without a confirmation (a
-	// crash between dispatch and confirmation, or a failed try). PAL does
-	// not send it again.
+	// ReceiptUnconfirmed: the attempt ended without a confirmation and its
+	// outcome is unknown (a crash between dispatch and confirmation, a
+	// timeout, a cut connection). PAL does not send it again.
 	ReceiptUnconfirmed = "unconfirmed"
+	// ReceiptFailed: the receiver answered with an error (the attempt
+	// failed definitely); the delivery did not happen.
+	ReceiptFailed = "failed"
 )
 
 // ReceiptRow is a row of side_effect_receipts: the claimed delivery of one
@@ -180,6 +183,8 @@ func receiptStatus(a *engine.Attempt) string {
 	switch {
 	case a.Delivered:
 		return ReceiptDelivered
+	case a.Failed:
+		return ReceiptFailed
 	case a.Status == engine.StepCompleted || a.Status == engine.StepFailed || a.Status == engine.StepRetried:
 		return ReceiptUnconfirmed
 	default:

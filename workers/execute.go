@@ -85,7 +85,7 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", err)
 	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
-		Error: err.Error(), Class: f.classes[0], DurationMs: dur})
+		Error: err.Error(), Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown})
 	return nil
 }
 

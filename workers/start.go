@@ -75,7 +75,7 @@ func StartRun(ctx context.Context, store *eventstore.Store, req StartRequest) (S
 		}
 		req.Workflow = raw
 	}
-	wf, err := workflow.Parse(req.Workflow)
+	wf, err := workflow.ParseCached(req.Workflow)
 	if err != nil {
 		return StartResult{}, err
 	}

@@ -84,7 +84,7 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	if err != nil {
 		return err
 	}
-	wf, err := workflow.Parse(nd.Workflow)
+	wf, err := workflow.ParseCached(nd.Workflow)
 	if err != nil {
 		return err
 	}
