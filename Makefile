@@ -43,7 +43,7 @@ bench: build ## Benchmarks: go test -bench and the pal bench table
 lint: ## go vet, gofmt and staticcheck
 	$(GO) vet $(PKGS)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 $(PKGS)
 
 .PHONY: clean
 clean: ## Remove build output and the dev data directory

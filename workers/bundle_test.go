@@ -147,23 +147,6 @@ func (b *bundle) waitEnd(t *testing.T, runID string) event.Event {
 	return final
 }
 
-// waitFor waits until the run's journal has an event matching fn.
-func (b *bundle) waitFor(t *testing.T, runID string, what string, fn func(event.Event) bool) event.Event {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var found event.Event
-	err := b.store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
-		if fn(ev) {
-			found = ev
-			return eventstore.ErrStopWatch
-		}
-		return nil
-	})
-	require.NoError(t, err, "waiting for %s in run %s", what, runID)
-	return found
-}
-
 func (b *bundle) events(t *testing.T, runID string) []event.Event {
 	t.Helper()
 	evs, _, err := b.store.Read(context.Background(), runID)

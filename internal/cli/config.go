@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"strconv"
 	"time"
 
@@ -108,5 +107,3 @@ func (e *env) workerID(cmd *cobra.Command) (string, error) {
 func (e *env) replicas(cmd *cobra.Command) (int, error) {
 	return e.intSetting(cmd, "replicas", "PAL_REPLICAS", 1, 1)
 }
-
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

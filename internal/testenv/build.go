@@ -141,11 +141,13 @@ func goTool() (string, error) {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p, nil
 	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err != nil {
-		return "", errors.New("the go command is neither on PATH nor in GOROOT/bin; building test binaries needs it")
+	if root := os.Getenv("GOROOT"); root != "" {
+		p := filepath.Join(root, "bin", "go")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
 	}
-	return p, nil
+	return "", errors.New("the go command is neither on PATH nor in $GOROOT/bin; building test binaries needs it")
 }
 
 var moduleRoot struct {
