@@ -67,6 +67,10 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	return s, nil
 }
 
+// MaxEventBytes is the largest message the journal accepts; an event
+// whose JSON comes near it cannot be appended.
+func (s *Store) MaxEventBytes() int { return s.maxMsg }
+
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
 

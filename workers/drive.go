@@ -21,6 +21,10 @@ var errRunEnded = errors.New("run ended by another writer")
 // the drive ends and the work is acked.
 var errParked = errors.New("run parked")
 
+// errJournal: the run's journal does not fold. Nothing more can be done
+// with the run; driving it again would not help.
+var errJournal = errors.New("journal does not fold")
+
 // drive is one worker's turn at driving one run.
 type drive struct {
 	w       *Worker
@@ -110,6 +114,13 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		}
 		w.afterDrive(rctx, d, errors.Is(err, errParked))
 		return nil
+	case errors.Is(err, errJournal):
+		log.Error("cannot drive the run", "err", err)
+		if msg != nil {
+			_ = msg.Term()
+		}
+		_ = w.leases.Release(rctx, &held)
+		return err
 	case errors.Is(cause, errShutdown) || ctx.Err() != nil:
 		// Graceful hand-off: free the lease, then put the work back so
 		// another worker resumes at once.
@@ -121,13 +132,23 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		}
 		log.Info("handed run back", "seq", d.head.Seq)
 		return errShutdown
-	default:
+	case errors.Is(cause, errLeaseLost), errors.Is(cause, errLeaseExpired), errors.Is(cause, errOwnership),
+		errors.Is(err, errOwnership), errors.Is(err, errLeaseExpired):
 		// Lost the lease or the journal: someone else owns the run now.
 		// Leave the work message alone; its owner settles it.
 		if cause != nil {
 			err = cause
 		}
 		log.Warn("drive interrupted", "err", err, "seq", d.head.Seq)
+		return err
+	default:
+		// Anything else (NATS unavailable for longer than the retries, a
+		// bug): let go of the run and have it driven again later.
+		log.Warn("drive interrupted", "err", err, "seq", d.head.Seq)
+		_ = w.leases.Release(rctx, &held)
+		if msg != nil {
+			_ = msg.NakWithDelay(w.leases.TTL())
+		}
 		return err
 	}
 }
@@ -213,10 +234,28 @@ func (d *drive) load() error {
 	}
 	st, err := engine.Fold(evs)
 	if err != nil {
-		return fmt.Errorf("folding run %s: %w", d.runID, err)
+		return d.unfoldable(evs, head, err)
 	}
 	d.st, d.head, d.pending = st, head, nil
 	return nil
+}
+
+// unfoldable ends a run whose journal does not fold (a bug, or a journal
+// written by hand): if it has no terminal event, run_failed is appended so
+// the run ends visibly instead of being driven again and again.
+func (d *drive) unfoldable(evs []event.Event, head eventstore.Head, ferr error) error {
+	for _, ev := range evs {
+		if ev.Kind.Terminal() {
+			return fmt.Errorf("%w: run %s: %v", errJournal, d.runID, ferr)
+		}
+	}
+	ev := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeInternal,
+		Error: fmt.Sprintf("the journal does not fold: %v", ferr)})
+	ev.WorkerID = d.w.cfg.ID
+	if _, err := d.w.store.Append(d.ctx, d.runID, head, ev); err != nil {
+		return fmt.Errorf("%w: run %s: %v (and run_failed could not be appended: %v)", errJournal, d.runID, ferr, err)
+	}
+	return fmt.Errorf("%w: run %s: %v (the run is failed)", errJournal, d.runID, ferr)
 }
 
 // resume appends run_resumed, the fencing token of this drive. A run

@@ -46,10 +46,19 @@ func (d *drive) runStep(p engine.StepPlan) error {
 		return d.runSubagent(p)
 	}
 	if !p.Started {
+		if err := d.fits(p, "input", p.Input); err != nil {
+			// The step cannot even be journaled as started: it fails.
+			d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
+			return nil
+		}
 		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
 			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
 	}
 	if p.Pure {
+		if err := d.fits(p, "output", p.Output); err != nil {
+			d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
+			return nil
+		}
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output})
 		return nil
 	}
@@ -69,6 +78,11 @@ func (d *drive) runStep(p engine.StepPlan) error {
 // settle journals a step's outcome: completed, retrying or failed.
 func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.Duration) error {
 	dur := took.Milliseconds()
+	if err == nil {
+		if ferr := d.fits(p, "output", res.output); ferr != nil {
+			err = ferr // journaling it would fail on every try: the step fails
+		}
+	}
 	if err == nil {
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
 			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery})
@@ -128,6 +142,18 @@ func (d *drive) runWait(p engine.StepPlan) error {
 		return err
 	}
 	return errParked
+}
+
+// fits checks that a step's input or output can be journaled: an event
+// whose JSON comes near the stream's limit cannot be appended, and a drive
+// that kept trying would run the step again and again.
+func (d *drive) fits(p engine.StepPlan, what string, v json.RawMessage) error {
+	limit := d.w.store.MaxEventBytes()
+	if limit <= 0 || len(v) < limit-16<<10 {
+		return nil
+	}
+	return permanent("step %s: its %s is %d bytes; the journal takes events up to about %d bytes (PAL_EVENTS max message size)",
+		p.StepID, what, len(v), limit-16<<10)
 }
 
 func (d *drive) execute(p engine.StepPlan) (stepResult, error) {

@@ -1,0 +1,49 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/workers"
+)
+
+func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		calls.Add(1)
+		return json.Marshal(strings.Repeat("x", 2<<20))
+	}})
+	wf := `{"name":"big","nodes":[{"id":"start","type":"trigger"},
+		{"id":"b","type":"tool","data":{"tool":"big","retry":{"maxAttempts":3,"retryableClasses":["any"]}}}],
+		"edges":[{"from":"start","to":"b"}]}`
+	runID := b.start(t, wf, `{}`)
+	final := b.waitEnd(t, runID)
+	require.Equal(t, event.RunFailed, final.Kind)
+	require.Contains(t, data[event.RunFailedData](t, final).Error, "its output is 2097154 bytes; the journal takes events up to about")
+	require.Equal(t, int32(1), calls.Load(), "a step whose output cannot be journaled is not run again")
+}
+
+func TestJournalThatDoesNotFoldEndsTheRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := createOrphan(t, b, echoChain(2))
+	// A second run_created: the fold refuses such a journal.
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(echoChain(1)), Input: json.RawMessage(`{}`)})
+	appendRaw(t, b, runID, ev)
+	require.NoError(t, b.store.Enqueue(context.Background(), runID, "test"))
+	b.worker(t, "w1", nil)
+	final := b.waitEnd(t, runID)
+	require.Equal(t, event.RunFailed, final.Kind)
+	fd := data[event.RunFailedData](t, final)
+	require.Equal(t, event.CodeInternal, fd.Code)
+	require.Contains(t, fd.Error, "the journal does not fold")
+	b.settled(t, runID)
+}
