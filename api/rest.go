@@ -345,6 +345,7 @@ type approveBody struct {
 	RunID    string `json:"run_id,omitempty"`
 	StepID   string `json:"step_id"`
 	Decision string `json:"decision"`
+	Approved *bool  `json:"approved,omitempty"`
 	Approver string `json:"approver,omitempty"`
 	Comment  string `json:"comment,omitempty"`
 }
@@ -372,11 +373,12 @@ func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
 	if b.Approver == "" {
 		b.Approver = identity(r.Context())
 	}
-	cmd := workers.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision, Approver: b.Approver, Comment: b.Comment}
+	cmd := workers.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision, Approved: b.Approved, Approver: b.Approver, Comment: b.Comment}
 	if err := cmd.Validate(); err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	b.Decision = cmd.Decision
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	err = workers.Approve(ctx, h.cfg.Store, workers.ApproveRequest{RunID: id, StepID: b.StepID,

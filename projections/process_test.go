@@ -47,7 +47,7 @@ func TestMigrateCommand(t *testing.T) {
 
 	p = testenv.StartProcess(t, bin, []string{"migrate", "--database-url", pg.DSN()}, nil)
 	require.Equal(t, 0, exitCode(t, p), p.Output())
-	require.Contains(t, p.Output(), "schema up to date (version 2)")
+	require.Contains(t, p.Output(), "schema up to date (version 3)")
 }
 
 // TestProjectorKill9MidBatch kills a pal projector process while a batch is
@@ -65,18 +65,18 @@ func TestProjectorKill9MidBatch(t *testing.T) {
 	// A backlog of big batches: many runs of many echo steps, driven by
 	// two pal worker processes.
 	for _, id := range []string{"w1", "w2"} {
-		w := testenv.StartProcess(t, bin, []string{"worker"}, []string{"PAL_NATS_URL=" + b.nats.URL(),
+		w := testenv.StartProcess(t, bin, []string{"worker"}, []string{"PAL_NATS_URL=" + b.NATS.URL(),
 			"PAL_WORKER_ID=" + id, "PAL_LEASE_TTL=1s"})
 		require.NoError(t, w.WaitForOutput(ctx, "worker ready"), w.Output())
 	}
 	var runs []string
 	for range 30 {
-		runs = append(runs, b.start(t, echoChain(100), `{"v":"kill -9"}`))
+		runs = append(runs, b.Start(t, echoChain(100), `{"v":"kill -9"}`))
 	}
 	for _, id := range runs {
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 	}
-	stream, err := b.js.Stream(ctx, eventstore.EventsStream)
+	stream, err := b.JS.Stream(ctx, eventstore.EventsStream)
 	require.NoError(t, err)
 	last := stream.CachedInfo().State.LastSeq
 
@@ -88,7 +88,7 @@ func TestProjectorKill9MidBatch(t *testing.T) {
 	_, err = tx.Exec(ctx, "LOCK TABLE steps IN EXCLUSIVE MODE")
 	require.NoError(t, err)
 
-	env := []string{"PAL_NATS_URL=" + b.nats.URL(), "DATABASE_URL=" + b.pg.DSN(), "PAL_LOG_LEVEL=debug"}
+	env := []string{"PAL_NATS_URL=" + b.NATS.URL(), "DATABASE_URL=" + b.pg.DSN(), "PAL_LOG_LEVEL=debug"}
 	start := func() *testenv.Process {
 		p := testenv.StartProcess(t, bin, []string{"projector"}, env)
 		require.NoError(t, p.WaitForOutput(ctx, "projector ready"), p.Output())
@@ -115,7 +115,7 @@ func TestProjectorKill9MidBatch(t *testing.T) {
 	cp, err := q.Checkpoint(ctx, "")
 	require.NoError(t, err)
 	want := 0
-	for _, m := range readStream(t, b.js) {
+	for _, m := range readStream(t, b.JS) {
 		if m.seq <= cp {
 			want += len(m.evs)
 		}
@@ -140,7 +140,7 @@ func TestProjectorKill9MidBatch(t *testing.T) {
 		cp, err = q.Checkpoint(ctx, "")
 		return err == nil && cp == last
 	}, time.Minute, 10*time.Millisecond, "the projector did not catch up")
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 
 	// SIGTERM stops it cleanly.

@@ -36,6 +36,8 @@ type ApproveCommand struct {
 	RunID    string `json:"run_id"`
 	StepID   string `json:"step_id"`
 	Decision string `json:"decision"` // approve or reject
+	// Approved may stand in for Decision: true is approve, false reject.
+	Approved *bool  `json:"approved,omitempty"`
 	Approver string `json:"approver"`
 	Comment  string `json:"comment,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
@@ -138,15 +140,23 @@ func (c *StartCommand) Validate() error {
 	return nil
 }
 
-// Validate checks an approve command.
+// Validate checks an approve command (and settles Decision from
+// Approved when only that was given).
 func (c *ApproveCommand) Validate() error {
+	if c.Approved != nil {
+		want := map[bool]string{true: "approve", false: "reject"}[*c.Approved]
+		if c.Decision != "" && c.Decision != want {
+			return &InputError{Field: "approved", Msg: fmt.Sprintf("contradicts decision %q", c.Decision)}
+		}
+		c.Decision = want
+	}
 	switch {
 	case c.RunID == "":
 		return &InputError{Field: "run_id", Msg: "required"}
 	case c.StepID == "":
 		return &InputError{Field: "step_id", Msg: "required"}
 	case c.Decision != "approve" && c.Decision != "reject":
-		return &InputError{Field: "decision", Msg: fmt.Sprintf("%q: want \"approve\" or \"reject\"", c.Decision)}
+		return &InputError{Field: "decision", Msg: fmt.Sprintf("%q: want \"approve\" or \"reject\" (or \"approved\": true or false)", c.Decision)}
 	case c.Approver == "":
 		return &InputError{Field: "approver", Msg: "required: say who decides"}
 	}

@@ -38,8 +38,9 @@ runs: start pal worker for that.
 
 Every /v1 request needs 'Authorization: Bearer <token>' with a token from
 PAL_API_TOKENS: comma-separated tokens, each optionally name=token (the name
-is who cancels or approves; default "api"). pal server refuses to start
-without tokens unless --insecure-no-auth is given.
+is who cancels or approves; default "api"). Without tokens pal server still
+serves, but every /v1 request answers 401 (health checks still answer);
+--insecure-no-auth serves the API to anyone instead.
 
 DATABASE_URL is optional: with it GET /v1/runs lists runs from the Postgres
 projection and /readyz checks Postgres too.`,
@@ -65,12 +66,15 @@ type restConfig struct {
 	// generated is a token made up because PAL_API_TOKENS was unset
 	// (pal dev); print it.
 	generated string
+	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
+	// given, so every /v1 request is refused.
+	noTokens bool
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
 // --insecure-no-auth. With generate set (pal dev) and no tokens, it makes
-// up a token; without it (pal server) it refuses to go on without tokens
-// unless --insecure-no-auth was given.
+// up a token; without it (pal server) and without --insecure-no-auth it
+// serves but refuses every /v1 request.
 func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
 	var rc restConfig
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
@@ -98,9 +102,9 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 		}
 		rc.tokens, rc.generated = []api.Token{{Name: "dev", Secret: tok}}, tok
 	default:
-		return rc, badInput("PAL_API_TOKENS is not set: pal server does not serve the API without authentication. "+
-			"Set PAL_API_TOKENS=name=token (e.g. PAL_API_TOKENS=ci=$(openssl rand -hex 32)), "+
-			"or pass --insecure-no-auth to serve it to anyone who can reach %s", rc.addr)
+		// No tokens: serve, but refuse every /v1 request (401). Health
+		// checks still answer.
+		rc.noTokens = true
 	}
 	return rc, nil
 }
@@ -162,6 +166,10 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 	}
 	if rc.insecure {
 		log.Warn("serving the REST API WITHOUT AUTHENTICATION (--insecure-no-auth): anyone who can reach it can start and cancel runs", "addr", rc.addr)
+	}
+	if rc.noTokens {
+		log.Warn("PAL_API_TOKENS is not set: every /v1 request will be refused (401). Set PAL_API_TOKENS=name=token " +
+			"(e.g. PAL_API_TOKENS=ci=$(openssl rand -hex 32)), or pass --insecure-no-auth to serve the API to anyone who can reach it")
 	}
 	natsURL := e.natsURL(cmd)
 	nc, err := connectDurable(natsURL, "pal-server", log)

@@ -21,11 +21,25 @@ func TestServer(t *testing.T) {
 	id := b.start(t, seqWorkflow(1), `{"text":"served"}`)
 	b.waitEnd(t, id)
 
-	// No tokens, no --insecure-no-auth: refused, saying why.
-	r := b.pal(t, []string{"PAL_HTTP_ADDR=127.0.0.1:0"}, "server")
-	require.Equal(t, 2, r.code, "%s", r)
-	require.Contains(t, r.stderr, "PAL_API_TOKENS is not set: pal server does not serve the API without authentication")
-	require.Contains(t, r.stderr, "--insecure-no-auth")
+	// No tokens, no --insecure-no-auth: it serves, refuses every /v1
+	// request, and says why.
+	{
+		port := testenv.FreePort(t)
+		url := fmt.Sprintf("http://127.0.0.1:%d", port)
+		p := testenv.StartProcess(t, b.bin, []string{"server"}, []string{"PAL_NATS_URL=" + b.nats.URL(), fmt.Sprintf("PAL_HTTP_ADDR=127.0.0.1:%d", port)})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		require.NoError(t, p.WaitForOutput(ctx, `msg="server ready"`), p.Output())
+		cancel()
+		require.Contains(t, p.Output(), "PAL_API_TOKENS is not set: every /v1 request will be refused (401)")
+		require.Contains(t, p.Output(), "--insecure-no-auth")
+		for path, want := range map[string]int{"/healthz": 200, "/v1/runs/" + id: 401} {
+			res, err := http.Get(url + path)
+			require.NoError(t, err)
+			res.Body.Close()
+			require.Equal(t, want, res.StatusCode, path)
+		}
+		p.Kill()
+	}
 	for env, msg := range map[string]string{
 		"PAL_HTTP_ADDR=localhost":   "PAL_HTTP_ADDR=\"localhost\": want host:port",
 		"PAL_HTTP_ADDR=example:80":  "must be an IP address or localhost",

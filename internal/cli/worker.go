@@ -162,11 +162,11 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 		return fail(withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err)))
 	}
 	var sweep *workers.Sweeper
+	interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
+	if warn != "" {
+		log.Warn(warn)
+	}
 	if pool != nil {
-		interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
-		if warn != "" {
-			log.Warn(warn)
-		}
 		sweep = workers.NewSweeper(store, leases, projections.NewReader(pool), interval, log)
 		if err := sweep.Start(ctx); err != nil {
 			return fail(err)
