@@ -105,22 +105,22 @@ func TestKill9MidLoopResumesAtTheIteration(t *testing.T) {
 			{"id":"ask","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"item {{input.item}}"}}],
 			"edges":[{"from":"start","to":"ask"}]}}}],"edges":[{"from":"start","to":"each"}]}`
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "each[2].ask", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "each[2].ask", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"xs":[1,2,3,4,5]}`)})
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"xs":[1,2,3,4,5]}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	w1.Kill()
 	p.palWorker(t, "w2")
 	hold.Release()
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
 	want := map[string]int{}
 	for i := range 5 {
 		want[key(runID, fmt.Sprintf("each[%d].ask", i), 1)] = 1
 	}
 	want[key(runID, "each[2].ask", 1)] = 2 // the iteration in flight, re-sent with its key
-	require.Equal(t, want, p.llm.Keys(), "earlier iterations ran once")
+	require.Equal(t, want, p.LLM.Keys(), "earlier iterations ran once")
 }
 
 func TestKill9AfterChildCreatedAdoptsIt(t *testing.T) {
@@ -131,24 +131,24 @@ func TestKill9AfterChildCreatedAdoptsIt(t *testing.T) {
 		"edges":[{"from":"start","to":"think"}]}`
 	runID := event.NewRunID()
 	childID := event.ChildRunID(runID, "kid")
-	hold := p.llm.Hold(providertest.ByKey(key(childID, "think", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(childID, "think", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{RunID: runID,
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{RunID: runID,
 		Workflow: json.RawMessage(subagentWorkflow(1, child)), Input: json.RawMessage(`{"q":"x"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	// The child exists and is mid-step; the parent's step is not complete.
-	require.Empty(t, find(p.events(t, runID), event.StepCompleted, "kid"))
+	require.Empty(t, find(p.Events(t, runID), event.StepCompleted, "kid"))
 	w1.Kill()
 	p.palWorker(t, "w2")
 	hold.Release()
-	final := p.waitEnd(t, runID)
+	final := p.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
 	require.JSONEq(t, `"echo: child thinks about x"`, string(mustField(t, data[event.RunSucceededData](t, final).Output, "text")))
 
 	// Exactly one child run exists: the one named by (parent, step).
-	j := testenv.ReadJournal(t, p.nc)
+	j := testenv.ReadJournal(t, p.NC)
 	var children []string
 	for id, evs := range j {
 		if cd := data[event.RunCreatedData](t, evs[0]); cd.ParentRunID == runID {
@@ -158,14 +158,14 @@ func TestKill9AfterChildCreatedAdoptsIt(t *testing.T) {
 	require.Equal(t, []string{childID}, children)
 	require.Len(t, find(j[childID], event.RunCreated, ""), 1)
 	require.Len(t, find(j[runID], event.ChildRunCreated, ""), 1)
-	require.Equal(t, 2, p.llm.Keys()[key(childID, "think", 1)])
+	require.Equal(t, 2, p.LLM.Keys()[key(childID, "think", 1)])
 }
 
 func TestKill9MidAgentTurnResumesAtThatTurn(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
 	// The model calls the built-in echo tool twice, then answers.
-	p.llm.SetResponder(func(c providertest.Call) providertest.Reply {
+	p.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
 		tools := 0
 		for _, m := range c.Messages {
 			if m.Role == "tool" {
@@ -181,24 +181,24 @@ func TestKill9MidAgentTurnResumesAtThatTurn(t *testing.T) {
 		{"id":"ask","type":"agent","data":{"provider":"openai","model":"m","prompt":"go","tools":[{"name":"echo"}]}}],
 		"edges":[{"from":"start","to":"ask"}]}`
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "ask.turn[2]", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "ask.turn[2]", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	w1.Kill()
 	p.palWorker(t, "w2")
 	hold.Release()
-	final := p.waitEnd(t, runID)
+	final := p.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
 	require.JSONEq(t, `{"text":"done after 2 tools","turns":3}`, string(data[event.RunSucceededData](t, final).Output))
 	require.Equal(t, map[string]int{
 		key(runID, "ask.turn[0]", 1): 1,
 		key(runID, "ask.turn[1]", 1): 1,
 		key(runID, "ask.turn[2]", 1): 2, // the turn in flight, re-sent with its key
-	}, p.llm.Keys(), "earlier turns were not sent again")
-	evs := p.events(t, runID)
+	}, p.LLM.Keys(), "earlier turns were not sent again")
+	evs := p.Events(t, runID)
 	require.Len(t, find(evs, event.StepCompleted, "ask.turn[0].tool[0]"), 1)
 	require.Len(t, find(evs, event.StepCompleted, "ask.turn[1].tool[0]"), 1)
 }

@@ -30,7 +30,7 @@ func (b *bundle) waitStatus(t *testing.T, runID string, want engine.Status) *wor
 	var v *workers.RunView
 	require.Eventually(t, func() bool {
 		var err error
-		v, err = workers.GetRun(context.Background(), b.store, runID)
+		v, err = workers.GetRun(context.Background(), b.Store, runID)
 		return err == nil && v.Status == want
 	}, 30*time.Second, 10*time.Millisecond, "run %s never %s", runID, want)
 	return v
@@ -40,8 +40,8 @@ func (b *bundle) settled(t *testing.T, runID string) {
 	t.Helper()
 	ctx := context.Background()
 	require.Eventually(t, func() bool {
-		h, err := b.leases.Holder(ctx, runID)
-		p, perr := b.store.WorkPending(ctx, runID)
+		h, err := b.Leases.Holder(ctx, runID)
+		p, perr := b.Store.WorkPending(ctx, runID)
 		return err == nil && perr == nil && h == "" && !p
 	}, 30*time.Second, 10*time.Millisecond, "run %s still leased or queued", runID)
 }
@@ -51,21 +51,21 @@ func TestApprovalParksAndApproveFinishes(t *testing.T) {
 	b := setup(t)
 	b.worker(t, "w1", nil)
 	ctx := context.Background()
-	runID := b.start(t, approvalWorkflow(""), `{"v":"1.2"}`)
+	runID := b.Start(t, approvalWorkflow(""), `{"v":"1.2"}`)
 	b.waitStatus(t, runID, engine.StatusWaiting)
 	b.settled(t, runID) // parked: work acked, lease released, no slot held
 
 	// Refusals write nothing.
-	before := len(b.events(t, runID))
-	require.ErrorIs(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "draft", Approve: true, Approver: "ana"}), workers.ErrNotWaiting)
+	before := len(b.Events(t, runID))
+	require.ErrorIs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "draft", Approve: true, Approver: "ana"}), workers.ErrNotWaiting)
 	var ie *workers.InputError
-	require.ErrorAs(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true}), &ie)
-	require.Len(t, b.events(t, runID), before)
+	require.ErrorAs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true}), &ie)
+	require.Len(t, b.Events(t, runID), before)
 
-	require.NoError(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "ana", Comment: "go"}))
-	require.ErrorIs(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "bo"}), workers.ErrNotWaiting, "decided once")
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "ana", Comment: "go"}))
+	require.ErrorIs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "bo"}), workers.ErrNotWaiting, "decided once")
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	dec := find(evs, event.ApprovalReceived, "ok")
 	require.Len(t, dec, 1)
 	require.Equal(t, "ana", dec[0].WorkerID)
@@ -77,22 +77,22 @@ func TestApprovalParksAndApproveFinishes(t *testing.T) {
 func TestEarlyApprovalAppliesWhenTheRunArrives(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	hold := b.llm.Hold(func(c providertest.Call) bool { return true })
+	hold := b.LLM.Hold(func(c providertest.Call) bool { return true })
 	b.worker(t, "w1", nil)
 	ctx := context.Background()
 	wf := `{"name":"early","nodes":[{"id":"start","type":"trigger"},
 		{"id":"think","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"think"}},
 		{"id":"ok","type":"approval"},{"id":"done","type":"tool","data":{"tool":"echo"}}],
 		"edges":[{"from":"start","to":"think"},{"from":"think","to":"ok"},{"from":"ok","to":"done"}]}`
-	runID := b.start(t, wf, `{}`)
+	runID := b.Start(t, wf, `{}`)
 	_, err := hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	// Decided while the run is still thinking: kept, and the drive that
 	// conflicts with it folds it in and goes on.
-	require.NoError(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "early-bird"}))
+	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "early-bird"}))
 	hold.Release()
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	require.Empty(t, find(evs, event.StepWaiting, ""), "the run never had to wait")
 	require.Len(t, find(evs, event.RunResumed, ""), 1, "one drive, not interrupted by the decision")
 }
@@ -102,10 +102,10 @@ func TestRejectionFailsAndTimeoutRoutes(t *testing.T) {
 	b := setup(t)
 	b.worker(t, "w1", nil)
 	ctx := context.Background()
-	runID := b.start(t, approvalWorkflow(""), `{"v":"x"}`)
+	runID := b.Start(t, approvalWorkflow(""), `{"v":"x"}`)
 	b.waitStatus(t, runID, engine.StatusWaiting)
-	require.NoError(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "cy", Comment: "no"}))
-	final := b.waitEnd(t, runID)
+	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "cy", Comment: "no"}))
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	require.Equal(t, "step ok was rejected by cy: no", data[event.RunFailedData](t, final).Error)
 
@@ -114,10 +114,10 @@ func TestRejectionFailsAndTimeoutRoutes(t *testing.T) {
 		{"id":"yes","type":"tool","data":{"tool":"echo","input":{"r":"yes"}}},{"id":"late","type":"tool","data":{"tool":"echo","input":{"r":"late"}}}],
 		"edges":[{"from":"start","to":"ok"},{"from":"ok","to":"yes","condition":"steps.ok.output.approved"},
 		{"from":"ok","to":"late","condition":"steps.ok.output.timed_out"}]}`
-	runID = b.start(t, wf, `{}`)
+	runID = b.Start(t, wf, `{}`)
 	b.waitStatus(t, runID, engine.StatusWaiting)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	require.Len(t, find(evs, event.StepCompleted, "late"), 1)
 	require.Empty(t, find(evs, event.StepStarted, "yes"))
 	require.JSONEq(t, `{"approved":false,"decision":"timeout","timed_out":true}`, string(data[event.StepCompletedData](t, find(evs, event.StepCompleted, "ok")[0]).Output))
@@ -132,8 +132,8 @@ func TestLoopOverItems(t *testing.T) {
 			{"id":"ask","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"item {{input.item}} #{{input.index}}"}}],
 			"edges":[{"from":"start","to":"ask"}]}}}],
 		"edges":[{"from":"start","to":"each"}]}`
-	runID := b.start(t, wf, `{"xs":["a","b","c"]}`)
-	final := b.waitEnd(t, runID)
+	runID := b.Start(t, wf, `{"xs":["a","b","c"]}`)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
 	var out struct {
 		Iterations int `json:"iterations"`
@@ -145,7 +145,7 @@ func TestLoopOverItems(t *testing.T) {
 	require.Equal(t, 3, out.Iterations)
 	require.Equal(t, "echo: item c #2", out.Results[2].Text)
 	for i := range 3 {
-		require.Equal(t, 1, b.llm.Keys()[key(runID, fmt.Sprintf("each[%d].ask", i), 1)])
+		require.Equal(t, 1, b.LLM.Keys()[key(runID, fmt.Sprintf("each[%d].ask", i), 1)])
 	}
 }
 
@@ -165,12 +165,12 @@ func TestSubagentRunsAChildOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	runID := b.start(t, subagentWorkflow(1, leafWorkflow), `{"q":"42"}`)
-	final := b.waitEnd(t, runID)
+	runID := b.Start(t, subagentWorkflow(1, leafWorkflow), `{"q":"42"}`)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
 	require.JSONEq(t, `{"answer":"42"}`, string(data[event.RunSucceededData](t, final).Output))
 	child := event.ChildRunID(runID, "kid")
-	cevs := b.events(t, child)
+	cevs := b.Events(t, child)
 	cd := data[event.RunCreatedData](t, cevs[0])
 	require.Equal(t, runID, cd.ParentRunID)
 	require.Equal(t, "kid", cd.ParentStepID)
@@ -178,15 +178,15 @@ func TestSubagentRunsAChildOnce(t *testing.T) {
 	require.Equal(t, runID, cd.TriggerMeta["parent_run_id"])
 	require.Equal(t, event.RunResumed, cevs[1].Kind, "the child is created and driven at once")
 	require.Equal(t, event.RunSucceeded, cevs[len(cevs)-1].Kind)
-	require.Len(t, find(b.events(t, runID), event.ChildRunCreated, "kid"), 1)
+	require.Len(t, find(b.Events(t, runID), event.ChildRunCreated, "kid"), 1)
 }
 
 func TestSubagentDepthLimitNamesTheChain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	runID := b.start(t, subagentWorkflow(6, leafWorkflow), `{"q":"deep"}`)
-	final := b.waitEnd(t, runID)
+	runID := b.Start(t, subagentWorkflow(6, leafWorkflow), `{"q":"deep"}`)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	// Walk down to the run at depth 5, whose step refused a sixth level.
 	id := runID
@@ -196,7 +196,7 @@ func TestSubagentDepthLimitNamesTheChain(t *testing.T) {
 		id = event.ChildRunID(id, "kid")
 	}
 	ids = append(ids, id)
-	evs := b.events(t, id)
+	evs := b.Events(t, id)
 	fd := data[event.RunFailedData](t, evs[len(evs)-1])
 	require.Equal(t, event.CodeDepthExceeded, fd.Code)
 	require.Equal(t, "step kid would start a subagent at depth 6, over the limit of 5 (chain: "+strings.Join(ids, " → ")+")", fd.Error)
@@ -209,22 +209,22 @@ func TestNestedApprovalThroughAChild(t *testing.T) {
 	b.worker(t, "w1", nil)
 	ctx := context.Background()
 	child := strings.ReplaceAll(approvalWorkflow(""), "{{input.v}}", "{{input.q}}")
-	runID := b.start(t, subagentWorkflow(1, child), `{"q":"x"}`)
+	runID := b.Start(t, subagentWorkflow(1, child), `{"q":"x"}`)
 	b.waitStatus(t, runID, engine.StatusWaiting)
 	childID := event.ChildRunID(runID, "kid")
 	b.waitStatus(t, childID, engine.StatusWaiting)
 	b.settled(t, runID)
 	b.settled(t, childID)
-	waits := find(b.events(t, runID), event.StepWaiting, "kid")
+	waits := find(b.Events(t, runID), event.StepWaiting, "kid")
 	require.Len(t, waits, 1)
 	require.Equal(t, event.WaitChild, data[event.StepWaitingData](t, waits[0]).Reason)
 
-	require.NoError(t, workers.Approve(ctx, b.store, workers.ApproveRequest{RunID: childID, StepID: "ok", Approve: true, Approver: "ana"}))
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, childID).Kind)
-	final := b.waitEnd(t, runID)
+	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: childID, StepID: "ok", Approve: true, Approver: "ana"}))
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, childID).Kind)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
 	require.JSONEq(t, `{"shipped":"x"}`, string(data[event.RunSucceededData](t, final).Output))
-	require.Len(t, find(b.events(t, runID), event.StepCompleted, "kid"), 1)
+	require.Len(t, find(b.Events(t, runID), event.StepCompleted, "kid"), 1)
 }
 
 // agentResponder scripts a tool-using model: it asks for the weather tool
@@ -240,7 +240,7 @@ func agentResponder(c providertest.Call) providertest.Reply {
 func TestAgentLoopJournalsTurnsAndToolCalls(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.llm.SetResponder(agentResponder)
+	b.LLM.SetResponder(agentResponder)
 	b.worker(t, "w1", map[string]workers.Tool{"weather": func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
 		return json.RawMessage(`{"temp_c":3}`), nil
 	}})
@@ -249,16 +249,16 @@ func TestAgentLoopJournalsTurnsAndToolCalls(t *testing.T) {
 			{"id":"ask","type":"agent","data":{"provider":%q,"model":"m","prompt":"weather in {{input.city}}?",
 			 "tools":[{"name":"weather","description":"current weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}}],
 			"edges":[{"from":"start","to":"ask"}]}`, prov)
-		runID := b.start(t, wf, `{"city":"Oslo"}`)
-		final := b.waitEnd(t, runID)
+		runID := b.Start(t, wf, `{"city":"Oslo"}`)
+		final := b.WaitEnd(t, runID)
 		require.Equal(t, event.RunSucceeded, final.Kind, prov)
 		require.JSONEq(t, `{"text":"It is {\"temp_c\":3}","turns":2}`, string(data[event.RunSucceededData](t, final).Output), prov)
-		evs := b.events(t, runID)
+		evs := b.Events(t, runID)
 		for _, s := range []string{"ask.turn[0]", "ask.turn[0].tool[0]", "ask.turn[1]", "ask"} {
 			require.Len(t, find(evs, event.StepCompleted, s), 1, "%s %s", prov, s)
 		}
-		require.Equal(t, 1, b.llm.Keys()[key(runID, "ask.turn[0]", 1)])
-		require.Equal(t, 1, b.llm.Keys()[key(runID, "ask.turn[1]", 1)])
+		require.Equal(t, 1, b.LLM.Keys()[key(runID, "ask.turn[0]", 1)])
+		require.Equal(t, 1, b.LLM.Keys()[key(runID, "ask.turn[1]", 1)])
 	}
 }
 
@@ -266,19 +266,19 @@ func TestPlainLLMRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	res, err := workers.StartRun(context.Background(), b.store, workers.StartRequest{
+	res, err := workers.StartRun(context.Background(), b.Store, workers.StartRequest{
 		LLM:   &workers.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
 		Input: json.RawMessage(`{"name":"pal"}`)})
 	require.NoError(t, err)
-	final := b.waitEnd(t, res.RunID)
+	final := b.WaitEnd(t, res.RunID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
-	evs := b.events(t, res.RunID)
+	evs := b.Events(t, res.RunID)
 	require.Len(t, find(evs, event.StepCompleted, "llm"), 1)
-	calls := b.llm.CallsWithKey(key(res.RunID, "llm", 1))
+	calls := b.LLM.CallsWithKey(key(res.RunID, "llm", 1))
 	require.Len(t, calls, 1)
 	require.Equal(t, "hello pal", calls[0].LastUser())
 
-	_, err = workers.StartRun(context.Background(), b.store, workers.StartRequest{
+	_, err = workers.StartRun(context.Background(), b.Store, workers.StartRequest{
 		Workflow: json.RawMessage(leafWorkflow), LLM: &workers.LLMSpec{Provider: "openai", Model: "m", Prompt: "x"}})
 	var ie *workers.InputError
 	require.ErrorAs(t, err, &ie)

@@ -13,12 +13,13 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/workers"
 )
 
 func (b *bundle) commands(t *testing.T) {
 	t.Helper()
-	p := workers.NewCommandProcessor(b.store, testLogger(t))
+	p := workers.NewCommandProcessor(b.Store, paltest.Logger(t))
 	require.NoError(t, p.Start(context.Background()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -36,15 +37,15 @@ func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 	// Published three times while nothing consumes: by key, and twice with
 	// the same Nats-Msg-Id but no key.
 	for range 2 {
-		_, err := b.js.Publish(ctx, "pal.cmd.runs.start", body)
+		_, err := b.JS.Publish(ctx, "pal.cmd.runs.start", body)
 		require.NoError(t, err)
 	}
 	nokey, _ := json.Marshal(map[string]any{"workflow": wf})
 	for range 2 {
-		_, err := b.js.Publish(ctx, "pal.cmd.runs.start", nokey, jetstream.WithMsgID("req-99"))
+		_, err := b.JS.Publish(ctx, "pal.cmd.runs.start", nokey, jetstream.WithMsgID("req-99"))
 		require.NoError(t, err)
 	}
-	st, err := b.js.Stream(ctx, eventstore.CommandsStream)
+	st, err := b.JS.Stream(ctx, eventstore.CommandsStream)
 	require.NoError(t, err)
 	require.Equal(t, uint64(3), st.CachedInfo().State.Msgs, "JetStream dropped the duplicate Nats-Msg-Id")
 
@@ -52,8 +53,8 @@ func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 	b.worker(t, "w1", nil)
 	for _, key := range []string{"order-7", "req-99"} {
 		runID := workers.RunIDForKey(key)
-		require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-		require.Len(t, find(b.events(t, runID), event.RunCreated, ""), 1)
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+		require.Len(t, find(b.Events(t, runID), event.RunCreated, ""), 1)
 	}
 	require.Eventually(t, func() bool {
 		info, err := st.Info(ctx)
@@ -67,7 +68,7 @@ func (b *bundle) journal(t *testing.T) map[string][]event.Event {
 	t.Helper()
 	evs := map[string][]event.Event{}
 	for _, id := range []string{workers.RunIDForKey("order-7"), workers.RunIDForKey("req-99")} {
-		if e, _, err := b.store.Read(context.Background(), id); err == nil {
+		if e, _, err := b.Store.Read(context.Background(), id); err == nil {
 			evs[id] = e
 		}
 	}
@@ -79,14 +80,14 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	rejected := make(chan *nats.Msg, 64)
-	sub, err := b.nc.ChanSubscribe(eventstore.RejectedSubject, rejected)
+	sub, err := b.NC.ChanSubscribe(eventstore.RejectedSubject, rejected)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	b.commands(t)
-	runID := b.start(t, echoChain(1), `{}`)
+	runID := b.Start(t, echoChain(1), `{}`)
 	b.worker(t, "w1", nil)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	before := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	before := b.Events(t, runID)
 
 	cases := []struct {
 		subject, body, code, field, want string
@@ -108,12 +109,12 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 	}
 	for _, tc := range cases {
 		inbox := nats.NewInbox()
-		replies, err := b.nc.SubscribeSync(inbox)
+		replies, err := b.NC.SubscribeSync(inbox)
 		require.NoError(t, err)
 		msg := nats.NewMsg(tc.subject)
 		msg.Data = []byte(tc.body)
 		msg.Header.Set(workers.ReplyToHeader, inbox)
-		_, err = b.js.PublishMsg(ctx, msg)
+		_, err = b.JS.PublishMsg(ctx, msg)
 		require.NoError(t, err, tc.body)
 		r, err := replies.NextMsg(10 * time.Second)
 		require.NoError(t, err, "no answer to %s %s", tc.subject, tc.body)
@@ -135,7 +136,7 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		}
 		_ = replies.Unsubscribe()
 	}
-	require.Equal(t, before, b.events(t, runID), "refused commands wrote nothing")
+	require.Equal(t, before, b.Events(t, runID), "refused commands wrote nothing")
 }
 
 func FuzzDecodeCommand(f *testing.F) {

@@ -10,34 +10,35 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 )
 
 func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *bundleCfg) { c.ttl = 30 * time.Second })
-	hold := b.llm.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
+	b := setup(t, paltest.LeaseTTL(30*time.Second))
+	hold := b.LLM.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
 	logs := b.captureLogs(t)
 	b.worker(t, "w1", nil)
-	runID := b.start(t, seqWorkflow(3, "openai"), `{"topic":"cancel"}`)
+	runID := b.Start(t, seqWorkflow(3, "openai"), `{"topic":"cancel"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := hold.Wait(ctx)
 	require.NoError(t, err)
 
-	require.NoError(t, workers.CancelRun(ctx, b.store, b.nc, workers.CancelRequest{RunID: runID, Reason: "changed my mind", By: "alice"}))
+	require.NoError(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID, Reason: "changed my mind", By: "alice"}))
 	// The driving worker drops the call and lets go of the run without
 	// waiting for its 30 s lease or the held call.
 	logs.wait(t, "run ended by another writer")
 	require.Eventually(t, func() bool {
-		h, err := b.leases.Holder(ctx, runID)
-		p, perr := b.store.WorkPending(ctx, runID)
+		h, err := b.Leases.Holder(ctx, runID)
+		p, perr := b.Store.WorkPending(ctx, runID)
 		return err == nil && perr == nil && h == "" && !p
 	}, 10*time.Second, 10*time.Millisecond, "lease released and work acked")
 	hold.Release()
 
-	evs := b.events(t, runID)
+	evs := b.Events(t, runID)
 	last := evs[len(evs)-1]
 	require.Equal(t, event.RunCancelled, last.Kind)
 	require.Equal(t, "alice", last.WorkerID)
@@ -45,14 +46,14 @@ func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	require.Empty(t, find(evs, event.StepCompleted, "s2"))
 
 	// Cancelling again, or a finished run, writes nothing.
-	err = workers.CancelRun(ctx, b.store, b.nc, workers.CancelRequest{RunID: runID})
+	err = workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID})
 	require.ErrorIs(t, err, workers.ErrRunFinished)
-	require.Len(t, b.events(t, runID), len(evs))
+	require.Len(t, b.Events(t, runID), len(evs))
 
-	err = workers.CancelRun(ctx, b.store, b.nc, workers.CancelRequest{RunID: "run_nope"})
+	err = workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: "run_nope"})
 	require.ErrorIs(t, err, eventstore.ErrRunNotFound)
 	var ie *workers.InputError
-	require.ErrorAs(t, workers.CancelRun(ctx, b.store, b.nc, workers.CancelRequest{RunID: "a.b"}), &ie)
+	require.ErrorAs(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: "a.b"}), &ie)
 }
 
 func TestCancelQueuedRun(t *testing.T) {
@@ -60,14 +61,14 @@ func TestCancelQueuedRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	runID := createOrphan(t, b, echoChain(2))
-	require.NoError(t, workers.CancelRun(ctx, b.store, b.nc, workers.CancelRequest{RunID: runID}))
-	require.NoError(t, b.store.Enqueue(ctx, runID, "test"))
+	require.NoError(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID}))
+	require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
 	b.worker(t, "w1", nil)
 	require.Eventually(t, func() bool {
-		p, err := b.store.WorkPending(ctx, runID)
+		p, err := b.Store.WorkPending(ctx, runID)
 		return err == nil && !p
 	}, 10*time.Second, 10*time.Millisecond)
-	require.Equal(t, []event.Kind{event.RunCreated, event.RunCancelled}, kindsOf(b.events(t, runID)))
+	require.Equal(t, []event.Kind{event.RunCreated, event.RunCancelled}, kindsOf(b.Events(t, runID)))
 }
 
 func kindsOf(evs []event.Event) []event.Kind {

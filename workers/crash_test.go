@@ -18,6 +18,7 @@ import (
 	"github.com/palrun/pal/connector/connectortest"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
@@ -33,8 +34,8 @@ type procBundle struct {
 
 func setupProc(t *testing.T, ttl time.Duration) *procBundle {
 	t.Helper()
-	b := setup(t, func(c *bundleCfg) { c.ttl = ttl })
-	return &procBundle{bundle: b, natsURL: b.nats.URL(), bin: testenv.PalBinary(t), ttl: ttl.String()}
+	b := setup(t, paltest.LeaseTTL(ttl))
+	return &procBundle{bundle: b, natsURL: b.NATS.URL(), bin: testenv.PalBinary(t), ttl: ttl.String()}
 }
 
 // palWorker starts `pal worker` and waits until it is taking work.
@@ -48,7 +49,7 @@ func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.
 	if p.ttl != "" {
 		env = append(env, "PAL_LEASE_TTL="+p.ttl)
 	}
-	env = append(env, p.llm.Env()...)
+	env = append(env, p.LLM.Env()...)
 	proc := testenv.StartProcess(t, p.bin, []string{"worker"}, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -61,7 +62,7 @@ func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.
 func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
 	t.Helper()
 	runID := event.NewRunID()
-	res, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+	res, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
 		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), Writer: "test"})
 	require.NoError(t, err)
 	return res.RunID
@@ -85,9 +86,9 @@ func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "s3", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(6, "openai")), Input: json.RawMessage(`{"topic":"crash"}`)})
 	require.NoError(t, err)
 
@@ -97,15 +98,15 @@ func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
 	p.palWorker(t, "w2")
 	hold.Release()
 
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
 	want := map[string]int{}
 	for i := 1; i <= 6; i++ {
 		want[key(runID, fmt.Sprintf("s%d", i), 1)] = 1
 	}
 	want[key(runID, "s3", 1)] = 2 // re-sent once, with the same key
-	require.Equal(t, want, p.llm.Keys())
+	require.Equal(t, want, p.LLM.Keys())
 
-	evs := p.events(t, runID)
+	evs := p.Events(t, runID)
 	rs := resumesOf(t, evs)
 	require.Len(t, rs, 2)
 	require.Equal(t, "w2", rs[1].Worker)
@@ -113,7 +114,7 @@ func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
 	for _, s := range []string{"s1", "s2", "s3", "s4", "s5", "s6"} {
 		require.Len(t, find(evs, event.StepCompleted, s), 1, s)
 	}
-	j := testenv.ReadJournal(t, p.nc) // gapless, one terminal, schema-valid
+	j := testenv.ReadJournal(t, p.NC) // gapless, one terminal, schema-valid
 	require.Equal(t, 1, j.Count(runID, event.RunSucceeded, "")+j.Count(runID, event.RunFailed, "")+j.Count(runID, event.RunCancelled, ""))
 }
 
@@ -121,9 +122,9 @@ func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "s3", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(5, "openai")), Input: json.RawMessage(`{"topic":"freeze"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -132,12 +133,12 @@ func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
 	require.NoError(t, w1.Stop()) // SIGSTOP: frozen past its lease
 	p.palWorker(t, "w2")
 	hold.Release() // both calls may now complete; w1 is frozen
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
-	before := p.events(t, runID)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+	before := p.Events(t, runID)
 
 	require.NoError(t, w1.Cont())
 	require.NoError(t, w1.WaitForOutput(ctxFor(t, 30*time.Second), "drive interrupted"), w1.Output())
-	after := p.events(t, runID)
+	after := p.Events(t, runID)
 	require.Equal(t, before, after, "the frozen worker appended after losing the run")
 	rs := resumesOf(t, after)
 	require.Len(t, rs, 2)
@@ -157,19 +158,19 @@ func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
 func TestDeliveryCrashBetweenClaimAndDelivery(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
-	hookHold := p.hook.Hold(func(r connectortest.Request) bool { return r.StepID == "notify" })
+	hookHold := p.Hook.Hold(func(r connectortest.Request) bool { return r.StepID == "notify" })
 	w1 := p.palWorker(t, "w1")
-	runID := p.startWithID(t, webhookWorkflow(p.hook.URL()), `{}`)
+	runID := p.startWithID(t, webhookWorkflow(p.Hook.URL()), `{}`)
 	_, err := hookHold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	w1.Kill() // claimed, POST in flight, no confirmation
 	p.palWorker(t, "w2")
 	hookHold.Release()
 
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
-	require.Equal(t, 1, p.hook.Count(key(runID, "notify", 1)), "no second POST")
-	require.Len(t, p.hook.Requests(), 1)
-	evs := p.events(t, runID)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+	require.Equal(t, 1, p.Hook.Count(key(runID, "notify", 1)), "no second POST")
+	require.Len(t, p.Hook.Requests(), 1)
+	evs := p.Events(t, runID)
 	require.Len(t, find(evs, event.SideEffectClaimed, "notify"), 1)
 	require.Empty(t, find(evs, event.SideEffectDelivered, "notify"))
 	require.Equal(t, event.DeliveryUnconfirmed, data[event.StepCompletedData](t, find(evs, event.StepCompleted, "notify")[0]).Delivery)
@@ -181,11 +182,11 @@ func TestDeliveryCrashAfterDelivery(t *testing.T) {
 	wf := fmt.Sprintf(`{"name":"notify-then-think","nodes":[{"id":"start","type":"trigger"},
 		{"id":"notify","type":"connector","data":{"kind":"webhook","url":%q,"body":{"n":1}}},
 		{"id":"think","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"after the webhook"}}],
-		"edges":[{"from":"start","to":"notify"},{"from":"notify","to":"think"}]}`, p.hook.URL())
+		"edges":[{"from":"start","to":"notify"},{"from":"notify","to":"think"}]}`, p.Hook.URL())
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "think", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "think", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
@@ -193,9 +194,9 @@ func TestDeliveryCrashAfterDelivery(t *testing.T) {
 	p.palWorker(t, "w2")
 	hold.Release()
 
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
-	require.Equal(t, 1, p.hook.Count(key(runID, "notify", 1)), "no second POST")
-	evs := p.events(t, runID)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+	require.Equal(t, 1, p.Hook.Count(key(runID, "notify", 1)), "no second POST")
+	evs := p.Events(t, runID)
 	require.Len(t, find(evs, event.StepCompleted, "notify"), 1)
 	require.Equal(t, event.DeliveryDelivered, data[event.StepCompletedData](t, find(evs, event.StepCompleted, "notify")[0]).Delivery)
 }
@@ -206,9 +207,9 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	// worker releases the lease and hands the work back.
 	p := setupProc(t, 30*time.Second)
 	runID := event.NewRunID()
-	hold := p.llm.Hold(providertest.ByKey(key(runID, "s2", 1)))
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s2", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.store, workers.StartRequest{
+	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"term"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -220,8 +221,8 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	require.NoError(t, w1.Wait(ctxFor(t, 30*time.Second)), "w1 exits cleanly on SIGTERM:\n%s", w1.Output())
 	require.Contains(t, w1.Output(), "handed run back")
 
-	require.Equal(t, event.RunSucceeded, p.waitEnd(t, runID).Kind)
-	evs := p.events(t, runID)
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+	evs := p.Events(t, runID)
 	rs := find(evs, event.RunResumed, "")
 	require.Len(t, rs, 2)
 	require.Equal(t, "w2", rs[1].WorkerID)

@@ -24,8 +24,8 @@ func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
 	wf := `{"name":"big","nodes":[{"id":"start","type":"trigger"},
 		{"id":"b","type":"tool","data":{"tool":"big","retry":{"maxAttempts":3,"retryableClasses":["any"]}}}],
 		"edges":[{"from":"start","to":"b"}]}`
-	runID := b.start(t, wf, `{}`)
-	final := b.waitEnd(t, runID)
+	runID := b.Start(t, wf, `{}`)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	require.Contains(t, data[event.RunFailedData](t, final).Error, "its output is 2097154 bytes; the journal takes events up to about")
 	require.Equal(t, int32(1), calls.Load(), "a step whose output cannot be journaled is not run again")
@@ -38,9 +38,9 @@ func TestJournalThatDoesNotFoldEndsTheRun(t *testing.T) {
 	// A second run_created: the fold refuses such a journal.
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(echoChain(1)), Input: json.RawMessage(`{}`)})
 	appendRaw(t, b, runID, ev)
-	require.NoError(t, b.store.Enqueue(context.Background(), runID, "test"))
+	require.NoError(t, b.Store.Enqueue(context.Background(), runID, "test"))
 	b.worker(t, "w1", nil)
-	final := b.waitEnd(t, runID)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	fd := data[event.RunFailedData](t, final)
 	require.Equal(t, event.CodeInternal, fd.Code)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/workers"
 )
 
@@ -52,7 +53,7 @@ func createOrphan(t *testing.T, b *bundle, wf string) string {
 	runID := event.NewRunID()
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`)})
 	ev.WorkerID = "test"
-	_, err := b.store.Append(context.Background(), runID, eventstore.Head{}, ev)
+	_, err := b.Store.Append(context.Background(), runID, eventstore.Head{}, ev)
 	require.NoError(t, err)
 	return runID
 }
@@ -66,14 +67,14 @@ func TestTwoSweepersRaceOnFiftyOrphans(t *testing.T) {
 		ids = append(ids, createOrphan(t, b, echoChain(3)))
 	}
 	for _, id := range ids {
-		pending, err := b.store.WorkPending(ctx, id)
+		pending, err := b.Store.WorkPending(ctx, id)
 		require.NoError(t, err)
 		require.False(t, pending)
 	}
 	b.worker(t, "w1", nil)
-	src := journalOrphans{store: b.store, ids: ids}
-	a := workers.NewSweeper(b.store, b.leases, src, time.Hour, testLogger(t))
-	c := workers.NewSweeper(b.store, b.leases, src, time.Hour, testLogger(t))
+	src := journalOrphans{store: b.Store, ids: ids}
+	a := workers.NewSweeper(b.Store, b.Leases, src, time.Hour, paltest.Logger(t))
+	c := workers.NewSweeper(b.Store, b.Leases, src, time.Hour, paltest.Logger(t))
 	total := 0
 	for pass := 0; pass < 3; pass++ {
 		var wg sync.WaitGroup
@@ -94,7 +95,7 @@ func TestTwoSweepersRaceOnFiftyOrphans(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, total, 50)
 	for _, id := range ids {
-		require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind)
-		require.Len(t, find(b.events(t, id), event.RunResumed, ""), 1, "run %s driven more than once", id)
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, id).Kind)
+		require.Len(t, find(b.Events(t, id), event.RunResumed, ""), 1, "run %s driven more than once", id)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/palrun/pal/connector/connectortest"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 	"github.com/palrun/pal/workflow"
@@ -27,9 +28,9 @@ func TestRunJournalsEveryStep(t *testing.T) {
 	for _, mode := range []string{"process", "strict"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			var opts []bundleOpt
+			var opts []paltest.Option
 			if mode == "strict" {
-				opts = append(opts, strictMode())
+				opts = append(opts, paltest.Strict())
 			}
 			b := setup(t, opts...)
 			b.worker(t, "w1", nil)
@@ -38,12 +39,12 @@ func TestRunJournalsEveryStep(t *testing.T) {
 				{"id":"draft","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"Summarise: {{input.text}}"}},
 				{"id":"review","type":"ai-step","data":{"provider":"anthropic","model":"claude-sonnet-4-5","system":"You review.","prompt":"Check: {{steps.draft.output.text}}"}},
 				{"id":"notify","type":"connector","data":{"kind":"webhook","url":%q,"body":{"summary":"{{steps.review.output.text}}"}}}],
-				"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"review"},{"from":"review","to":"notify"}]}`, b.hook.URL()+"/hook")
-			runID := b.start(t, wf, `{"text":"the journal is the truth"}`)
-			final := b.waitEnd(t, runID)
+				"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"review"},{"from":"review","to":"notify"}]}`, b.Hook.URL()+"/hook")
+			runID := b.Start(t, wf, `{"text":"the journal is the truth"}`)
+			final := b.WaitEnd(t, runID)
 			require.Equal(t, event.RunSucceeded, final.Kind)
 
-			evs := b.events(t, runID)
+			evs := b.Events(t, runID)
 			var kinds []event.Kind
 			for _, ev := range evs {
 				kinds = append(kinds, ev.Kind)
@@ -54,16 +55,16 @@ func TestRunJournalsEveryStep(t *testing.T) {
 				event.RunSucceeded}, kinds)
 
 			// Every provider call carried its step's key, once.
-			keys := b.llm.Keys()
+			keys := b.LLM.Keys()
 			require.Equal(t, map[string]int{key(runID, "draft", 1): 1, key(runID, "review", 1): 1}, keys)
-			calls := b.llm.CallsWithKey(key(runID, "review", 1))
+			calls := b.LLM.CallsWithKey(key(runID, "review", 1))
 			require.Len(t, calls, 1)
 			require.Equal(t, providertest.Anthropic, calls[0].Provider)
 			require.Equal(t, "You review.", calls[0].System)
 			require.Equal(t, "Check: echo: Summarise: the journal is the truth", calls[0].LastUser())
 
 			// The webhook got the rendered body and the step's key, once.
-			reqs := b.hook.Requests()
+			reqs := b.Hook.Requests()
 			require.Len(t, reqs, 1)
 			require.Equal(t, key(runID, "notify", 1), reqs[0].IdempotencyKey)
 			require.Equal(t, runID, reqs[0].RunID)
@@ -96,9 +97,9 @@ func TestConditionalEdges(t *testing.T) {
 		{"from":"check","to":"low","condition":"!steps.check.output.result"},
 		{"from":"high","to":"join"},{"from":"low","to":"join"}]}`
 	for score, want := range map[int]string{9: "high", 1: "low"} {
-		runID := b.start(t, wf, fmt.Sprintf(`{"score":%d}`, score))
-		require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-		evs := b.events(t, runID)
+		runID := b.Start(t, wf, fmt.Sprintf(`{"score":%d}`, score))
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+		evs := b.Events(t, runID)
 		other := map[string]string{"high": "low", "low": "high"}[want]
 		require.Len(t, find(evs, event.StepCompleted, want), 1, "score %d", score)
 		require.Empty(t, find(evs, event.StepStarted, other), "score %d: dead branch ran", score)
@@ -117,36 +118,36 @@ func TestRetryJournalsAttemptsAndKeys(t *testing.T) {
 	// Two definite failures (HTTP 500): each retry is a new attempt with a
 	// new key. Then a dropped connection (outcome unknown): the retry keeps
 	// the attempt and the key.
-	b.llm.FailNext(nil, http.StatusInternalServerError, 2)
+	b.LLM.FailNext(nil, http.StatusInternalServerError, 2)
 	var calls atomic.Int32
-	b.llm.SetResponder(func(c providertest.Call) providertest.Reply {
+	b.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
 		calls.Add(1)
 		return providertest.Reply{Text: "ok"}
 	})
-	runID := b.start(t, wf, `{}`)
+	runID := b.Start(t, wf, `{}`)
 	_ = runID
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	retries := find(evs, event.StepRetrying, "draft")
 	require.Len(t, retries, 2)
 	require.Equal(t, 2, data[event.StepRetryingData](t, retries[0]).Attempt)
 	require.Equal(t, 3, data[event.StepRetryingData](t, retries[1]).Attempt)
 	require.Equal(t, 4, data[event.StepRetryingData](t, retries[1]).Of)
-	require.Equal(t, map[string]int{key(runID, "draft", 1): 1, key(runID, "draft", 2): 1, key(runID, "draft", 3): 1}, b.llm.Keys())
+	require.Equal(t, map[string]int{key(runID, "draft", 1): 1, key(runID, "draft", 2): 1, key(runID, "draft", 3): 1}, b.LLM.Keys())
 	done := find(evs, event.StepCompleted, "draft")
 	require.Len(t, done, 1)
 	require.Equal(t, 3, done[0].Attempt)
 
 	// Unknown outcome: same attempt, same key.
-	b.llm.Reset()
-	b.llm.Drop(nil, 1)
-	runID = b.start(t, wf, `{}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs = b.events(t, runID)
+	b.LLM.Reset()
+	b.LLM.Drop(nil, 1)
+	runID = b.Start(t, wf, `{}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs = b.Events(t, runID)
 	retries = find(evs, event.StepRetrying, "draft")
 	require.Len(t, retries, 1)
 	require.Equal(t, 1, data[event.StepRetryingData](t, retries[0]).Attempt, "an unknown outcome is retried with the same attempt")
-	require.Equal(t, map[string]int{key(runID, "draft", 1): 2}, b.llm.Keys())
+	require.Equal(t, map[string]int{key(runID, "draft", 1): 2}, b.LLM.Keys())
 }
 
 func TestPermanentFailureFailsRun(t *testing.T) {
@@ -158,38 +159,38 @@ func TestPermanentFailureFailsRun(t *testing.T) {
 		 "retry":{"maxAttempts":3,"backoffMs":10,"retryableClasses":["any"]}}},
 		{"id":"after","type":"tool","data":{"tool":"echo"}}],
 		"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"after"}]}`
-	b.llm.FailNext(nil, http.StatusBadRequest, 1)
-	runID := b.start(t, wf, `{}`)
-	final := b.waitEnd(t, runID)
+	b.LLM.FailNext(nil, http.StatusBadRequest, 1)
+	runID := b.Start(t, wf, `{}`)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	fd := data[event.RunFailedData](t, final)
 	require.Equal(t, event.CodeStepFailed, fd.Code)
 	require.Equal(t, "draft", fd.StepID)
 	require.Contains(t, fd.Error, "400")
-	evs := b.events(t, runID)
+	evs := b.Events(t, runID)
 	require.Empty(t, find(evs, event.StepRetrying, ""), "a 400 is permanent: no retry")
 	require.Empty(t, find(evs, event.StepStarted, "after"))
-	require.Len(t, b.llm.Calls(), 1)
+	require.Len(t, b.LLM.Calls(), 1)
 }
 
 func TestRedriveOfFinishedRunAppendsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	w := b.worker(t, "w1", nil)
-	runID := b.start(t, seqWorkflow(2, "openai"), `{"topic":"x"}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	before := b.events(t, runID)
-	calls := len(b.llm.Calls())
+	runID := b.Start(t, seqWorkflow(2, "openai"), `{"topic":"x"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	before := b.Events(t, runID)
+	calls := len(b.LLM.Calls())
 
 	// Directly, and through the queue.
 	require.NoError(t, w.Drive(context.Background(), runID))
-	require.NoError(t, b.store.Enqueue(context.Background(), runID, "test"))
+	require.NoError(t, b.Store.Enqueue(context.Background(), runID, "test"))
 	require.Eventually(t, func() bool {
-		p, err := b.store.WorkPending(context.Background(), runID)
+		p, err := b.Store.WorkPending(context.Background(), runID)
 		return err == nil && !p
 	}, 10*time.Second, 10*time.Millisecond, "the work message is acked")
-	require.Equal(t, before, b.events(t, runID))
-	require.Len(t, b.llm.Calls(), calls)
+	require.Equal(t, before, b.Events(t, runID))
+	require.Len(t, b.LLM.Calls(), calls)
 }
 
 func TestInvalidStartsWriteNothing(t *testing.T) {
@@ -209,15 +210,15 @@ func TestInvalidStartsWriteNothing(t *testing.T) {
 		{"space in run id", "run x", seqWorkflow(1, "openai"), `{}`, "invalid run id"},
 	}
 	for _, tc := range cases {
-		_, err := workers.StartRun(ctx, b.store, workers.StartRequest{RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
+		_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := workers.StartRun(ctx, b.store, workers.StartRequest{Workflow: json.RawMessage(cases[0].wf)})
+	_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(cases[0].wf)})
 	var ve *workflow.ValidationError
 	require.ErrorAs(t, err, &ve)
 
 	for _, s := range []string{eventstore.EventsStream, eventstore.WorkStream} {
-		st, err := b.js.Stream(ctx, s)
+		st, err := b.JS.Stream(ctx, s)
 		require.NoError(t, err)
 		require.Zero(t, st.CachedInfo().State.Msgs, "%s must be empty", s)
 	}
@@ -228,37 +229,21 @@ func TestDuplicateStartCreatesOneRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	req := workers.StartRequest{Workflow: json.RawMessage(seqWorkflow(1, "openai")), IdempotencyKey: "order-42"}
-	first, err := workers.StartRun(ctx, b.store, req)
+	first, err := workers.StartRun(ctx, b.Store, req)
 	require.NoError(t, err)
 	require.True(t, first.Created)
-	second, err := workers.StartRun(ctx, b.store, req)
+	second, err := workers.StartRun(ctx, b.Store, req)
 	require.NoError(t, err)
 	require.False(t, second.Created)
 	require.Equal(t, first.RunID, second.RunID)
-	require.Len(t, b.events(t, first.RunID), 1)
+	require.Len(t, b.Events(t, first.RunID), 1)
 
 	// A caller-chosen run id is created once; reusing it is an error.
 	req = workers.StartRequest{RunID: "my-run", Workflow: json.RawMessage(seqWorkflow(1, "openai"))}
-	_, err = workers.StartRun(ctx, b.store, req)
+	_, err = workers.StartRun(ctx, b.Store, req)
 	require.NoError(t, err)
-	_, err = workers.StartRun(ctx, b.store, req)
+	_, err = workers.StartRun(ctx, b.Store, req)
 	require.ErrorIs(t, err, eventstore.ErrRunExists)
-}
-
-// appendRaw writes hand-made events to a run's journal, as a crashed worker
-// would have left them.
-func appendRaw(t *testing.T, b *bundle, runID string, evs ...event.Event) {
-	t.Helper()
-	ctx := context.Background()
-	head, err := b.store.LastHead(ctx, runID)
-	require.NoError(t, err)
-	for i := range evs {
-		if evs[i].WorkerID == "" {
-			evs[i].WorkerID = "crashed-worker"
-		}
-	}
-	_, err = b.store.Append(ctx, runID, head, evs...)
-	require.NoError(t, err)
 }
 
 func webhookWorkflow(url string) string {
@@ -272,7 +257,7 @@ func TestClaimWithoutDeliveryIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.hook.URL()))})
+	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
@@ -280,13 +265,13 @@ func TestClaimWithoutDeliveryIsNotSentAgain(t *testing.T) {
 	appendRaw(t, b, runID,
 		event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "crashed-worker", ResumeCount: 1}),
 		event.MustNew(event.StepStarted, "notify", 1, event.StepStartedData{NodeID: "notify", NodeType: "connector",
-			Input: json.RawMessage(fmt.Sprintf(`{"kind":"webhook","url":%q,"method":"POST","body":{"n":1}}`, b.hook.URL())), IdempotencyKey: k}),
-		event.MustNew(event.SideEffectClaimed, "notify", 1, event.SideEffectClaimedData{IdempotencyKey: k, Connector: "webhook", Target: b.hook.URL()}),
+			Input: json.RawMessage(fmt.Sprintf(`{"kind":"webhook","url":%q,"method":"POST","body":{"n":1}}`, b.Hook.URL())), IdempotencyKey: k}),
+		event.MustNew(event.SideEffectClaimed, "notify", 1, event.SideEffectClaimedData{IdempotencyKey: k, Connector: "webhook", Target: b.Hook.URL()}),
 	)
 	b.worker(t, "w2", nil)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	require.Zero(t, b.hook.Count(k), "a claimed delivery is never sent again")
-	evs := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	require.Zero(t, b.Hook.Count(k), "a claimed delivery is never sent again")
+	evs := b.Events(t, runID)
 	done := find(evs, event.StepCompleted, "notify")
 	require.Len(t, done, 1)
 	require.Equal(t, event.DeliveryUnconfirmed, data[event.StepCompletedData](t, done[0]).Delivery)
@@ -297,21 +282,21 @@ func TestDeliveredButNotCompletedIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.hook.URL()))})
+	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
 	appendRaw(t, b, runID,
 		event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "crashed-worker", ResumeCount: 1}),
 		event.MustNew(event.StepStarted, "notify", 1, event.StepStartedData{NodeID: "notify", NodeType: "connector", IdempotencyKey: k,
-			Input: json.RawMessage(fmt.Sprintf(`{"kind":"webhook","url":%q,"method":"POST","body":{"n":1}}`, b.hook.URL()))}),
-		event.MustNew(event.SideEffectClaimed, "notify", 1, event.SideEffectClaimedData{IdempotencyKey: k, Connector: "webhook", Target: b.hook.URL()}),
+			Input: json.RawMessage(fmt.Sprintf(`{"kind":"webhook","url":%q,"method":"POST","body":{"n":1}}`, b.Hook.URL()))}),
+		event.MustNew(event.SideEffectClaimed, "notify", 1, event.SideEffectClaimedData{IdempotencyKey: k, Connector: "webhook", Target: b.Hook.URL()}),
 		event.MustNew(event.SideEffectDelivered, "notify", 1, event.SideEffectDeliveredData{IdempotencyKey: k, Status: 202}),
 	)
 	b.worker(t, "w2", nil)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	require.Zero(t, b.hook.Count(k))
-	done := find(b.events(t, runID), event.StepCompleted, "notify")
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	require.Zero(t, b.Hook.Count(k))
+	done := find(b.Events(t, runID), event.StepCompleted, "notify")
 	require.Len(t, done, 1)
 	sd := data[event.StepCompletedData](t, done[0])
 	require.Equal(t, event.DeliveryDelivered, sd.Delivery)
@@ -325,20 +310,20 @@ func TestWebhookRetriesWithReceipts(t *testing.T) {
 	wf := fmt.Sprintf(`{"name":"notify","nodes":[{"id":"start","type":"trigger"},
 		{"id":"notify","type":"connector","data":{"kind":"webhook","url":%q,"body":{"n":1},
 		 "retry":{"maxAttempts":3,"backoffMs":5,"retryableClasses":["connector"]}}}],
-		"edges":[{"from":"start","to":"notify"}]}`, b.hook.URL())
+		"edges":[{"from":"start","to":"notify"}]}`, b.Hook.URL())
 	// A 503 (definite: new attempt, new key), then a cut connection
 	// (unknown: same attempt, same key, claimed again).
-	b.hook.FailNext(nil, http.StatusServiceUnavailable, 1)
-	b.hook.Drop(func(r connectortest.Request) bool { return r.StepID == "notify" }, 1)
-	runID := b.start(t, wf, `{}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	b.Hook.FailNext(nil, http.StatusServiceUnavailable, 1)
+	b.Hook.Drop(func(r connectortest.Request) bool { return r.StepID == "notify" }, 1)
+	runID := b.Start(t, wf, `{}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	retries := find(evs, event.StepRetrying, "notify")
 	require.Len(t, retries, 2)
 	require.Equal(t, 2, data[event.StepRetryingData](t, retries[0]).Attempt, "a 503 is definite: next attempt")
 	require.Equal(t, 2, data[event.StepRetryingData](t, retries[1]).Attempt, "a cut connection is unknown: same attempt")
-	require.Equal(t, 1, b.hook.Count(key(runID, "notify", 1)))
-	require.Equal(t, 2, b.hook.Count(key(runID, "notify", 2)), "the unknown outcome is retried with the same key")
+	require.Equal(t, 1, b.Hook.Count(key(runID, "notify", 1)))
+	require.Equal(t, 2, b.Hook.Count(key(runID, "notify", 2)), "the unknown outcome is retried with the same key")
 	require.Len(t, find(evs, event.SideEffectClaimed, "notify"), 3, "each try claims before it sends")
 	require.Len(t, find(evs, event.SideEffectDelivered, "notify"), 1)
 }
@@ -347,7 +332,7 @@ func TestCrashLoopFailsRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.store, workers.StartRequest{Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
+	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
 	require.NoError(t, err)
 	// Five drives in a row died at s1 without completing it; the sixth
 	// gives up.
@@ -361,13 +346,13 @@ func TestCrashLoopFailsRun(t *testing.T) {
 	}
 	appendRaw(t, b, res.RunID, evs...)
 	b.worker(t, "w1", nil)
-	final := b.waitEnd(t, res.RunID)
+	final := b.WaitEnd(t, res.RunID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	fd := data[event.RunFailedData](t, final)
 	require.Equal(t, event.CodeCrashLoop, fd.Code)
 	require.Equal(t, "s1", fd.StepID)
 	require.Contains(t, fd.Error, "crashed its workers 5 times")
-	require.Empty(t, b.llm.Calls())
+	require.Empty(t, b.LLM.Calls())
 }
 
 func TestToolsAndHTTPTool(t *testing.T) {
@@ -398,9 +383,9 @@ func TestToolsAndHTTPTool(t *testing.T) {
 		{"id":"get","type":"tool","data":{"tool":"http","input":{"url":"%s/items/{{steps.d.output.n}}"}}},
 		{"id":"missing","type":"tool","data":{"tool":"nope"}}],
 		"edges":[{"from":"start","to":"d"},{"from":"d","to":"get"},{"from":"get","to":"missing"}]}`, srv.URL)
-	runID := b.start(t, wf, `{"n":21}`)
-	final := b.waitEnd(t, runID)
-	evs := b.events(t, runID)
+	runID := b.Start(t, wf, `{"n":21}`)
+	final := b.WaitEnd(t, runID)
+	evs := b.Events(t, runID)
 	require.JSONEq(t, `{"n":42}`, string(data[event.StepCompletedData](t, find(evs, event.StepCompleted, "d")[0]).Output))
 	var out struct {
 		Status int             `json:"status"`
@@ -417,10 +402,10 @@ func TestToolsAndHTTPTool(t *testing.T) {
 
 func TestStopHandsRunsToAnotherWorkerAtOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *bundleCfg) { c.ttl = 30 * time.Second })
-	hold := b.llm.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
+	b := setup(t, paltest.LeaseTTL(30*time.Second))
+	hold := b.LLM.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
 	w1 := b.worker(t, "w1", nil)
-	runID := b.start(t, seqWorkflow(3, "openai"), `{"topic":"x"}`)
+	runID := b.Start(t, seqWorkflow(3, "openai"), `{"topic":"x"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := hold.Wait(ctx)
@@ -429,8 +414,8 @@ func TestStopHandsRunsToAnotherWorkerAtOnce(t *testing.T) {
 	require.NoError(t, w1.Stop(ctx))
 	hold.Release()
 	b.worker(t, "w2", nil)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
-	evs := b.events(t, runID)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	evs := b.Events(t, runID)
 	resumes := find(evs, event.RunResumed, "")
 	require.Len(t, resumes, 2)
 	require.Equal(t, "w2", data[event.RunResumedData](t, resumes[1]).Worker)
@@ -443,18 +428,18 @@ func TestStopHandsRunsToAnotherWorkerAtOnce(t *testing.T) {
 func TestLostLeaseStopsTheDrive(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	hold := b.llm.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
+	hold := b.LLM.Hold(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "step 2") })
 	logs := b.captureLogs(t)
 	b.worker(t, "w1", nil)
-	runID := b.start(t, seqWorkflow(3, "openai"), `{"topic":"x"}`)
+	runID := b.Start(t, seqWorkflow(3, "openai"), `{"topic":"x"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := hold.Wait(ctx)
 	require.NoError(t, err)
-	before := b.events(t, runID)
+	before := b.Events(t, runID)
 	// Someone else takes the lease (as after an expiry): w1 must stop at
 	// once, cancel its call and append nothing more.
-	kv, err := b.js.KeyValue(ctx, eventstore.LeaseBucket)
+	kv, err := b.JS.KeyValue(ctx, eventstore.LeaseBucket)
 	require.NoError(t, err)
 	require.NoError(t, kv.Purge(ctx, runID))
 	_, err = kv.Create(ctx, runID, []byte("thief"))
@@ -462,6 +447,6 @@ func TestLostLeaseStopsTheDrive(t *testing.T) {
 	logs.wait(t, "drive interrupted")
 	require.Contains(t, logs.String(), "lease lost")
 	hold.Release()
-	require.Never(t, func() bool { return len(b.events(t, runID)) != len(before) }, time.Second, 50*time.Millisecond)
+	require.Never(t, func() bool { return len(b.Events(t, runID)) != len(before) }, time.Second, 50*time.Millisecond)
 	require.NoError(t, kv.Purge(ctx, runID))
 }
