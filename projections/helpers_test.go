@@ -2,10 +2,7 @@ package projections_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"sort"
 	"strings"
 	"testing"
@@ -18,49 +15,39 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/connector"
-	"github.com/palrun/pal/connector/connectortest"
-	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/provider/anthropic"
-	"github.com/palrun/pal/provider/openai"
-	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 )
 
-// bundle is one test's PAL: its own JetStream, database, fake LLM provider
-// and webhook receiver.
+// bundle is one test's PAL (see paltest.Stack) with its own database.
 type bundle struct {
-	nats   *testenv.NATSServer
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	store  *eventstore.Store
-	leases *eventstore.Leases
-	llm    *providertest.Server
-	hook   *connectortest.Receiver
-	pg     *testenv.PG
-	pool   *pgxpool.Pool
+	*paltest.Stack
+	pg   *testenv.PG
+	pool *pgxpool.Pool
 }
 
 type bundleCfg struct {
-	strict         bool
-	noJournalCheck bool
-	pgOpts         []testenv.PGOption
+	stack  []paltest.Option
+	pgOpts []testenv.PGOption
 }
 
 type bundleOpt func(*bundleCfg)
 
 // strictMode makes the bundle's workers pack events (PAL_DURABILITY=strict).
-func strictMode() bundleOpt { return func(c *bundleCfg) { c.strict = true } }
+func strictMode() bundleOpt {
+	return func(c *bundleCfg) { c.stack = append(c.stack, paltest.Strict()) }
+}
 
 // noJournalCheck skips the journal check at cleanup, for a test that
 // writes what is not a PAL event on purpose.
-func noJournalCheck() bundleOpt { return func(c *bundleCfg) { c.noJournalCheck = true } }
+func noJournalCheck() bundleOpt {
+	return func(c *bundleCfg) { c.stack = append(c.stack, paltest.NoJournalCheck()) }
+}
 
 // ownPostgres gives the bundle a PostgreSQL server of its own, to stop.
 func ownPostgres() bundleOpt {
@@ -73,54 +60,21 @@ func setup(t *testing.T, opts ...bundleOpt) *bundle {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	var nopts []testenv.NATSOption
-	if cfg.strict {
-		nopts = append(nopts, testenv.Strict())
-	}
-	b := &bundle{nats: testenv.NATS(t, nopts...)}
-	b.nc = b.nats.Conn(t)
-	var err error
-	b.js, err = jetstream.New(b.nc)
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, eventstore.Setup(ctx, b.js, eventstore.Config{LeaseTTL: time.Second}))
-	b.store, err = eventstore.Open(ctx, b.js, eventstore.WithPacking(cfg.strict))
-	require.NoError(t, err)
-	b.leases, err = eventstore.OpenLeases(ctx, b.js, time.Second)
-	require.NoError(t, err)
-	b.llm = providertest.NewServer(t)
-	b.hook = connectortest.NewReceiver(t)
+	b := &bundle{Stack: paltest.New(t, cfg.stack...)}
 	b.pg = testenv.Postgres(t, cfg.pgOpts...)
 	b.pool = b.pg.Pool(t)
-	_, err = projections.Migrate(ctx, b.pool)
+	_, err := projections.Migrate(context.Background(), b.pool)
 	require.NoError(t, err)
-	if !cfg.noJournalCheck {
-		testenv.CheckJournalOnCleanup(t, b.nc)
-	}
 	return b
-}
-
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // projector starts an in-process projector; it stops when the test ends.
 func (b *bundle) projector(t *testing.T, cfg projections.Config) *projections.Projector {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = paltest.Logger(t)
 	}
-	p := projections.New(b.pool, b.store, cfg)
+	p := projections.New(b.pool, b.Store, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, p.Start(ctx))
@@ -148,62 +102,11 @@ func caughtUp(t *testing.T, p *projections.Projector) {
 	require.NoError(t, p.WaitCaughtUp(ctx))
 }
 
-// worker starts an in-process worker; it stops when the test ends.
+// worker starts an in-process worker that drives 16 runs at once; it
+// stops when the test ends.
 func (b *bundle) worker(t *testing.T, id string) *workers.Worker {
 	t.Helper()
-	wh := webhook.New()
-	w := workers.New(workers.Config{ID: id, Concurrency: 16, Logger: testLogger(t)}, b.store, b.leases,
-		provider.Registry{
-			"openai":    openai.New(openai.Config{APIKey: "test", BaseURL: b.llm.OpenAIBaseURL()}),
-			"anthropic": anthropic.New(anthropic.Config{APIKey: "test", BaseURL: b.llm.AnthropicBaseURL()}),
-		}, connector.Registry{wh.Kind(): wh})
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
-	return w
-}
-
-func (b *bundle) start(t *testing.T, wf, input string) string {
-	t.Helper()
-	res, err := workers.StartRun(context.Background(), b.store, workers.StartRequest{
-		Workflow: json.RawMessage(wf), Input: json.RawMessage(input), Writer: "test"})
-	require.NoError(t, err)
-	return res.RunID
-}
-
-// waitEnd waits for the run's terminal event.
-func (b *bundle) waitEnd(t *testing.T, runID string) event.Event {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var final event.Event
-	err := b.store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
-		if ev.Kind.Terminal() {
-			final = ev
-			return eventstore.ErrStopWatch
-		}
-		return nil
-	})
-	require.NoError(t, err, "run %s did not end", runID)
-	return final
-}
-
-// appendRaw writes hand-made events after the run's current head.
-func (b *bundle) appendRaw(t *testing.T, runID string, evs ...event.Event) {
-	t.Helper()
-	ctx := context.Background()
-	head, err := b.store.LastHead(ctx, runID)
-	require.NoError(t, err)
-	for i := range evs {
-		if evs[i].WorkerID == "" {
-			evs[i].WorkerID = "test"
-		}
-	}
-	_, err = b.store.Append(ctx, runID, head, evs...)
-	require.NoError(t, err)
+	return b.Worker(t, id, paltest.Concurrency(16))
 }
 
 func ev(k event.Kind, step string, attempt int, payload any) event.Event {

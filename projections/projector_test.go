@@ -23,25 +23,25 @@ func workload(t *testing.T, b *bundle) (ending []string) {
 	t.Helper()
 	// Two definite LLM failures on "retry": attempts 1 and 2 are retried,
 	// attempt 3 completes. A 400 on "fails": the run fails.
-	b.llm.FailNext(func(c providertest.Call) bool { return c.LastUser() == "retry me" }, http.StatusInternalServerError, 2)
-	b.llm.FailNext(func(c providertest.Call) bool { return c.LastUser() == "fail me" }, http.StatusBadRequest, 1)
+	b.LLM.FailNext(func(c providertest.Call) bool { return c.LastUser() == "retry me" }, http.StatusInternalServerError, 2)
+	b.LLM.FailNext(func(c providertest.Call) bool { return c.LastUser() == "fail me" }, http.StatusBadRequest, 1)
 	// The webhook answers 503 once: its first attempt's receipt ends
 	// unconfirmed, the second is delivered.
-	b.hook.FailNext(func(r connectortest.Request) bool { return r.StepID == "notify" }, http.StatusServiceUnavailable, 1)
+	b.Hook.FailNext(func(r connectortest.Request) bool { return r.StepID == "notify" }, http.StatusServiceUnavailable, 1)
 
 	ending = append(ending,
-		b.start(t, seqWorkflow(3, "openai"), `{"topic":"projections"}`),
-		b.start(t, seqWorkflow(2, "anthropic"), `{"topic":"fold"}`),
-		b.start(t, webhookWorkflow(b.hook.URL()), `{"n":1}`),
-		b.start(t, `{"name":"retry","nodes":[{"id":"start","type":"trigger"},
+		b.Start(t, seqWorkflow(3, "openai"), `{"topic":"projections"}`),
+		b.Start(t, seqWorkflow(2, "anthropic"), `{"topic":"fold"}`),
+		b.Start(t, webhookWorkflow(b.Hook.URL()), `{"n":1}`),
+		b.Start(t, `{"name":"retry","nodes":[{"id":"start","type":"trigger"},
 			{"id":"draft","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"retry me",
 			 "retry":{"maxAttempts":4,"backoffMs":10,"retryableClasses":["llm"]}}}],
 			"edges":[{"from":"start","to":"draft"}]}`, `{}`),
-		b.start(t, `{"name":"fails","nodes":[{"id":"start","type":"trigger"},
+		b.Start(t, `{"name":"fails","nodes":[{"id":"start","type":"trigger"},
 			{"id":"draft","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"fail me"}},
 			{"id":"after","type":"tool","data":{"tool":"echo"}}],
 			"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"after"}]}`, `{}`),
-		b.start(t, echoChain(20), `{"v":"x"}`),
+		b.Start(t, echoChain(20), `{"v":"x"}`),
 	)
 
 	// Hand-made journals.
@@ -52,25 +52,25 @@ func workload(t *testing.T, b *bundle) (ending []string) {
 	key := func(run, step string, attempt int) string { return event.IdempotencyKey(run, step, attempt) }
 
 	waiting := event.NewRunID()
-	b.appendRaw(t, waiting, created,
+	b.AppendRaw(t, waiting, created,
 		ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 1}),
 		ev(event.StepStarted, "ask", 1, event.StepStartedData{NodeID: "ask", NodeType: "approval", IdempotencyKey: key(waiting, "ask", 1)}),
 		ev(event.StepWaiting, "ask", 1, event.StepWaitingData{Reason: event.WaitApproval}))
 
 	inFlight := event.NewRunID()
-	b.appendRaw(t, inFlight, created,
+	b.AppendRaw(t, inFlight, created,
 		ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 1}),
 		ev(event.StepStarted, "mail", 1, event.StepStartedData{NodeID: "mail", NodeType: "connector", IdempotencyKey: key(inFlight, "mail", 1)}),
 		ev(event.SideEffectClaimed, "mail", 1, event.SideEffectClaimedData{IdempotencyKey: key(inFlight, "mail", 1), Connector: "email", Target: "ops@example.test"}))
 
 	cancelled := event.NewRunID()
-	b.appendRaw(t, cancelled, created,
+	b.AppendRaw(t, cancelled, created,
 		ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 1}),
 		ev(event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Anomaly: "cost_spike", Value: 2, Threshold: 1, Action: "warn"}),
 		ev(event.RunCancelled, "", 0, event.RunCancelledData{Reason: "operator", By: "ops"}))
 
 	queued := event.NewRunID()
-	b.appendRaw(t, queued, created)
+	b.AppendRaw(t, queued, created)
 	return ending
 }
 
@@ -89,10 +89,10 @@ func TestProjectorEndToEnd(t *testing.T) {
 			runs := workload(t, b)
 			final := map[string]event.Kind{}
 			for _, id := range runs {
-				final[id] = b.waitEnd(t, id).Kind
+				final[id] = b.WaitEnd(t, id).Kind
 			}
 			caughtUp(t, p)
-			j := requireProjectionMatchesStream(t, b.pool, b.nc)
+			j := requireProjectionMatchesStream(t, b.pool, b.NC)
 			requireRowsMatchFold(t, b.pool, j)
 
 			// Spot checks on top of the fold comparison.

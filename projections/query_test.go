@@ -30,15 +30,15 @@ func TestReaderQueries(t *testing.T) {
 	for i := range ids {
 		ids[i] = event.NewRunID()
 	}
-	b.appendRaw(t, ids[0], created(0)) // queued
-	b.appendRaw(t, ids[1], created(1), resumed(1))
-	b.appendRaw(t, ids[2], created(2), resumed(2),
+	b.AppendRaw(t, ids[0], created(0)) // queued
+	b.AppendRaw(t, ids[1], created(1), resumed(1))
+	b.AppendRaw(t, ids[2], created(2), resumed(2),
 		at(2*time.Second+200*time.Millisecond, ev(event.StepStarted, "s1", 1, event.StepStartedData{NodeID: "s1", NodeType: "tool", IdempotencyKey: event.IdempotencyKey(ids[2], "s1", 1)})),
 		at(2*time.Second+300*time.Millisecond, ev(event.StepCompleted, "s1", 1, event.StepCompletedData{Output: json.RawMessage(`{"ok":true}`), DurationMs: 100})),
 		at(2*time.Second+400*time.Millisecond, ev(event.RunSucceeded, "", 0, event.RunSucceededData{Output: json.RawMessage(`{"ok":true}`)})))
-	b.appendRaw(t, ids[3], created(3), resumed(3),
+	b.AppendRaw(t, ids[3], created(3), resumed(3),
 		at(3*time.Second+200*time.Millisecond, ev(event.RunFailed, "", 0, event.RunFailedData{Error: "boom", Code: event.CodeInternal})))
-	b.appendRaw(t, ids[4], created(4), resumed(4))
+	b.AppendRaw(t, ids[4], created(4), resumed(4))
 	caughtUp(t, p)
 
 	q := projections.NewReader(b.pool)
@@ -99,6 +99,6 @@ func TestReaderQueries(t *testing.T) {
 	orphans, err = q.Orphans(ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, []string{ids[0], ids[1]}, orphans)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 }

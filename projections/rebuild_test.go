@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
@@ -21,8 +22,8 @@ func rebuild(t *testing.T, b *bundle) projections.RebuildResult {
 	defer cancel()
 	var mu sync.Mutex
 	var phases []string
-	res, err := projections.Rebuild(ctx, b.pool, b.js, projections.RebuildOptions{
-		Logger:    testLogger(t),
+	res, err := projections.Rebuild(ctx, b.pool, b.JS, projections.RebuildOptions{
+		Logger:    paltest.Logger(t),
 		BatchSize: 64, // several batches even for a small stream
 		Progress: func(p projections.RebuildProgress) {
 			mu.Lock()
@@ -46,7 +47,7 @@ func TestRebuildEqualsLive(t *testing.T) {
 	p := b.projector(t, projections.Config{})
 	b.worker(t, "w1")
 	for _, id := range workload(t, b) {
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 	}
 	caughtUp(t, p)
 	live := takeSnapshot(t, b.pool, false)
@@ -60,18 +61,18 @@ func TestRebuildEqualsLive(t *testing.T) {
 	require.Equal(t, int64(len(live["runs"])), res.Runs)
 	require.Equal(t, int64(len(live["steps"])), res.Steps)
 	require.Equal(t, int64(len(live["side_effect_receipts"])), res.Receipts)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 
 	// A projector started on the rebuilt tables takes over at their
 	// checkpoint and finds nothing to do.
 	p2 := b.projector(t, projections.Config{})
 	require.Equal(t, res.StreamSeq, p2.Stats().Checkpoint)
-	after := b.start(t, echoChain(3), `{"v":"after"}`)
+	after := b.Start(t, echoChain(3), `{"v":"after"}`)
 	b.worker(t, "w2")
-	b.waitEnd(t, after)
+	b.WaitEnd(t, after)
 	caughtUp(t, p2)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireProjectionMatchesStream(t, b.pool, b.NC)
 }
 
 // TestRebuildWhileLive rebuilds while runs start and execute and the live
@@ -87,8 +88,8 @@ func TestRebuildWhileLive(t *testing.T) {
 	ctx := context.Background()
 
 	// One run waits on a held LLM call across the rebuild.
-	held := b.llm.Hold(func(c providertest.Call) bool { return strings.HasPrefix(c.LastUser(), "step 2") })
-	runs := []string{b.start(t, seqWorkflow(3, "openai"), `{"topic":"held"}`)}
+	held := b.LLM.Hold(func(c providertest.Call) bool { return strings.HasPrefix(c.LastUser(), "step 2") })
+	runs := []string{b.Start(t, seqWorkflow(3, "openai"), `{"topic":"held"}`)}
 	_, err := held.Wait(ctxTimeout(t, 30*time.Second))
 	require.NoError(t, err)
 	// Others start and run all along.
@@ -102,7 +103,7 @@ func TestRebuildWhileLive(t *testing.T) {
 				return
 			default:
 			}
-			res, err := workers.StartRun(ctx, b.store, workers.StartRequest{Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
+			res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
 			if err != nil {
 				t.Errorf("starting a run: %v", err)
 				return
@@ -123,7 +124,7 @@ func TestRebuildWhileLive(t *testing.T) {
 	}
 	held.Release()
 	for _, id := range runs {
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 	}
 	caughtUp(t, p)
 	last, err := q.Checkpoint(ctx, "")
@@ -133,7 +134,7 @@ func TestRebuildWhileLive(t *testing.T) {
 	all, err := q.ListRuns(ctx, projections.RunFilter{Limit: projections.MaxListLimit})
 	require.NoError(t, err)
 	require.Len(t, all, len(runs))
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 
 	live := takeSnapshot(t, b.pool, false)

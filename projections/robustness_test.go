@@ -13,6 +13,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/projections"
 )
 
@@ -26,7 +27,7 @@ func TestRedeliveryChangesNothing(t *testing.T) {
 	p := b.projector(t, projections.Config{BatchSize: 7})
 	b.worker(t, "w1")
 	for _, id := range workload(t, b) {
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 	}
 	caughtUp(t, p)
 	before := takeSnapshot(t, b.pool, true)
@@ -47,7 +48,7 @@ func TestRedeliveryChangesNothing(t *testing.T) {
 	delete(before, "projection_checkpoints")
 	delete(after, "projection_checkpoints")
 	requireSnapshotsEqual(t, before, after)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireProjectionMatchesStream(t, b.pool, b.NC)
 }
 
 // TestStatusOnlyMovesForward replays the end of a finished run into a
@@ -59,15 +60,15 @@ func TestStatusOnlyMovesForward(t *testing.T) {
 	b := setup(t)
 	p := b.projector(t, projections.Config{BatchSize: 1})
 	b.worker(t, "w1")
-	runID := b.start(t, seqWorkflow(4, "openai"), `{"topic":"forward"}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+	runID := b.Start(t, seqWorkflow(4, "openai"), `{"topic":"forward"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 	caughtUp(t, p)
 	before := takeSnapshot(t, b.pool, true)
 	stopProjector(t, p)
 
 	// Back to the message before s2 completed.
 	var back uint64
-	for _, m := range readStream(t, b.js) {
+	for _, m := range readStream(t, b.JS) {
 		for _, e := range m.evs {
 			if e.Kind == event.StepCompleted && e.StepID == "s2" {
 				back = m.seq - 1
@@ -89,7 +90,7 @@ func TestStatusOnlyMovesForward(t *testing.T) {
 	d, err := projections.NewReader(b.pool).GetRun(ctx, runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, d.Run.Status)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 }
 
@@ -103,19 +104,19 @@ func TestFoldErrorDoesNotStopTheProjector(t *testing.T) {
 	p := b.projector(t, projections.Config{})
 	bad := event.NewRunID()
 	created := ev(event.RunCreated, "", 0, event.RunCreatedData{WorkflowName: "broken", Input: json.RawMessage(`{}`)})
-	b.appendRaw(t, bad, created,
+	b.AppendRaw(t, bad, created,
 		ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 1}),
 		ev(event.StepStarted, "s1", 1, event.StepStartedData{NodeID: "s1", NodeType: "tool", IdempotencyKey: event.IdempotencyKey(bad, "s1", 1)}),
 		created, // seq 4: the engine refuses a second run_created
 		ev(event.StepCompleted, "s1", 1, event.StepCompletedData{Output: json.RawMessage(`{"x":1}`)}),
 		ev(event.RunSucceeded, "", 0, event.RunSucceededData{Output: json.RawMessage(`{"x":1}`)}))
 	b.worker(t, "w1")
-	good := b.start(t, echoChain(3), `{"v":"after the broken run"}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, good).Kind)
+	good := b.Start(t, echoChain(3), `{"v":"after the broken run"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, good).Kind)
 	caughtUp(t, p)
 
 	require.Equal(t, uint64(1), p.Stats().FoldErrors)
-	requireProjectionMatchesStream(t, b.pool, b.nc)
+	requireProjectionMatchesStream(t, b.pool, b.NC)
 	j := readJournalOf(t, b, good)
 	requireRunMatchesFold(t, b.pool, good, j)
 	d, err := projections.NewReader(b.pool).GetRun(context.Background(), bad)
@@ -134,7 +135,7 @@ func TestFoldErrorDoesNotStopTheProjector(t *testing.T) {
 
 func readJournalOf(t *testing.T, b *bundle, runID string) []event.Event {
 	t.Helper()
-	evs, _, err := b.store.Read(context.Background(), runID)
+	evs, _, err := b.Store.Read(context.Background(), runID)
 	require.NoError(t, err)
 	return evs
 }
@@ -147,11 +148,11 @@ func TestMalformedMessageIsSkipped(t *testing.T) {
 	b := setup(t, noJournalCheck())
 	p := b.projector(t, projections.Config{})
 	ctx := context.Background()
-	_, err := b.js.Publish(ctx, eventstore.EventsSubject("run_garbage"), []byte("not an event"))
+	_, err := b.JS.Publish(ctx, eventstore.EventsSubject("run_garbage"), []byte("not an event"))
 	require.NoError(t, err)
 	b.worker(t, "w1")
-	good := b.start(t, echoChain(2), `{"v":"x"}`)
-	b.waitEnd(t, good)
+	good := b.Start(t, echoChain(2), `{"v":"x"}`)
+	b.WaitEnd(t, good)
 	caughtUp(t, p)
 	require.Equal(t, uint64(1), p.Stats().Malformed)
 	evs := readJournalOf(t, b, good)
@@ -161,7 +162,7 @@ func TestMalformedMessageIsSkipped(t *testing.T) {
 	require.Equal(t, len(evs), n)
 	cp, err := projections.NewReader(b.pool).Checkpoint(ctx, "")
 	require.NoError(t, err)
-	last, err := b.js.Stream(ctx, eventstore.EventsStream)
+	last, err := b.JS.Stream(ctx, eventstore.EventsStream)
 	require.NoError(t, err)
 	require.Equal(t, last.CachedInfo().State.LastSeq, cp)
 }
@@ -174,10 +175,10 @@ func TestValuesPostgresRefuses(t *testing.T) {
 	b := setup(t)
 	p := b.projector(t, projections.Config{})
 	b.worker(t, "w1")
-	runID := b.start(t, echoChain(2), `{"v":"a\u0000b"}`)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+	runID := b.Start(t, echoChain(2), `{"v":"a\u0000b"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 	caughtUp(t, p)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 	var out string
 	require.NoError(t, b.pool.QueryRow(context.Background(),
@@ -193,27 +194,27 @@ func TestPostgresDownWhileRunsExecute(t *testing.T) {
 	b := setup(t, ownPostgres())
 	p := b.projector(t, projections.Config{})
 	b.worker(t, "w1")
-	first := b.start(t, echoChain(3), `{"v":"before"}`)
-	b.waitEnd(t, first)
+	first := b.Start(t, echoChain(3), `{"v":"before"}`)
+	b.WaitEnd(t, first)
 	caughtUp(t, p)
 
 	b.pg.StopServer()
 	var runs []string
 	for range 4 {
-		runs = append(runs, b.start(t, echoChain(40), `{"v":"while Postgres is down"}`))
+		runs = append(runs, b.Start(t, echoChain(40), `{"v":"while Postgres is down"}`))
 	}
 	for _, id := range runs {
-		require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind, "runs finish without Postgres")
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, id).Kind, "runs finish without Postgres")
 	}
 	require.Eventually(t, func() bool { return p.Stats().WriteRetries >= 3 }, 30*time.Second, 10*time.Millisecond,
 		"the projector tried to write and retries")
-	last, err := b.js.Stream(context.Background(), eventstore.EventsStream)
+	last, err := b.JS.Stream(context.Background(), eventstore.EventsStream)
 	require.NoError(t, err)
 	require.Less(t, p.Stats().Checkpoint, last.CachedInfo().State.LastSeq, "nothing committed while Postgres is down")
 
 	b.pg.StartServer()
 	caughtUp(t, p)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 }
 
@@ -227,18 +228,18 @@ func TestNATSRestartWhileProjecting(t *testing.T) {
 	b.worker(t, "w1")
 	var runs []string
 	for range 4 {
-		runs = append(runs, b.start(t, echoChain(40), `{"v":"before the restart"}`))
+		runs = append(runs, b.Start(t, echoChain(40), `{"v":"before the restart"}`))
 	}
 	require.NoError(t, p.WaitFor(ctxTimeout(t, 30*time.Second), 20))
-	b.nats.Restart(t)
+	b.NATS.Restart(t)
 	for range 4 {
-		runs = append(runs, b.start(t, echoChain(10), `{"v":"after the restart"}`))
+		runs = append(runs, b.Start(t, echoChain(10), `{"v":"after the restart"}`))
 	}
 	for _, id := range runs {
-		require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind)
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, id).Kind)
 	}
 	caughtUp(t, p)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 }
 
@@ -251,7 +252,7 @@ func TestStopWhileStartWaits(t *testing.T) {
 	pool, err := pgxpool.New(ctx, "postgres://pal@127.0.0.1:1/pal?connect_timeout=1")
 	require.NoError(t, err)
 	defer pool.Close()
-	p := projections.New(pool, b.store, projections.Config{Logger: testLogger(t)})
+	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
 	errc := make(chan error, 1)
 	go func() { errc <- p.Start(ctx) }()
 	require.NoError(t, p.Stop(ctx))
@@ -271,13 +272,13 @@ func TestCleanRestartKeepsTheConsumer(t *testing.T) {
 	b := setup(t)
 	p := b.projector(t, projections.Config{})
 	b.worker(t, "w1")
-	id := b.start(t, echoChain(5), `{"v":"restart"}`)
-	b.waitEnd(t, id)
+	id := b.Start(t, echoChain(5), `{"v":"restart"}`)
+	b.WaitEnd(t, id)
 	caughtUp(t, p)
 	stopProjector(t, p)
 	ctx := context.Background()
 	info := func() *jetstream.ConsumerInfo {
-		c, err := b.js.Consumer(ctx, eventstore.EventsStream, projections.DefaultName)
+		c, err := b.JS.Consumer(ctx, eventstore.EventsStream, projections.DefaultName)
 		require.NoError(t, err)
 		ci, err := c.Info(ctx)
 		require.NoError(t, err)
@@ -289,9 +290,9 @@ func TestCleanRestartKeepsTheConsumer(t *testing.T) {
 
 	p2 := b.projector(t, projections.Config{})
 	require.Equal(t, before, info().Created, "the consumer was kept")
-	id = b.start(t, echoChain(3), `{"v":"after"}`)
-	b.waitEnd(t, id)
+	id = b.Start(t, echoChain(3), `{"v":"after"}`)
+	b.WaitEnd(t, id)
 	caughtUp(t, p2)
-	j := requireProjectionMatchesStream(t, b.pool, b.nc)
+	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 }
