@@ -6,41 +6,28 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
-	"github.com/palrun/pal/connector"
-	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
-	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/provider/anthropic"
-	"github.com/palrun/pal/provider/openai"
-	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
 )
 
 // testToken is the bearer token of the bundle's API (named "ci").
 const testToken = "test-token-0123456789"
 
-// bundle is one test's PAL behind the REST API: its own JetStream, the
-// API on 127.0.0.1, and, when asked for, a worker and a fake LLM.
+// bundle is one test's PAL (see paltest.Stack) behind the REST API: the
+// API on 127.0.0.1 and, when asked for, a worker whose LLM is the fake.
 type bundle struct {
-	nats   *testenv.NATSServer
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	store  *eventstore.Store
-	llm    *providertest.Server
+	*paltest.Stack
 	srv    *api.Server
 	url    string
 	client *http.Client
@@ -76,23 +63,14 @@ func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	b := &bundle{nats: testenv.NATS(t)}
-	b.nc = b.nats.Conn(t)
-	var err error
-	b.js, err = jetstream.New(b.nc)
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, eventstore.Setup(ctx, b.js, eventstore.Config{LeaseTTL: time.Second}))
-	b.store, err = eventstore.Open(ctx, b.js)
-	require.NoError(t, err)
-	testenv.CheckJournalOnCleanup(t, b.nc)
+	b := &bundle{Stack: paltest.New(t)}
 	if cfg.worker {
-		b.startWorker(t)
+		b.Worker(t, "w1")
 	}
-	hc := api.HandlerConfig{Store: b.store, NC: b.nc, Runs: cfg.runs, Ready: cfg.ready, Tokens: cfg.tokens,
-		Insecure: cfg.insecure, Logger: testLogger(t), KeepAlive: cfg.keepAlive}
-	b.srv = api.NewServer("127.0.0.1:0", api.NewHandler(hc), testLogger(t))
-	require.NoError(t, b.srv.Start(ctx))
+	hc := api.HandlerConfig{Store: b.Store, NC: b.NC, Runs: cfg.runs, Ready: cfg.ready, Tokens: cfg.tokens,
+		Insecure: cfg.insecure, Logger: paltest.Logger(t), KeepAlive: cfg.keepAlive}
+	b.srv = api.NewServer("127.0.0.1:0", api.NewHandler(hc), paltest.Logger(t))
+	require.NoError(t, b.srv.Start(context.Background()))
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -103,40 +81,6 @@ func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	b.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}
 	t.Cleanup(tr.CloseIdleConnections)
 	return b
-}
-
-func (b *bundle) startWorker(t testing.TB) {
-	t.Helper()
-	b.llm = providertest.NewServer(t)
-	leases, err := eventstore.OpenLeases(context.Background(), b.js, time.Second)
-	require.NoError(t, err)
-	wh := webhook.New()
-	providers := provider.Registry{
-		"openai":    openai.New(openai.Config{APIKey: "test", BaseURL: b.llm.OpenAIBaseURL()}),
-		"anthropic": anthropic.New(anthropic.Config{APIKey: "test", BaseURL: b.llm.AnthropicBaseURL()}),
-	}
-	w := workers.New(workers.Config{ID: "w1", Concurrency: 8, Logger: testLogger(t)}, b.store, leases,
-		providers, connector.Registry{wh.Kind(): wh})
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
-}
-
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // response is an answer with its body read.
@@ -196,36 +140,6 @@ func requireError(t testing.TB, r response, status int, code string) map[string]
 	return m
 }
 
-// waitEnd waits for the run's terminal event.
-func (b *bundle) waitEnd(t testing.TB, runID string) event.Event {
-	t.Helper()
-	return b.waitFor(t, runID, "the end", func(ev event.Event) bool { return ev.Kind.Terminal() })
-}
-
-// waitFor waits until the run's journal has an event matching fn.
-func (b *bundle) waitFor(t testing.TB, runID, what string, fn func(event.Event) bool) event.Event {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var found event.Event
-	err := b.store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
-		if fn(ev) {
-			found = ev
-			return eventstore.ErrStopWatch
-		}
-		return nil
-	})
-	require.NoError(t, err, "waiting for %s in run %s", what, runID)
-	return found
-}
-
-func (b *bundle) events(t testing.TB, runID string) []event.Event {
-	t.Helper()
-	evs, _, err := b.store.Read(context.Background(), runID)
-	require.NoError(t, err)
-	return evs
-}
-
 // journalState is everything a refused request must leave as it was.
 type journalState struct {
 	Journal testenv.Journal
@@ -234,10 +148,10 @@ type journalState struct {
 
 func (b *bundle) journalState(t testing.TB) journalState {
 	t.Helper()
-	s := journalState{Journal: testenv.ReadJournal(t, b.nc), Streams: map[string]uint64{}}
+	s := journalState{Journal: testenv.ReadJournal(t, b.NC), Streams: map[string]uint64{}}
 	ctx := context.Background()
 	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, "KV_" + eventstore.LeaseBucket} {
-		st, err := b.js.Stream(ctx, name)
+		st, err := b.JS.Stream(ctx, name)
 		require.NoError(t, err)
 		info, err := st.Info(ctx)
 		require.NoError(t, err)

@@ -72,7 +72,7 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 		prev = id
 	}
 	wf := fmt.Sprintf(`{"name":"watched","nodes":[%s],"edges":[%s]}`, strings.Join(nodes, ","), strings.Join(edges, ","))
-	_, err := workers.StartRun(ctx, b.store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(tb, err)
 	total := 2*cfg.steps + 3
 
@@ -137,7 +137,7 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 	}
 	connected.Wait()
 	// All the watchers share one journal watch: one consumer on PAL_EVENTS.
-	events, err := b.js.Stream(ctx, eventstore.EventsStream)
+	events, err := b.JS.Stream(ctx, eventstore.EventsStream)
 	require.NoError(tb, err)
 	require.Eventually(tb, func() bool {
 		info, err := events.Info(ctx)
@@ -148,14 +148,14 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 	driverDone := make(chan error, 1)
 	go func() {
 		driverDone <- func() error {
-			head, err := b.store.LastHead(ctx, runID)
+			head, err := b.Store.LastHead(ctx, runID)
 			if err != nil {
 				return err
 			}
 			appendOne := func(ev event.Event) error {
 				time.Sleep(cfg.stepEvery)
 				ev.WorkerID = "load-driver"
-				head, err = b.store.Append(ctx, runID, head, ev)
+				head, err = b.Store.Append(ctx, runID, head, ev)
 				return err
 			}
 			if err := appendOne(event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "load-driver", ResumeCount: 1})); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/workers"
@@ -27,11 +28,11 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // no worker: nothing moves but what the requests write
 	ctx := context.Background()
-	queued, err := workers.StartRun(ctx, b.store, workers.StartRequest{RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
+	queued, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
 	require.NoError(t, err)
-	_, err = workers.StartRun(ctx, b.store, workers.StartRequest{RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
-	require.NoError(t, workers.CancelRun(ctx, b.store, nil, workers.CancelRequest{RunID: "run_done", Reason: "setup"}))
+	require.NoError(t, workers.CancelRun(ctx, b.Store, nil, workers.CancelRequest{RunID: "run_done", Reason: "setup"}))
 
 	wf := echoWorkflow
 	big := `{"workflow":` + wf + `,"input":{"pad":"` + strings.Repeat("x", api.MaxBodyBytes) + `"}}`
@@ -120,7 +121,7 @@ func TestBadInput(t *testing.T) {
 func TestStartGetCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withWorker())
-	hold := b.llm.Hold(nil) // every LLM call waits: the run stays in flight
+	hold := b.LLM.Hold(nil) // every LLM call waits: the run stays in flight
 	t.Cleanup(hold.Release)
 
 	// Idempotency-Key header: a duplicate answers 200 with the same run.
@@ -145,7 +146,7 @@ func TestStartGetCancel(t *testing.T) {
 	requireError(t, b.post(t, "/v1/runs", `{"workflow":`+echoWorkflow+`,"run_id":"run_mine-1"}`), 409, "conflict")
 
 	// run_created names the token that started the run.
-	require.Equal(t, "ci", b.events(t, runID)[0].WorkerID)
+	require.Equal(t, "ci", b.Events(t, runID)[0].WorkerID)
 	call, err := hold.Wait(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, event.IdempotencyKey(runID, "s1", 1), call.IdempotencyKey)
@@ -164,15 +165,15 @@ func TestStartGetCancel(t *testing.T) {
 	res = b.post(t, "/v1/runs/"+runID+"/cancel", "")
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	require.Equal(t, map[string]any{"ok": true, "run_id": runID}, res.json(t))
-	final := b.waitEnd(t, runID)
+	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunCancelled, final.Kind)
 	require.Equal(t, "ci", final.WorkerID)
 	var cd event.RunCancelledData
 	require.NoError(t, final.DecodeData(&cd))
 	require.Equal(t, "ci", cd.By)
-	n := len(b.events(t, runID))
+	n := len(b.Events(t, runID))
 	requireError(t, b.post(t, "/v1/runs/"+runID+"/cancel", `{"reason":"twice"}`), 409, "conflict")
-	require.Len(t, b.events(t, runID), n, "a second cancel wrote something")
+	require.Len(t, b.Events(t, runID), n, "a second cancel wrote something")
 	res = b.get(t, "/v1/runs/"+runID)
 	require.Equal(t, "cancelled", res.json(t)["status"])
 
@@ -180,7 +181,7 @@ func TestStartGetCancel(t *testing.T) {
 	other := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`,"input":{"topic":"x"}}`).json(t)["run_id"].(string)
 	res = b.post(t, "/v1/runs/"+other+"/cancel", fmt.Sprintf(`{"run_id":%q,"reason":"test","by":"ops"}`, other))
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
-	final = b.waitEnd(t, other)
+	final = b.WaitEnd(t, other)
 	require.Equal(t, "ops", final.WorkerID)
 }
 
@@ -189,7 +190,7 @@ func TestAuth(t *testing.T) {
 	tokens, err := api.ParseTokens("ci=" + testToken + ", second-token-abc")
 	require.NoError(t, err)
 	b := setup(t, withTokens(tokens, false))
-	_, err = workers.StartRun(context.Background(), b.store, workers.StartRequest{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = workers.StartRun(context.Background(), b.Store, workers.StartRequest{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 
 	for _, h := range []string{"", "Bearer", "Bearer ", "Basic " + testToken, "Bearer " + testToken[:len(testToken)-1],
@@ -203,7 +204,7 @@ func TestAuth(t *testing.T) {
 	// The unnamed token stands for "api".
 	res := b.post(t, "/v1/runs/run_a/cancel", "", "Authorization", "Bearer second-token-abc")
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
-	require.Equal(t, "api", b.events(t, "run_a")[1].WorkerID)
+	require.Equal(t, "api", b.Events(t, "run_a")[1].WorkerID)
 	// Health needs no token.
 	require.Equal(t, http.StatusOK, b.get(t, "/healthz", "Authorization", "").status)
 	require.Equal(t, http.StatusOK, b.get(t, "/readyz", "Authorization", "").status)
@@ -261,12 +262,12 @@ func TestHealthAndReady(t *testing.T) {
 	require.Equal(t, "Postgres is not reachable", m["detail"], "the cause stays in the log")
 	pgDown.Store(false)
 
-	b.nats.Shutdown()
+	b.NATS.Shutdown()
 	m = requireError(t, b.get(t, "/readyz"), 503, "unavailable")
 	require.Contains(t, m["detail"], "NATS")
 	require.Equal(t, map[string]any{"ok": true}, b.get(t, "/healthz").json(t), "healthz says the process is up")
 
-	b.nats.Restart(t)
+	b.NATS.Restart(t)
 	require.Eventually(t, func() bool { return b.get(t, "/readyz").status == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
 }
 
@@ -278,7 +279,7 @@ func TestListRuns(t *testing.T) {
 	_, err := projections.Migrate(ctx, pool)
 	require.NoError(t, err)
 	b := setup(t, withWorker(), withRuns(projections.NewReader(pool)))
-	p := projections.New(pool, b.store, projections.Config{Logger: testLogger(t)})
+	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
 	require.NoError(t, p.Start(ctx))
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -291,7 +292,7 @@ func TestListRuns(t *testing.T) {
 		res := b.post(t, "/v1/runs", fmt.Sprintf(`{"workflow":%s,"input":{"topic":"t%d"}}`, seqWorkflow(1), i))
 		require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
 		id := res.json(t)["run_id"].(string)
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 		ids = append(ids, id)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -340,7 +341,7 @@ func TestApprove(t *testing.T) {
 		res := b.post(t, "/v1/runs", `{"workflow":`+wf+`}`)
 		require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
 		id := res.json(t)["run_id"].(string)
-		b.waitFor(t, id, "the approval wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+		b.WaitFor(t, id, "the approval wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
 		return id
 	}
 
@@ -354,18 +355,18 @@ func TestApprove(t *testing.T) {
 	res := b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"approve","comment":"looks good"}`)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	require.Equal(t, map[string]any{"ok": true, "run_id": id}, res.json(t))
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, id).Kind)
-	got := b.waitFor(t, id, "the decision", func(ev event.Event) bool { return ev.Kind == event.ApprovalReceived })
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, id).Kind)
+	got := b.WaitFor(t, id, "the decision", func(ev event.Event) bool { return ev.Kind == event.ApprovalReceived })
 	require.Equal(t, "ci", got.WorkerID)
-	n := len(b.events(t, id))
+	n := len(b.Events(t, id))
 	requireError(t, b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"reject"}`), 409, "conflict")
-	require.Len(t, b.events(t, id), n)
+	require.Len(t, b.Events(t, id), n)
 
 	// A rejection fails the run (no edge routes on it).
 	id = start()
 	res = b.post(t, "/v1/runs/"+id+"/approve", fmt.Sprintf(`{"run_id":%q,"step_id":"ok","decision":"reject","approver":"ann"}`, id))
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
-	require.Equal(t, event.RunFailed, b.waitEnd(t, id).Kind)
+	require.Equal(t, event.RunFailed, b.WaitEnd(t, id).Kind)
 }
 
 func TestStartPlainLLMRun(t *testing.T) {
@@ -374,7 +375,7 @@ func TestStartPlainLLMRun(t *testing.T) {
 	res := b.post(t, "/v1/runs", `{"llm":{"provider":"openai","model":"gpt-4o-mini","prompt":"hello {{input.who}}"},"input":{"who":"pal"}}`)
 	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
 	runID := res.json(t)["run_id"].(string)
-	require.Equal(t, event.RunSucceeded, b.waitEnd(t, runID).Kind)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 	got := b.get(t, "/v1/runs/"+runID).json(t)
 	require.Equal(t, "succeeded", got["status"])
 	require.Equal(t, "llm", got["workflow"])

@@ -25,8 +25,8 @@ func TestSSEReconnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withWorker())
 	const runID = "run_sse"
-	holdS2 := b.llm.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s2", 1)))
-	holdS3 := b.llm.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s3", 1)))
+	holdS2 := b.LLM.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s2", 1)))
+	holdS3 := b.LLM.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s3", 1)))
 	t.Cleanup(holdS2.Release)
 	t.Cleanup(holdS3.Release)
 	res := b.post(t, "/v1/runs", fmt.Sprintf(`{"workflow":%s,"input":{"topic":"SSE"},"run_id":%q}`, seqWorkflow(4), runID))
@@ -43,7 +43,7 @@ func TestSSEReconnect(t *testing.T) {
 
 	// While the client is away the run moves on to s3.
 	holdS2.Release()
-	b.waitFor(t, runID, "s3 started", func(ev event.Event) bool { return ev.Kind == event.StepStarted && ev.StepID == "s3" })
+	b.WaitFor(t, runID, "s3 started", func(ev event.Event) bool { return ev.Kind == event.StepStarted && ev.StepID == "s3" })
 
 	last := got[len(got)-1].id
 	second, err := b.openSSE(t, client, runID, "", "Last-Event-ID", strconv.FormatUint(last, 10))
@@ -55,7 +55,7 @@ func TestSSEReconnect(t *testing.T) {
 	got = append(got, second.readAll(t)...) // ends when the server closes the stream
 	second.close()
 
-	journal := b.events(t, runID)
+	journal := b.Events(t, runID)
 	require.Equal(t, event.RunSucceeded, journal[len(journal)-1].Kind)
 	require.Len(t, got, len(journal), "every event exactly once")
 	for i, ev := range got {
@@ -92,7 +92,7 @@ func TestSSEReconnect(t *testing.T) {
 func TestSSEKeepAliveAndStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withKeepAlive(20*time.Millisecond)) // no worker: the run stays queued
-	_, err := workers.StartRun(context.Background(), b.store, workers.StartRequest{RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
+	_, err := workers.StartRun(context.Background(), b.Store, workers.StartRequest{RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
