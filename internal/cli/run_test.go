@@ -36,7 +36,7 @@ func TestRunGetWatch(t *testing.T) {
 	r = b.pal(t, nil, "run", "watch", id, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	journal := b.events(t, id)
+	journal := b.Events(t, id)
 	require.Len(t, lines, len(journal))
 	for i, l := range lines {
 		ev := decodeJSON[event.Event](t, l)
@@ -96,7 +96,7 @@ func TestRunFailedAndCancelled(t *testing.T) {
 	require.Regexp(t, `(?m)^Error\s+step_failed: .*\(step s1\)$`, r.stdout)
 
 	// A run in flight: watch follows it live while it is cancelled.
-	hold := b.llm.Hold(nil)
+	hold := b.LLM.Hold(nil)
 	t.Cleanup(hold.Release)
 	id := b.start(t, seqWorkflow(2), `{"text":"slow"}`)
 	_, err := hold.Wait(context.Background())
@@ -120,7 +120,7 @@ func TestRunFailedAndCancelled(t *testing.T) {
 	require.Equal(t, 1, code, "watch exits 1 for a cancelled run\n%s\n%s", stdout, stderr)
 	require.Contains(t, stdout, "run_cancelled")
 	require.Regexp(t, `pal: run `+id+` was cancelled after \S+ by pal-cli: enough`, stderr)
-	final := b.waitEnd(t, id)
+	final := b.WaitEnd(t, id)
 	require.Equal(t, event.RunCancelled, final.Kind)
 
 	before = b.journal(t)
@@ -138,7 +138,7 @@ func TestRunFailedAndCancelled(t *testing.T) {
 	r = b.pal(t, nil, "run", "cancel", other, "--by", "ops", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Equal(t, map[string]any{"ok": true, "run_id": other}, decodeJSON[map[string]any](t, r.stdout))
-	require.Equal(t, "ops", b.waitEnd(t, other).WorkerID)
+	require.Equal(t, "ops", b.WaitEnd(t, other).WorkerID)
 }
 
 // TestRunExitCodes: unknown runs (3), bad run ids and flags (2), NATS
@@ -201,7 +201,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	ctx := context.Background()
 	_, err := projections.Migrate(ctx, pool)
 	require.NoError(t, err)
-	p := projections.New(pool, b.store, projections.Config{})
+	p := projections.New(pool, b.Store, projections.Config{})
 	require.NoError(t, p.Start(ctx))
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -211,7 +211,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	var ids []string
 	for _, text := range []string{"one", "FAIL two", "three"} {
 		id := b.start(t, seqWorkflow(2), fmt.Sprintf(`{"text":%q}`, text))
-		b.waitEnd(t, id)
+		b.WaitEnd(t, id)
 		ids = append(ids, id)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -274,7 +274,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	// A run the projection does not hold (yet) is read from the journal.
 	require.NoError(t, p.Stop(ctx))
 	late := b.start(t, seqWorkflow(1), `{"text":"late"}`)
-	b.waitEnd(t, late)
+	b.WaitEnd(t, late)
 	r = b.pal(t, db, "run", "get", late, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Equal(t, "journal", decodeJSON[getOut](t, r.stdout).Source)
@@ -293,7 +293,7 @@ func startPal(t *testing.T, b *bundle, args ...string) *palProcess {
 	t.Helper()
 	p := &palProcess{lines: make(chan string, 100), done: make(chan struct{})}
 	p.cmd = exec.Command(b.bin, args...)
-	p.cmd.Env = hermetic("PAL_NATS_URL=" + b.nats.URL())
+	p.cmd.Env = hermetic("PAL_NATS_URL=" + b.NATS.URL())
 	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
 	out, err := p.cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -394,7 +394,7 @@ func TestRunApprove(t *testing.T) {
 
 	// --reject, --json: the run fails.
 	id = b.start(t, wf, `{}`)
-	b.waitFor(t, id, func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	b.WaitFor(t, id, "the approval wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
 	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--reject", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Equal(t, map[string]any{"ok": true, "run_id": id}, decodeJSON[map[string]any](t, r.stdout))

@@ -19,14 +19,14 @@ func TestServer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.start(t, seqWorkflow(1), `{"text":"served"}`)
-	b.waitEnd(t, id)
+	b.WaitEnd(t, id)
 
 	// No tokens, no --insecure-no-auth: it serves, refuses every /v1
 	// request, and says why.
 	{
 		port := testenv.FreePort(t)
 		url := fmt.Sprintf("http://127.0.0.1:%d", port)
-		p := testenv.StartProcess(t, b.bin, []string{"server"}, []string{"PAL_NATS_URL=" + b.nats.URL(), fmt.Sprintf("PAL_HTTP_ADDR=127.0.0.1:%d", port)})
+		p := testenv.StartProcess(t, b.bin, []string{"server"}, []string{"PAL_NATS_URL=" + b.NATS.URL(), fmt.Sprintf("PAL_HTTP_ADDR=127.0.0.1:%d", port)})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		require.NoError(t, p.WaitForOutput(ctx, `msg="server ready"`), p.Output())
 		cancel()
@@ -55,7 +55,7 @@ func TestServer(t *testing.T) {
 
 	port := testenv.FreePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	srv := testenv.StartProcess(t, b.bin, []string{"server"}, []string{"PAL_NATS_URL=" + b.nats.URL(),
+	srv := testenv.StartProcess(t, b.bin, []string{"server"}, []string{"PAL_NATS_URL=" + b.NATS.URL(),
 		fmt.Sprintf("PAL_HTTP_ADDR=127.0.0.1:%d", port), "PAL_API_TOKENS=ci=secret-1,ops=secret-2"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -89,7 +89,7 @@ func TestServer(t *testing.T) {
 	require.JSONEq(t, `{"error":"unavailable","detail":"listing runs needs DATABASE_URL"}`, body)
 
 	// The NATS micro service is registered too.
-	m, err := b.nc.Request("$SRV.INFO.pal", nil, 5*time.Second)
+	m, err := b.NC.Request("$SRV.INFO.pal", nil, 5*time.Second)
 	require.NoError(t, err)
 	var info micro.Info
 	require.NoError(t, json.Unmarshal(m.Data, &info))
@@ -102,7 +102,7 @@ func TestServer(t *testing.T) {
 	port = testenv.FreePort(t)
 	url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	srv = testenv.StartProcess(t, b.bin, []string{"server", "--insecure-no-auth", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)},
-		[]string{"PAL_NATS_URL=" + b.nats.URL()})
+		[]string{"PAL_NATS_URL=" + b.NATS.URL()})
 	require.NoError(t, srv.WaitForOutput(ctx, "server ready"))
 	require.Contains(t, srv.Output(), "WITHOUT AUTHENTICATION")
 	code, body = get("/v1/runs/"+id, "")
