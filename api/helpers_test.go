@@ -162,16 +162,10 @@ func (b *bundle) journalState(t testing.TB) journalState {
 
 // seqWorkflow is a chain of n ai-steps s1..sn.
 func seqWorkflow(n int) string {
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= n; i++ {
+	return paltest.Chain(fmt.Sprintf("seq-%d", n), n, func(i int, _ string) (string, string) {
 		id := fmt.Sprintf("s%d", i)
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"step %d of {{input.topic}}"}}`, id, i))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	return fmt.Sprintf(`{"name":"seq-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"step %d of {{input.topic}}"}}`, id, i)
+	})
 }
 
 // echoWorkflow is one echo tool step.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/workers"
 )
 
@@ -62,16 +63,10 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 	b := setup(tb)
 	ctx := context.Background()
 	const runID = "run_watched"
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= cfg.steps; i++ {
+	wf := paltest.Chain("watched", cfg.steps, func(i int, _ string) (string, string) {
 		id := fmt.Sprintf("t%d", i)
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo"}}`, id))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	wf := fmt.Sprintf(`{"name":"watched","nodes":[%s],"edges":[%s]}`, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo"}}`, id)
+	})
 	_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(tb, err)
 	total := 2*cfg.steps + 3

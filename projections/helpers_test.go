@@ -115,34 +115,22 @@ func ev(k event.Kind, step string, attempt int, payload any) event.Event {
 
 // seqWorkflow is a chain of n ai-steps s1..sn.
 func seqWorkflow(n int, prov string) string {
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= n; i++ {
+	return paltest.Chain(fmt.Sprintf("seq-%d", n), n, func(i int, prev string) (string, string) {
 		id := fmt.Sprintf("s%d", i)
 		prompt := fmt.Sprintf("step %d of {{input.topic}}", i)
 		if i > 1 {
 			prompt = fmt.Sprintf("step %d after: {{steps.%s.output.text}}", i, prev)
 		}
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"m","prompt":%q}}`, id, prov, prompt))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	return fmt.Sprintf(`{"name":"seq-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"m","prompt":%q}}`, id, prov, prompt)
+	})
 }
 
 // echoChain is a chain of n built-in echo tool steps.
 func echoChain(n int) string {
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= n; i++ {
+	return paltest.Chain(fmt.Sprintf("echo-%d", n), n, func(i int, _ string) (string, string) {
 		id := fmt.Sprintf("t%d", i)
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d,"v":"{{input.v}}"}}}`, id, i))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	return fmt.Sprintf(`{"name":"echo-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d,"v":"{{input.v}}"}}}`, id, i)
+	})
 }
 
 // webhookWorkflow delivers one webhook (retried on 5xx) and then echoes.

@@ -73,20 +73,14 @@ func find(evs []event.Event, k event.Kind, step string) []event.Event {
 // seqWorkflow is a chain of n ai-steps s1..sn, each quoting the previous
 // step's output.
 func seqWorkflow(n int, prov string) string {
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= n; i++ {
+	return paltest.Chain(fmt.Sprintf("seq-%d", n), n, func(i int, prev string) (string, string) {
 		id := fmt.Sprintf("s%d", i)
 		prompt := fmt.Sprintf("step %d of {{input.topic}}", i)
 		if i > 1 {
 			prompt = fmt.Sprintf("step %d after: {{steps.%s.output.text}}", i, prev)
 		}
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"gpt-4o-mini","prompt":%q}}`, id, prov, prompt))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	return fmt.Sprintf(`{"name":"seq-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"gpt-4o-mini","prompt":%q}}`, id, prov, prompt)
+	})
 }
 
 // logCapture keeps the workers' log lines so tests can await them.

@@ -290,16 +290,10 @@ func TestBrokerKill9MidRun(t *testing.T) {
 }
 
 func echoChain(n int) string {
-	var nodes, edges []string
-	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
-	prev := "start"
-	for i := 1; i <= n; i++ {
+	return paltest.Chain(fmt.Sprintf("echo-%d", n), n, func(i int, _ string) (string, string) {
 		id := fmt.Sprintf("t%d", i)
-		nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d}}}`, id, i))
-		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
-		prev = id
-	}
-	return fmt.Sprintf(`{"name":"echo-%d","nodes":[%s],"edges":[%s]}`, n, strings.Join(nodes, ","), strings.Join(edges, ","))
+		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d}}}`, id, i)
+	})
 }
 
 // observe reads stored events of all runs until it has seen at least n.

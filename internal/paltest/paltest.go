@@ -15,6 +15,7 @@ package paltest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -232,4 +233,20 @@ type tbWriter struct{ tb testing.TB }
 func (w tbWriter) Write(p []byte) (int, error) {
 	w.tb.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// Chain is a workflow named name: the trigger "start", then n nodes in a
+// line. node gives the i-th (from 1) node's id and JSON; prev is the id of
+// the node before it.
+func Chain(name string, n int, node func(i int, prev string) (id, js string)) string {
+	nodes := []string{`{"id":"start","type":"trigger"}`}
+	var edges []string
+	prev := "start"
+	for i := 1; i <= n; i++ {
+		id, js := node(i, prev)
+		nodes = append(nodes, js)
+		edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
+		prev = id
+	}
+	return fmt.Sprintf(`{"name":%q,"nodes":[%s],"edges":[%s]}`, name, strings.Join(nodes, ","), strings.Join(edges, ","))
 }
