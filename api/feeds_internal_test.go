@@ -9,12 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/workers"
 )
 
@@ -24,17 +23,11 @@ import (
 // subscriber leaves.
 func TestFeeds(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	nc := ns.Conn(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	pal := paltest.New(t, paltest.LeaseTTL(0))
+	js, store := pal.JS, pal.Store
 	ctx := context.Background()
-	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
-	store, err := eventstore.Open(ctx, js)
-	require.NoError(t, err)
-	testenv.CheckJournalOnCleanup(t, nc)
 	const runID = "run_feed"
-	_, err = workers.StartRun(ctx, store, workers.StartRequest{RunID: runID,
+	_, err := workers.StartRun(ctx, store, workers.StartRequest{RunID: runID,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
 	head, err := store.LastHead(ctx, runID)

@@ -8,30 +8,22 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
-	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/workers"
 )
 
 func TestNATSService(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	nc := ns.Conn(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	pal := paltest.New(t, paltest.LeaseTTL(0))
+	nc, store := pal.NC, pal.Store
 	ctx := context.Background()
-	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
-	store, err := eventstore.Open(ctx, js)
-	require.NoError(t, err)
 	svc, err := api.StartService(ctx, nc, store, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
-	testenv.CheckJournalOnCleanup(t, nc)
 
 	// Discovery, as nats micro ls does it.
 	info, err := nc.Request("$SRV.INFO.pal", nil, 5*time.Second)
