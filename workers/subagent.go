@@ -108,10 +108,6 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	return err
 }
 
-// errLeaseHeldInline is returned by driveInline when another worker drives
-// the child.
-var errLeaseHeldInline = eventstore.ErrLeaseHeld
-
 // driveInline drives a child run within its parent's drive: it takes the
 // child's lease (waiting at most a TTL for a crashed holder's to expire)
 // and runs the same loop as any drive. It returns the child's state when the drive ends, or
@@ -141,7 +137,7 @@ func (w *Worker) driveInline(ctx context.Context, runID string) (*engine.RunStat
 		return d.st, nil
 	case context.Cause(dctx) != nil && ctx.Err() == nil:
 		// The child's own lease or journal was lost: someone else has it.
-		return nil, fmt.Errorf("driving child run %s: %w", runID, errLeaseHeldInline)
+		return nil, fmt.Errorf("driving child run %s: %w", runID, eventstore.ErrLeaseHeld)
 	default:
 		return nil, err
 	}

@@ -25,6 +25,21 @@ func (e *env) connectNow(cmd *cobra.Command, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// storeNow connects for a one-shot command and opens the event store. The
+// caller closes the connection.
+func (e *env) storeNow(cmd *cobra.Command) (*eventstore.Store, *nats.Conn, error) {
+	nc, err := e.connectNow(cmd, "pal-cli")
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := openStore(cmd.Context(), nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return store, nc, nil
+}
+
 // connectDurable connects for a long-running process: it keeps trying
 // while NATS is down and reconnects forever.
 func connectDurable(url, name string, log *slog.Logger) (*nats.Conn, error) {

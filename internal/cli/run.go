@@ -88,15 +88,11 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 	}
 	key, _ := cmd.Flags().GetString("idempotency-key")
 
-	nc, err := e.connectNow(cmd, "pal-cli")
+	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := openStore(ctx, nc)
-	if err != nil {
-		return err
-	}
 	res, err := workers.StartRun(ctx, store, workers.StartRequest{
 		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Writer: "pal-cli"})
 	if err != nil {
@@ -168,15 +164,11 @@ keeps printing new events until the run ends.`,
 			}
 			asJSON, _ := cmd.Flags().GetBool("json")
 			followOn, _ := cmd.Flags().GetBool("follow")
-			nc, err := e.connectNow(cmd, "pal-cli")
+			store, nc, err := e.storeNow(cmd)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			store, err := openStore(cmd.Context(), nc)
-			if err != nil {
-				return err
-			}
 			print := func(ev event.Event) {
 				if asJSON {
 					b, _ := json.Marshal(ev)

@@ -56,15 +56,11 @@ func (e *env) runApprove(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	nc, err := e.connectNow(cmd, "pal-cli")
+	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := openStore(ctx, nc)
-	if err != nil {
-		return err
-	}
 	err = workers.Approve(ctx, store, workers.ApproveRequest{RunID: runID, StepID: step, Approve: !reject,
 		Approver: approver, Comment: comment})
 	if err != nil {
@@ -114,15 +110,11 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 	if by == "" {
 		return badInput("--by: say who cancels")
 	}
-	nc, err := e.connectNow(cmd, "pal-cli")
+	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := openStore(ctx, nc)
-	if err != nil {
-		return err
-	}
 	if err := workers.CancelRun(ctx, store, nc, workers.CancelRequest{RunID: runID, Reason: reason, By: by}); err != nil {
 		if errors.Is(err, workers.ErrRunFinished) {
 			err = fmt.Errorf("%w; nothing was written", err)

@@ -84,15 +84,11 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 		}
 	}
 	if view == nil {
-		nc, err := e.connectNow(cmd, "pal-cli")
+		store, nc, err := e.storeNow(cmd)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		store, err := openStore(ctx, nc)
-		if err != nil {
-			return err
-		}
 		if view, err = workers.GetRun(ctx, store, runID); err != nil {
 			if errors.Is(err, eventstore.ErrRunNotFound) {
 				return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
@@ -389,15 +385,11 @@ func (e *env) runWatch(cmd *cobra.Command, args []string) error {
 		return withCode(ExitBadInput, err)
 	}
 	asJSON := jsonFlag(cmd)
-	nc, err := e.connectNow(cmd, "pal-cli")
+	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := openStore(ctx, nc)
-	if err != nil {
-		return err
-	}
 	evs, head, err := store.Read(ctx, runID)
 	if errors.Is(err, eventstore.ErrRunNotFound) {
 		return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
