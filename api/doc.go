@@ -8,7 +8,7 @@
 //	POST /v1/runs                  start a run: 201 {"run_id","created":true},
 //	                               200 {"run_id","created":false} for a duplicate
 //	GET  /v1/runs                  list runs from the Postgres projection
-//	GET  /v1/runs/{id}             the run folded from its journal (workers.RunView)
+//	GET  /v1/runs/{id}             the run folded from its journal (runs.RunView)
 //	GET  /v1/runs/{id}/events      the journal as server-sent events
 //	POST /v1/runs/{id}/approve     200 {"ok":true,"run_id"}
 //	POST /v1/runs/{id}/cancel      200 {"ok":true,"run_id"}
@@ -21,7 +21,7 @@
 //     naming the field), limited to MaxBodyBytes (413), and run ids must
 //     be one NATS subject token, so no request can widen a subject.
 //   - Every error is {"error": code, "detail": message} (plus "field" when
-//     one field is at fault), with the codes of workers.Classify and
+//     one field is at fault), with the codes of runs.Classify and
 //     unauthorized, method_not_allowed and too_large.
 //   - Tokens are compared in constant time against every configured token;
 //     a handler without tokens refuses every /v1 request unless it was

@@ -14,7 +14,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // TestFeeds: subscribers of one run share one watch, get every event in
@@ -27,7 +27,7 @@ func TestFeeds(t *testing.T) {
 	js, store := pal.JS, pal.Store
 	ctx := context.Background()
 	const runID = "run_feed"
-	_, err := workers.StartRun(ctx, store, workers.StartRequest{RunID: runID,
+	_, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
 	head, err := store.LastHead(ctx, runID)
@@ -105,7 +105,7 @@ func TestFeeds(t *testing.T) {
 
 	// The last subscriber to leave stops the feed.
 	other := "run_feed2"
-	_, err = workers.StartRun(ctx, store, workers.StartRequest{RunID: other,
+	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: other,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
 	_, leave1, err := f.subscribe(ctx, other)

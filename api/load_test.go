@@ -18,7 +18,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // loadConfig shapes a load run against the REST API on loopback: watchers
@@ -67,7 +67,7 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 		id := fmt.Sprintf("t%d", i)
 		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo"}}`, id)
 	})
-	_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(tb, err)
 	total := 2*cfg.steps + 3
 

@@ -15,15 +15,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // MaxBodyBytes bounds a request body; a larger one is refused with 413.
-const MaxBodyBytes = workers.MaxCommandBytes
+const MaxBodyBytes = runs.MaxCommandBytes
 
 // DefaultKeepAlive is how often an idle event stream gets a comment line.
 const DefaultKeepAlive = 15 * time.Second
@@ -61,11 +60,12 @@ type HandlerConfig struct {
 }
 
 type handler struct {
-	cfg   HandlerConfig
-	nc    *nats.Conn
-	auth  *authenticator
-	log   *slog.Logger
-	feeds *feeds
+	cfg    HandlerConfig
+	client *runs.Client
+	nc     *nats.Conn
+	auth   *authenticator
+	log    *slog.Logger
+	feeds  *feeds
 }
 
 // NewHandler returns PAL's REST API:
@@ -92,6 +92,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	if h.nc == nil && cfg.Store != nil {
 		h.nc = cfg.Store.JetStream().Conn()
 	}
+	h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
 	if h.cfg.KeepAlive <= 0 {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
@@ -195,13 +196,13 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 			fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit), "")
 		return
 	}
-	code, field, _ := workers.Classify(err)
+	code, field, _ := runs.Classify(err)
 	detail := err.Error()
 	status := http.StatusServiceUnavailable
 	switch code {
 	case "bad_input":
 		status = http.StatusBadRequest
-		var ie *workers.InputError
+		var ie *runs.InputError
 		if errors.As(err, &ie) && ie.Field != "" && !strings.HasPrefix(detail, ie.Field+":") {
 			detail = ie.Field + ": " + detail
 		}
@@ -235,7 +236,7 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, empty bool, 
 		if errors.As(err, &mbe) {
 			return nil, false, err
 		}
-		return nil, false, &workers.InputError{Msg: "reading the request body: " + err.Error()}
+		return nil, false, &runs.InputError{Msg: "reading the request body: " + err.Error()}
 	}
 	return body, len(bytes.TrimSpace(body)) == 0, nil
 }
@@ -245,7 +246,7 @@ func readBody(w http.ResponseWriter, r *http.Request) (body []byte, empty bool, 
 func pathRunID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
 	if err := event.ValidateRunID(id); err != nil {
-		return "", &workers.InputError{Field: "run_id", Msg: err.Error()}
+		return "", &runs.InputError{Field: "run_id", Msg: err.Error()}
 	}
 	return id, nil
 }
@@ -256,11 +257,11 @@ func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 
 // startBody is POST /v1/runs: the durable start command without reply_to.
 type startBody struct {
-	LLM            *workers.LLMSpec `json:"llm,omitempty"`
-	Workflow       json.RawMessage  `json:"workflow"`
-	Input          json.RawMessage  `json:"input,omitempty"`
-	RunID          string           `json:"run_id,omitempty"`
-	IdempotencyKey string           `json:"idempotency_key,omitempty"`
+	LLM            *runs.LLMSpec   `json:"llm,omitempty"`
+	Workflow       json.RawMessage `json:"workflow"`
+	Input          json.RawMessage `json:"input,omitempty"`
+	RunID          string          `json:"run_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
 }
 
 // StartAnswer is the answer to POST /v1/runs.
@@ -284,20 +285,9 @@ func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b startBody
-	if err := workers.DecodeStrict(body, &b); err != nil {
+	if err := runs.DecodeStrict(body, &b); err != nil {
 		h.fail(w, r, err)
 		return
-	}
-	cmd := workers.StartCommand{Workflow: b.Workflow, LLM: b.LLM, Input: b.Input, RunID: b.RunID, IdempotencyKey: b.IdempotencyKey}
-	if err := cmd.Validate(); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if b.RunID != "" {
-		if err := event.ValidateRunID(b.RunID); err != nil {
-			h.fail(w, r, &workers.InputError{Field: "run_id", Msg: err.Error()})
-			return
-		}
 	}
 	key := b.IdempotencyKey
 	if key == "" {
@@ -305,8 +295,8 @@ func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	res, err := workers.StartRun(ctx, h.cfg.Store, workers.StartRequest{RunID: b.RunID, Workflow: b.Workflow, LLM: b.LLM,
-		Input: b.Input, IdempotencyKey: key, Writer: identity(r.Context())})
+	res, err := h.client.Start(ctx, runs.StartCommand{RunID: b.RunID, Workflow: b.Workflow, LLM: b.LLM,
+		Input: b.Input, IdempotencyKey: key, By: identity(r.Context())})
 	if err != nil && res.RunID == "" {
 		h.fail(w, r, err)
 		return
@@ -331,7 +321,7 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	v, err := workers.GetRun(ctx, h.cfg.Store, id)
+	v, err := h.client.Get(ctx, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -362,7 +352,7 @@ func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b approveBody
-	if err := workers.DecodeStrict(body, &b); err != nil {
+	if err := runs.DecodeStrict(body, &b); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -373,16 +363,10 @@ func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
 	if b.Approver == "" {
 		b.Approver = identity(r.Context())
 	}
-	cmd := workers.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision, Approved: b.Approved, Approver: b.Approver, Comment: b.Comment}
-	if err := cmd.Validate(); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	b.Decision = cmd.Decision
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	err = workers.Approve(ctx, h.cfg.Store, workers.ApproveRequest{RunID: id, StepID: b.StepID,
-		Approve: b.Decision == "approve", Approver: b.Approver, Comment: b.Comment})
+	err = h.client.Approve(ctx, runs.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision,
+		Approved: b.Approved, Approver: b.Approver, Comment: b.Comment})
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -411,7 +395,7 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	var b cancelBody
 	if !empty {
-		if err := workers.DecodeStrict(body, &b); err != nil {
+		if err := runs.DecodeStrict(body, &b); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -425,7 +409,7 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	if err := workers.CancelRun(ctx, h.cfg.Store, h.nc, workers.CancelRequest{RunID: id, Reason: b.Reason, By: b.By}); err != nil {
+	if err := h.client.Cancel(ctx, runs.CancelCommand{RunID: id, Reason: b.Reason, By: b.By}); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -435,76 +419,9 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 // sameRun refuses a body whose run_id differs from the path's.
 func sameRun(pathID, bodyID string) error {
 	if bodyID != "" && bodyID != pathID {
-		return &workers.InputError{Field: "run_id", Msg: fmt.Sprintf("%q does not match the run id in the path (%s); leave it out", bodyID, pathID)}
+		return &runs.InputError{Field: "run_id", Msg: fmt.Sprintf("%q does not match the run id in the path (%s); leave it out", bodyID, pathID)}
 	}
 	return nil
-}
-
-// RunSummary is a run in a listing (GET /v1/runs, pal run list --json).
-type RunSummary struct {
-	RunID        string        `json:"run_id"`
-	Status       engine.Status `json:"status"`
-	Workflow     string        `json:"workflow,omitempty"`
-	ParentRunID  string        `json:"parent_run_id,omitempty"`
-	ParentStepID string        `json:"parent_step_id,omitempty"`
-	Depth        int           `json:"depth"`
-	Usage        event.Usage   `json:"usage"`
-	Error        string        `json:"error,omitempty"`
-	ErrorCode    string        `json:"error_code,omitempty"`
-	FailedStep   string        `json:"failed_step,omitempty"`
-	Resumes      int           `json:"resumes"`
-	LastWorker   string        `json:"last_worker,omitempty"`
-	LastSeq      uint64        `json:"last_seq"`
-	CreatedAt    time.Time     `json:"created_at"`
-	UpdatedAt    time.Time     `json:"updated_at"`
-	EndedAt      *time.Time    `json:"ended_at,omitempty"`
-}
-
-// RunList is a page of runs. Next, when set, is the cursor of the next
-// page (pass it as ?before=).
-type RunList struct {
-	Runs []RunSummary `json:"runs"`
-	Next string       `json:"next,omitempty"`
-}
-
-// ListOf renders a page of projection rows; limit is the page size asked
-// for (a full page gets a Next cursor).
-func ListOf(rows []projections.RunRow, limit int) RunList {
-	out := RunList{Runs: make([]RunSummary, 0, len(rows))}
-	for _, r := range rows {
-		s := RunSummary{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, ParentRunID: r.ParentRunID,
-			ParentStepID: r.ParentStepID, Depth: r.Depth,
-			Usage: event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
-			Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep, Resumes: r.Resumes, LastWorker: r.LastWorker,
-			LastSeq: r.LastSeq, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
-		if !r.EndedAt.IsZero() {
-			t := r.EndedAt.UTC()
-			s.EndedAt = &t
-		}
-		out.Runs = append(out.Runs, s)
-	}
-	if limit > 0 && len(rows) == limit {
-		out.Next = rows[len(rows)-1].Cursor()
-	}
-	return out
-}
-
-// Statuses are the run statuses a listing can filter on.
-var Statuses = []engine.Status{engine.StatusQueued, engine.StatusRunning, engine.StatusWaiting,
-	engine.StatusSucceeded, engine.StatusFailed, engine.StatusCancelled}
-
-// ParseStatus checks a status filter.
-func ParseStatus(s string) (engine.Status, error) {
-	for _, st := range Statuses {
-		if string(st) == s {
-			return st, nil
-		}
-	}
-	names := make([]string, len(Statuses))
-	for i, st := range Statuses {
-		names[i] = string(st)
-	}
-	return "", &workers.InputError{Field: "status", Msg: fmt.Sprintf("%q: want one of %s", s, strings.Join(names, ", "))}
 }
 
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -516,13 +433,13 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	f := projections.RunFilter{Limit: projections.DefaultListLimit}
 	for k, vs := range q {
 		if len(vs) != 1 {
-			h.fail(w, r, &workers.InputError{Field: k, Msg: "given more than once"})
+			h.fail(w, r, &runs.InputError{Field: k, Msg: "given more than once"})
 			return
 		}
 		v := vs[0]
 		switch k {
 		case "status":
-			st, err := ParseStatus(v)
+			st, err := runs.ParseStatus(v)
 			if err != nil {
 				h.fail(w, r, err)
 				return
@@ -531,14 +448,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		case "limit":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > projections.MaxListLimit {
-				h.fail(w, r, &workers.InputError{Field: "limit", Msg: fmt.Sprintf("%q: want a whole number from 1 to %d", v, projections.MaxListLimit)})
+				h.fail(w, r, &runs.InputError{Field: "limit", Msg: fmt.Sprintf("%q: want a whole number from 1 to %d", v, projections.MaxListLimit)})
 				return
 			}
 			f.Limit = n
 		case "before":
 			f.Before = v
 		default:
-			h.fail(w, r, &workers.InputError{Field: k, Msg: "unknown query parameter (want status, limit or before)"})
+			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, limit or before)"})
 			return
 		}
 	}
@@ -546,7 +463,7 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	rows, err := h.cfg.Runs.ListRuns(ctx, f)
 	if errors.Is(err, projections.ErrBadCursor) {
-		h.fail(w, r, &workers.InputError{Field: "before", Msg: "not a cursor from an earlier listing's \"next\""})
+		h.fail(w, r, &runs.InputError{Field: "before", Msg: "not a cursor from an earlier listing's \"next\""})
 		return
 	}
 	if err != nil {
@@ -556,7 +473,7 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs: the Postgres projection is not available (the server log says why)", "")
 		return
 	}
-	writeJSON(w, http.StatusOK, ListOf(rows, f.Limit))
+	writeJSON(w, http.StatusOK, runs.ListOf(rows, f.Limit))
 }
 
 func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -18,7 +18,7 @@ import (
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // TestBadInput sends every kind of bad request and checks that each gets
@@ -28,11 +28,11 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // no worker: nothing moves but what the requests write
 	ctx := context.Background()
-	queued, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
+	queued, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
 	require.NoError(t, err)
-	_, err = workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
-	require.NoError(t, workers.CancelRun(ctx, b.Store, nil, workers.CancelRequest{RunID: "run_done", Reason: "setup"}))
+	require.NoError(t, runs.New(b.Store, runs.WithConn(nil)).Cancel(ctx, runs.CancelCommand{RunID: "run_done", Reason: "setup"}))
 
 	wf := echoWorkflow
 	big := `{"workflow":` + wf + `,"input":{"pad":"` + strings.Repeat("x", api.MaxBodyBytes) + `"}}`
@@ -130,7 +130,7 @@ func TestStartGetCancel(t *testing.T) {
 	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
 	m := res.json(t)
 	runID := m["run_id"].(string)
-	require.Equal(t, workers.RunIDForKey("order-17"), runID)
+	require.Equal(t, runs.RunIDForKey("order-17"), runID)
 	require.Equal(t, true, m["created"])
 	require.Equal(t, "/v1/runs/"+runID, res.header.Get("Location"))
 	res = b.post(t, "/v1/runs", body, "Idempotency-Key", "order-17")
@@ -139,7 +139,7 @@ func TestStartGetCancel(t *testing.T) {
 	// The body's key wins over the header's.
 	res = b.post(t, "/v1/runs", `{"workflow":`+echoWorkflow+`,"idempotency_key":"body-key"}`, "Idempotency-Key", "order-17")
 	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
-	require.Equal(t, workers.RunIDForKey("body-key"), res.json(t)["run_id"])
+	require.Equal(t, runs.RunIDForKey("body-key"), res.json(t)["run_id"])
 	// A run id of the caller's choosing, once.
 	res = b.post(t, "/v1/runs", `{"workflow":`+echoWorkflow+`,"run_id":"run_mine-1"}`)
 	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
@@ -153,7 +153,7 @@ func TestStartGetCancel(t *testing.T) {
 
 	res = b.get(t, "/v1/runs/"+runID)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
-	var view workers.RunView
+	var view runs.RunView
 	require.NoError(t, json.Unmarshal(res.body, &view))
 	require.Equal(t, runID, view.RunID)
 	require.Equal(t, "running", string(view.Status))
@@ -190,7 +190,7 @@ func TestAuth(t *testing.T) {
 	tokens, err := api.ParseTokens("ci=" + testToken + ", second-token-abc")
 	require.NoError(t, err)
 	b := setup(t, withTokens(tokens, false))
-	_, err = workers.StartRun(context.Background(), b.Store, workers.StartRequest{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 
 	for _, h := range []string{"", "Bearer", "Bearer ", "Basic " + testToken, "Bearer " + testToken[:len(testToken)-1],
@@ -299,7 +299,7 @@ func TestListRuns(t *testing.T) {
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(wctx))
 
-	var page api.RunList
+	var page runs.RunList
 	res := b.get(t, "/v1/runs?limit=2")
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	require.NoError(t, json.Unmarshal(res.body, &page))
@@ -310,13 +310,13 @@ func TestListRuns(t *testing.T) {
 	require.NotNil(t, page.Runs[0].EndedAt)
 	require.Positive(t, page.Runs[0].Usage.TotalTokens)
 	require.NotEmpty(t, page.Next)
-	var rest api.RunList
+	var rest runs.RunList
 	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs?limit=2&before="+page.Next).body, &rest))
 	require.Len(t, rest.Runs, 1)
 	require.Equal(t, ids[0], rest.Runs[0].RunID)
 	require.Empty(t, rest.Next)
 
-	var all api.RunList
+	var all runs.RunList
 	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs?status=succeeded").body, &all))
 	require.Len(t, all.Runs, 3)
 	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs?status=failed").body, &all))

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // ServiceName is the NATS micro service name (nats micro ls shows it).
@@ -32,7 +32,7 @@ type getRequest struct {
 // answers the run), or {"error":…,"code":…} with the service error headers
 // set (400 bad input, 404 not found, 409 conflict, 503 unavailable).
 // Stop the returned service to deregister it.
-func StartService(ctx context.Context, nc *nats.Conn, store *eventstore.Store, log *slog.Logger) (micro.Service, error) {
+func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *slog.Logger) (micro.Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -48,9 +48,12 @@ func StartService(ctx context.Context, nc *nats.Conn, store *eventstore.Store, l
 	g := svc.AddGroup("pal.api.runs")
 	do := func(kind string) micro.Handler {
 		return micro.HandlerFunc(func(req micro.Request) {
+			if !replyAllowed(client, req, log) {
+				return
+			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			ans, _, err := workers.Do(rctx, store, nc, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api")
+			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api")
 			if err != nil {
 				respondError(req, err, log)
 				return
@@ -59,18 +62,21 @@ func StartService(ctx context.Context, nc *nats.Conn, store *eventstore.Store, l
 		})
 	}
 	get := micro.HandlerFunc(func(req micro.Request) {
+		if !replyAllowed(client, req, log) {
+			return
+		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		var r getRequest
-		if err := workers.DecodeStrict(req.Data(), &r); err != nil {
+		if err := runs.DecodeStrict(req.Data(), &r); err != nil {
 			respondError(req, err, log)
 			return
 		}
 		if r.RunID == "" {
-			respondError(req, &workers.InputError{Field: "run_id", Msg: "required"}, log)
+			respondError(req, &runs.InputError{Field: "run_id", Msg: "required"}, log)
 			return
 		}
-		v, err := workers.GetRun(rctx, store, r.RunID)
+		v, err := client.Get(rctx, r.RunID)
 		if err != nil {
 			respondError(req, err, log)
 			return
@@ -80,13 +86,27 @@ func StartService(ctx context.Context, nc *nats.Conn, store *eventstore.Store, l
 	for _, ep := range []struct {
 		name string
 		h    micro.Handler
-	}{{"start", do(workers.CmdStart)}, {"get", get}, {"approve", do(workers.CmdApprove)}, {"cancel", do(workers.CmdCancel)}} {
+	}{{"start", do(runs.CmdStart)}, {"get", get}, {"approve", do(runs.CmdApprove)}, {"cancel", do(runs.CmdCancel)}} {
 		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
 			_ = svc.Stop()
 			return nil, err
 		}
 	}
 	return svc, nil
+}
+
+// replyAllowed refuses a request whose reply subject is not one PAL may
+// publish on (runs.Client.CheckReply): it is not answered, and the refusal
+// is logged and announced on pal.cmd.rejected.
+func replyAllowed(client *runs.Client, req micro.Request, log *slog.Logger) bool {
+	err := client.CheckReply(req.Reply())
+	if err == nil {
+		return true
+	}
+	log.Warn("pal.api request refused: reply subject not allowed", "subject", req.Subject(), "err", err)
+	b, _ := json.Marshal(runs.Rejection{Subject: req.Subject(), Error: err.Error(), Code: runs.CodeBadInput, Field: "reply_to"})
+	_ = client.Conn().Publish(eventstore.RejectedSubject, b)
+	return false
 }
 
 // statusOf maps an answer code to an HTTP-style status.
@@ -104,7 +124,7 @@ func statusOf(code string) int {
 }
 
 func respondError(req micro.Request, err error, log *slog.Logger) {
-	ans := workers.ErrorAnswer(err)
+	ans := runs.ErrorAnswer(err)
 	if errors.Is(err, eventstore.ErrRunNotFound) {
 		ans.Error = "run not found"
 	}

@@ -13,15 +13,15 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func TestNATSService(t *testing.T) {
 	t.Parallel()
 	pal := paltest.New(t, paltest.LeaseTTL(0))
-	nc, store := pal.NC, pal.Store
+	nc := pal.NC
 	ctx := context.Background()
-	svc, err := api.StartService(ctx, nc, store, nil)
+	svc, err := api.StartService(ctx, nc, pal.Runs, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
 
@@ -49,7 +49,7 @@ func TestNATSService(t *testing.T) {
 	out, m := req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
 	require.Empty(t, m.Header.Get(micro.ErrorHeader))
 	runID, _ := out["run_id"].(string)
-	require.Equal(t, workers.RunIDForKey("k1"), runID)
+	require.Equal(t, runs.RunIDForKey("k1"), runID)
 	require.Equal(t, true, out["created"])
 	out, _ = req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
 	require.Equal(t, runID, out["run_id"])

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // sseWriteTimeout bounds one write to an event stream: a client that stops
@@ -191,7 +191,7 @@ func resumeAfter(r *http.Request) (uint64, error) {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "after" {
-			return 0, &workers.InputError{Field: k, Msg: "unknown query parameter (want after)"}
+			return 0, &runs.InputError{Field: k, Msg: "unknown query parameter (want after)"}
 		}
 	}
 	field, v := "Last-Event-ID", r.Header.Get("Last-Event-ID")
@@ -203,7 +203,7 @@ func resumeAfter(r *http.Request) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, &workers.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", v)}
+		return 0, &runs.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", v)}
 	}
 	return n, nil
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // TestSSEReconnect disconnects a client mid-run, lets the run move on while
@@ -92,7 +92,7 @@ func TestSSEReconnect(t *testing.T) {
 func TestSSEKeepAliveAndStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withKeepAlive(20*time.Millisecond)) // no worker: the run stays queued
-	_, err := workers.StartRun(context.Background(), b.Store, workers.StartRequest{RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
+	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()

@@ -84,8 +84,13 @@ type Attempt struct {
 	DeliveryStatus int
 	ClaimedAt      time.Time
 	DeliveredAt    time.Time
-	// LastSeq is the seq of the last event that changed this attempt.
-	LastSeq uint64
+	// FirstSeq is the seq of the first event of this attempt; LastSeq
+	// the seq of the last event that changed it.
+	FirstSeq uint64
+	LastSeq  uint64
+	// WaitingAt is when the attempt began to wait (step_waiting: an
+	// approval, a child run); zero if it never did.
+	WaitingAt time.Time
 }
 
 // Step is the folded state of one step (its latest attempt).
@@ -141,7 +146,7 @@ func (s *Step) AttemptState(n int) *Attempt {
 func (s *Step) attempt(n int, seq uint64) *Attempt {
 	a := s.AttemptState(n)
 	if a == nil {
-		a = &Attempt{Attempt: n}
+		a = &Attempt{Attempt: n, FirstSeq: seq}
 		s.Attempts = append(s.Attempts, a)
 	}
 	a.LastSeq = seq
@@ -407,7 +412,11 @@ func (st *RunState) apply(ev event.Event) error {
 			}
 			s.TimeoutAt = t
 		}
-		s.attempt(max(s.Attempt, 1), ev.Seq).Status = StepWaiting
+		a := s.attempt(max(s.Attempt, 1), ev.Seq)
+		a.Status = StepWaiting
+		if a.WaitingAt.IsZero() {
+			a.WaitingAt = ev.TS
+		}
 		if d.ChildRunID != "" {
 			s.ChildRunID = d.ChildRunID
 		}

@@ -3,6 +3,7 @@ package event
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -12,6 +13,9 @@ import (
 
 // MaxRunIDLen bounds run ids so subjects and keys stay short.
 const MaxRunIDLen = 128
+
+// ErrInvalidRunID is wrapped by every error of ValidateRunID.
+var ErrInvalidRunID = errors.New("invalid run id")
 
 // NewRunID returns a fresh run id: "run_" followed by a ULID, so ids sort by
 // creation time and are safe as a NATS subject token.
@@ -31,17 +35,17 @@ func ChildRunID(parentRunID, parentStepID string) string {
 // (dots, spaces, '*', '>') could widen a subject and is refused.
 func ValidateRunID(id string) error {
 	if id == "" {
-		return fmt.Errorf("invalid run id: empty")
+		return fmt.Errorf("%w: empty", ErrInvalidRunID)
 	}
 	if len(id) > MaxRunIDLen {
-		return fmt.Errorf("invalid run id %q: longer than %d characters", truncate(id), MaxRunIDLen)
+		return fmt.Errorf("%w %q: longer than %d characters", ErrInvalidRunID, truncate(id), MaxRunIDLen)
 	}
 	for _, r := range id {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
 		default:
-			return fmt.Errorf("invalid run id %q: character %q not allowed (use letters, digits, '_' and '-'; "+
-				"dots, spaces, '*' and '>' would change the NATS subject)", truncate(id), r)
+			return fmt.Errorf("%w %q: character %q not allowed (use letters, digits, '_' and '-'; "+
+				"dots, spaces, '*' and '>' would change the NATS subject)", ErrInvalidRunID, truncate(id), r)
 		}
 	}
 	return nil

@@ -21,6 +21,13 @@ const (
 	// is announced, with the reason.
 	RejectedSubject = "pal.cmd.rejected"
 
+	// CancelPrefix is the core NATS subject prefix on which a cancel is
+	// announced (pal.ctl.cancel.<run_id>), so the worker driving the run
+	// stops its in-flight call at once. The journal, not this notice, is
+	// the truth: a worker that misses it finds run_cancelled on its next
+	// append.
+	CancelPrefix = "pal.ctl.cancel."
+
 	EventsPrefix  = "pal.events."
 	WorkPrefix    = "pal.work."
 	CommandPrefix = "pal.cmd.runs."

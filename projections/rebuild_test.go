@@ -13,7 +13,7 @@ import (
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func rebuild(t *testing.T, b *bundle) projections.RebuildResult {
@@ -89,7 +89,7 @@ func TestRebuildWhileLive(t *testing.T) {
 
 	// One run waits on a held LLM call across the rebuild.
 	held := b.LLM.Hold(func(c providertest.Call) bool { return strings.HasPrefix(c.LastUser(), "step 2") })
-	runs := []string{b.Start(t, seqWorkflow(3, "openai"), `{"topic":"held"}`)}
+	ids := []string{b.Start(t, seqWorkflow(3, "openai"), `{"topic":"held"}`)}
 	_, err := held.Wait(ctxTimeout(t, 30*time.Second))
 	require.NoError(t, err)
 	// Others start and run all along.
@@ -103,7 +103,7 @@ func TestRebuildWhileLive(t *testing.T) {
 				return
 			default:
 			}
-			res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
+			res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
 			if err != nil {
 				t.Errorf("starting a run: %v", err)
 				return
@@ -120,10 +120,10 @@ func TestRebuildWhileLive(t *testing.T) {
 	require.Greater(t, p.Stats().Batches, before, "the live projector kept writing")
 	close(stop)
 	for id := range started {
-		runs = append(runs, id)
+		ids = append(ids, id)
 	}
 	held.Release()
-	for _, id := range runs {
+	for _, id := range ids {
 		b.WaitEnd(t, id)
 	}
 	caughtUp(t, p)
@@ -133,7 +133,7 @@ func TestRebuildWhileLive(t *testing.T) {
 	require.Zero(t, p.Stats().WriteRetries, "the live projector waited for the swap without an error")
 	all, err := q.ListRuns(ctx, projections.RunFilter{Limit: projections.MaxListLimit})
 	require.NoError(t, err)
-	require.Len(t, all, len(runs))
+	require.Len(t, all, len(ids))
 	j := requireProjectionMatchesStream(t, b.pool, b.NC)
 	requireRowsMatchFold(t, b.pool, j)
 

@@ -66,7 +66,11 @@ type StepRow struct {
 	StartedAt    time.Time
 	EndedAt      time.Time
 	DurationMs   int64
-	LastSeq      uint64
+	// FirstSeq is the seq of the attempt's first event: the journal order.
+	FirstSeq uint64
+	// WaitingAt is when the attempt began to wait; zero if it never did.
+	WaitingAt time.Time
+	LastSeq   uint64
 }
 
 // Receipt statuses (side_effect_receipts.status).
@@ -155,6 +159,21 @@ func runRowOf(st *engine.RunState, withBlobs bool) RunRow {
 	return r
 }
 
+// RowsOf maps a folded run to the rows the projector writes for it: its
+// runs row (with the workflow snapshot and input) and one steps row per
+// attempt, steps in the order they first appear in the journal. The read
+// model renders a run from these rows whichever source they come from.
+func RowsOf(st *engine.RunState) (RunRow, []StepRow) {
+	var steps []StepRow
+	for _, id := range st.Order {
+		s := st.Steps[id]
+		for _, a := range s.Attempts {
+			steps = append(steps, stepRowOf(st.RunID, s, a))
+		}
+	}
+	return runRowOf(st, true), steps
+}
+
 // stepRowOf maps one attempt of a folded step to its steps row.
 func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 	r := StepRow{
@@ -162,6 +181,7 @@ func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 		Status: a.Status, Input: a.Input, Output: a.Output, Error: a.Error, ErrorClass: a.Class,
 		IdempotencyKey: a.Key, Tries: a.Tries, Delivery: a.Delivery,
 		StartedAt: a.StartedAt, EndedAt: a.EndedAt, DurationMs: a.DurationMs, LastSeq: a.LastSeq,
+		FirstSeq: a.FirstSeq, WaitingAt: a.WaitingAt,
 	}
 	if a.Usage != nil {
 		r.InputTokens, r.OutputTokens, r.CostUSD = a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CostUSD

@@ -14,6 +14,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
@@ -25,12 +26,12 @@ func approvalWorkflow(extra string) string {
 		"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"ok"},{"from":"ok","to":"ship"}]}`, extra)
 }
 
-func (b *bundle) waitStatus(t *testing.T, runID string, want engine.Status) *workers.RunView {
+func (b *bundle) waitStatus(t *testing.T, runID string, want engine.Status) *runs.RunView {
 	t.Helper()
-	var v *workers.RunView
+	var v *runs.RunView
 	require.Eventually(t, func() bool {
 		var err error
-		v, err = workers.GetRun(context.Background(), b.Store, runID)
+		v, err = runs.New(b.Store).Get(context.Background(), runID)
 		return err == nil && v.Status == want
 	}, 30*time.Second, 10*time.Millisecond, "run %s never %s", runID, want)
 	return v
@@ -57,13 +58,13 @@ func TestApprovalParksAndApproveFinishes(t *testing.T) {
 
 	// Refusals write nothing.
 	before := len(b.Events(t, runID))
-	require.ErrorIs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "draft", Approve: true, Approver: "ana"}), workers.ErrNotWaiting)
-	var ie *workers.InputError
-	require.ErrorAs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true}), &ie)
+	require.ErrorIs(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "draft", Decision: "approve", Approver: "ana"}), runs.ErrNotWaiting)
+	var ie *runs.InputError
+	require.ErrorAs(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "ok", Decision: "approve"}), &ie)
 	require.Len(t, b.Events(t, runID), before)
 
-	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "ana", Comment: "go"}))
-	require.ErrorIs(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "bo"}), workers.ErrNotWaiting, "decided once")
+	require.NoError(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "ok", Decision: "approve", Approver: "ana", Comment: "go"}))
+	require.ErrorIs(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "ok", Decision: "reject", Approver: "bo"}), runs.ErrNotWaiting, "decided once")
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 	evs := b.Events(t, runID)
 	dec := find(evs, event.ApprovalReceived, "ok")
@@ -89,7 +90,7 @@ func TestEarlyApprovalAppliesWhenTheRunArrives(t *testing.T) {
 	require.NoError(t, err)
 	// Decided while the run is still thinking: kept, and the drive that
 	// conflicts with it folds it in and goes on.
-	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: true, Approver: "early-bird"}))
+	require.NoError(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "ok", Decision: "approve", Approver: "early-bird"}))
 	hold.Release()
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 	evs := b.Events(t, runID)
@@ -104,7 +105,7 @@ func TestRejectionFailsAndTimeoutRoutes(t *testing.T) {
 	ctx := context.Background()
 	runID := b.Start(t, approvalWorkflow(""), `{"v":"x"}`)
 	b.waitStatus(t, runID, engine.StatusWaiting)
-	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: runID, StepID: "ok", Approve: false, Approver: "cy", Comment: "no"}))
+	require.NoError(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: runID, StepID: "ok", Decision: "reject", Approver: "cy", Comment: "no"}))
 	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
 	require.Equal(t, "step ok was rejected by cy: no", data[event.RunFailedData](t, final).Error)
@@ -219,7 +220,7 @@ func TestNestedApprovalThroughAChild(t *testing.T) {
 	require.Len(t, waits, 1)
 	require.Equal(t, event.WaitChild, data[event.StepWaitingData](t, waits[0]).Reason)
 
-	require.NoError(t, workers.Approve(ctx, b.Store, workers.ApproveRequest{RunID: childID, StepID: "ok", Approve: true, Approver: "ana"}))
+	require.NoError(t, runs.New(b.Store).Approve(ctx, runs.ApproveCommand{RunID: childID, StepID: "ok", Decision: "approve", Approver: "ana"}))
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, childID).Kind)
 	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, final.Kind)
@@ -266,8 +267,8 @@ func TestPlainLLMRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	res, err := workers.StartRun(context.Background(), b.Store, workers.StartRequest{
-		LLM:   &workers.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
+	res, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+		LLM:   &runs.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
 		Input: json.RawMessage(`{"name":"pal"}`)})
 	require.NoError(t, err)
 	final := b.WaitEnd(t, res.RunID)
@@ -278,8 +279,8 @@ func TestPlainLLMRun(t *testing.T) {
 	require.Len(t, calls, 1)
 	require.Equal(t, "hello pal", calls[0].LastUser())
 
-	_, err = workers.StartRun(context.Background(), b.Store, workers.StartRequest{
-		Workflow: json.RawMessage(leafWorkflow), LLM: &workers.LLMSpec{Provider: "openai", Model: "m", Prompt: "x"}})
-	var ie *workers.InputError
+	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+		Workflow: json.RawMessage(leafWorkflow), LLM: &runs.LLMSpec{Provider: "openai", Model: "m", Prompt: "x"}})
+	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // procBundle is a bundle whose workers are real pal processes.
@@ -62,8 +62,8 @@ func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.
 func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
 	t.Helper()
 	runID := event.NewRunID()
-	res, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
-		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), Writer: "test"})
+	res, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
 	require.NoError(t, err)
 	return res.RunID
 }
@@ -88,7 +88,7 @@ func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(6, "openai")), Input: json.RawMessage(`{"topic":"crash"}`)})
 	require.NoError(t, err)
 
@@ -124,7 +124,7 @@ func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(5, "openai")), Input: json.RawMessage(`{"topic":"freeze"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -186,7 +186,7 @@ func TestDeliveryCrashAfterDelivery(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "think", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s2", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := workers.StartRun(context.Background(), p.Store, workers.StartRequest{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"term"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -256,11 +256,11 @@ func TestBrokerKill9MidRun(t *testing.T) {
 	heldID := event.NewRunID()
 	hold := llm.Hold(providertest.ByKey(key(heldID, "s4", 1)))
 	wfA := strings.Replace(seqWorkflow(6, "openai"), `"name":"seq-6"`, `"name":"held"`, 1)
-	_, err = workers.StartRun(ctx, store, workers.StartRequest{RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
+	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
 	require.NoError(t, err)
 	var fast []string
 	for range 4 {
-		res, err := workers.StartRun(ctx, store, workers.StartRequest{Workflow: json.RawMessage(echoChain(150))})
+		res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(150))})
 		require.NoError(t, err)
 		fast = append(fast, res.RunID)
 	}

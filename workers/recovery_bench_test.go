@@ -15,7 +15,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // BenchmarkRecoveryAfterKill measures, over PAL_BENCH_KILLS kills (default
@@ -86,7 +86,7 @@ func recoveryRun(tb testing.TB, kills int, ttl string) []time.Duration {
 	for i := range kills {
 		runID := event.NewRunID()
 		hold := llm.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s2", 1)))
-		if _, err := workers.StartRun(ctx, store, workers.StartRequest{RunID: runID,
+		if _, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID,
 			Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"recovery"}`)}); err != nil {
 			tb.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // TestSweepRedrivesARunWithNoWork kills the worker driving a run with
@@ -35,7 +35,7 @@ func TestSweepRedrivesARunWithNoWork(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s2", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err = workers.StartRun(ctx, p.Store, workers.StartRequest{RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"orphan"}`)})
+	_, err = runs.New(p.Store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"orphan"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctx)
 	require.NoError(t, err)

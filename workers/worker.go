@@ -129,8 +129,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// A cancel is announced on core NATS after run_cancelled is in the
 	// journal: stop that run's drive (and its in-flight call) at once.
-	sub, err := w.store.JetStream().Conn().Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
-		runID := strings.TrimPrefix(m.Subject, CancelSubjectPrefix)
+	sub, err := w.store.JetStream().Conn().Subscribe(eventstore.CancelPrefix+"*", func(m *nats.Msg) {
+		runID := strings.TrimPrefix(m.Subject, eventstore.CancelPrefix)
 		w.activeMu.Lock()
 		cancel := w.active[runID]
 		w.activeMu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 	"github.com/palrun/pal/workflow"
 )
@@ -210,10 +211,10 @@ func TestInvalidStartsWriteNothing(t *testing.T) {
 		{"space in run id", "run x", seqWorkflow(1, "openai"), `{}`, "invalid run id"},
 	}
 	for _, tc := range cases {
-		_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
+		_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(cases[0].wf)})
+	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(cases[0].wf)})
 	var ve *workflow.ValidationError
 	require.ErrorAs(t, err, &ve)
 
@@ -228,21 +229,21 @@ func TestDuplicateStartCreatesOneRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	req := workers.StartRequest{Workflow: json.RawMessage(seqWorkflow(1, "openai")), IdempotencyKey: "order-42"}
-	first, err := workers.StartRun(ctx, b.Store, req)
+	req := runs.StartCommand{Workflow: json.RawMessage(seqWorkflow(1, "openai")), IdempotencyKey: "order-42"}
+	first, err := b.Runs.Start(ctx, req)
 	require.NoError(t, err)
 	require.True(t, first.Created)
-	second, err := workers.StartRun(ctx, b.Store, req)
+	second, err := b.Runs.Start(ctx, req)
 	require.NoError(t, err)
 	require.False(t, second.Created)
 	require.Equal(t, first.RunID, second.RunID)
 	require.Len(t, b.Events(t, first.RunID), 1)
 
 	// A caller-chosen run id is created once; reusing it is an error.
-	req = workers.StartRequest{RunID: "my-run", Workflow: json.RawMessage(seqWorkflow(1, "openai"))}
-	_, err = workers.StartRun(ctx, b.Store, req)
+	req = runs.StartCommand{RunID: "my-run", Workflow: json.RawMessage(seqWorkflow(1, "openai"))}
+	_, err = b.Runs.Start(ctx, req)
 	require.NoError(t, err)
-	_, err = workers.StartRun(ctx, b.Store, req)
+	_, err = b.Runs.Start(ctx, req)
 	require.ErrorIs(t, err, eventstore.ErrRunExists)
 }
 
@@ -257,7 +258,7 @@ func TestClaimWithoutDeliveryIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
@@ -282,7 +283,7 @@ func TestDeliveredButNotCompletedIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
@@ -332,7 +333,7 @@ func TestCrashLoopFailsRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := workers.StartRun(ctx, b.Store, workers.StartRequest{Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
 	require.NoError(t, err)
 	// Five drives in a row died at s1 without completing it; the sixth
 	// gives up.

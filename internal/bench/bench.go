@@ -23,6 +23,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
@@ -197,9 +198,10 @@ func (r Result) Percentile(q float64) time.Duration {
 
 // Runs starts `runs` runs of a steps-long sequential workflow at once and
 // waits for all of them to end; every run must succeed.
-func (e *Env) Runs(ctx context.Context, runs, steps int) (Result, error) {
+func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 	wf := Workflow(steps)
-	done := make(chan string, runs)
+	client := runs.New(e.Store)
+	done := make(chan string, n)
 	sub, err := e.subNC.Subscribe(eventstore.EventsPrefix+"*", func(m *nats.Msg) {
 		k := m.Header.Get("Pal-Kind")
 		if strings.HasSuffix(k, string(event.RunSucceeded)) || strings.HasSuffix(k, string(event.RunFailed)) ||
@@ -215,14 +217,14 @@ func (e *Env) Runs(ctx context.Context, runs, steps int) (Result, error) {
 		return Result{}, err
 	}
 	start := time.Now()
-	ids := make([]string, runs)
+	ids := make([]string, n)
 	var wg sync.WaitGroup
-	errs := make(chan error, runs)
-	for i := range runs {
+	errs := make(chan error, n)
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := workers.StartRun(ctx, e.Store, workers.StartRequest{Workflow: wf, Writer: "bench"})
+			res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
 			if err != nil {
 				errs <- err
 				return
@@ -235,14 +237,14 @@ func (e *Env) Runs(ctx context.Context, runs, steps int) (Result, error) {
 	if err := <-errs; err != nil {
 		return Result{}, err
 	}
-	for n := 0; n < runs; n++ {
+	for ended := range n {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return Result{}, fmt.Errorf("bench: %d of %d runs ended before %v", n, runs, ctx.Err())
+			return Result{}, fmt.Errorf("bench: %d of %d runs ended before %v", ended, n, ctx.Err())
 		}
 	}
-	res := Result{Runs: runs, StepsPerRun: steps, Elapsed: time.Since(start)}
+	res := Result{Runs: n, StepsPerRun: steps, Elapsed: time.Since(start)}
 	for _, id := range ids {
 		// A core subscriber can see a message before the stream has stored
 		// it (in strict mode, before the fsync): read until the end shows.

@@ -7,6 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/runs"
 )
 
 // DefaultNATSURL is where PAL looks for NATS when PAL_NATS_URL is unset.
@@ -106,4 +108,14 @@ func (e *env) workerID(cmd *cobra.Command) (string, error) {
 
 func (e *env) replicas(cmd *cobra.Command) (int, error) {
 	return e.intSetting(cmd, "replicas", "PAL_REPLICAS", 1, 1)
+}
+
+// runsClient is the front door over store, with the reply prefixes of
+// PAL_REPLY_PREFIX. Errors name the variable.
+func (e *env) runsClient(store *eventstore.Store) (*runs.Client, error) {
+	prefixes, err := runs.ParseReplyPrefixes(e.getenv("PAL_REPLY_PREFIX"))
+	if err != nil {
+		return nil, err
+	}
+	return runs.New(store, runs.WithReplyPrefixes(prefixes...)), nil
 }

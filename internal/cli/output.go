@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // Output helpers shared by the pal run subcommands: human output by
@@ -54,7 +54,7 @@ func (e *env) jsonErrors(run func(cmd *cobra.Command, args []string) error) func
 		switch codeOf(err) {
 		case ExitBadInput:
 			code = "bad_input"
-			if c, _, _ := workers.Classify(err); c == "conflict" {
+			if c, _, _ := runs.Classify(err); c == "conflict" {
 				code = "conflict"
 			}
 		case ExitNotFound:
@@ -63,7 +63,7 @@ func (e *env) jsonErrors(run func(cmd *cobra.Command, args []string) error) func
 			code = "unavailable"
 		}
 		var field string
-		var ie *workers.InputError
+		var ie *runs.InputError
 		if errors.As(err, &ie) {
 			field = ie.Field
 		}
@@ -86,7 +86,7 @@ func workersError(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	switch code, _, _ := workers.Classify(err); code {
+	switch code, _, _ := runs.Classify(err); code {
 	case "bad_input", "conflict":
 		return withCode(ExitBadInput, err)
 	case "not_found":

@@ -14,7 +14,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func (e *env) runCmd() *cobra.Command {
@@ -93,8 +93,8 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer nc.Close()
-	res, err := workers.StartRun(ctx, store, workers.StartRequest{
-		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Writer: "pal-cli"})
+	res, err := runs.New(store).Start(ctx, runs.StartCommand{
+		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, By: "pal-cli"})
 	if err != nil {
 		if errors.Is(err, eventstore.ErrRunExists) || errors.Is(err, eventstore.ErrPayloadTooLarge) {
 			return withCode(ExitBadInput, err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func (e *env) runApproveCmd() *cobra.Command {
@@ -52,7 +52,7 @@ func (e *env) runApprove(cmd *cobra.Command, args []string) error {
 	if err := event.ValidateRunID(runID); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	c := workers.ApproveCommand{RunID: runID, StepID: step, Decision: decision, Approver: approver, Comment: comment}
+	c := runs.ApproveCommand{RunID: runID, StepID: step, Decision: decision, Approver: approver, Comment: comment}
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
@@ -61,8 +61,7 @@ func (e *env) runApprove(cmd *cobra.Command, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	err = workers.Approve(ctx, store, workers.ApproveRequest{RunID: runID, StepID: step, Approve: !reject,
-		Approver: approver, Comment: comment})
+	err = runs.New(store).Approve(ctx, c)
 	if err != nil {
 		return workersError(err)
 	}
@@ -115,8 +114,8 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	if err := workers.CancelRun(ctx, store, nc, workers.CancelRequest{RunID: runID, Reason: reason, By: by}); err != nil {
-		if errors.Is(err, workers.ErrRunFinished) {
+	if err := runs.New(store, runs.WithConn(nc)).Cancel(ctx, runs.CancelCommand{RunID: runID, Reason: reason, By: by}); err != nil {
+		if errors.Is(err, runs.ErrRunFinished) {
 			err = fmt.Errorf("%w; nothing was written", err)
 		}
 		return workersError(err)

@@ -12,12 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 // Where pal run get read a run from (the "source" field of --json).
@@ -26,10 +25,10 @@ const (
 	sourcePostgres = "postgres"
 )
 
-// runGetOut is pal run get --json: the run as workers.RunView renders it
+// runGetOut is pal run get --json: the run as runs.RunView renders it
 // (GET /v1/runs/{id} answers the same), and where it was read.
 type runGetOut struct {
-	*workers.RunView
+	*runs.RunView
 	Source string `json:"source"`
 }
 
@@ -66,7 +65,7 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 		return withCode(ExitBadInput, err)
 	}
 	var (
-		view   *workers.RunView
+		view   *runs.RunView
 		source string
 	)
 	forceJournal, _ := cmd.Flags().GetBool("journal")
@@ -89,7 +88,7 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 			return err
 		}
 		defer nc.Close()
-		if view, err = workers.GetRun(ctx, store, runID); err != nil {
+		if view, err = runs.New(store).Get(ctx, runID); err != nil {
 			if errors.Is(err, eventstore.ErrRunNotFound) {
 				return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
 			}
@@ -103,7 +102,7 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 	return printRun(e.stdout, view, source, time.Now())
 }
 
-func (e *env) getFromPostgres(ctx context.Context, dbURL, runID string) (*workers.RunView, error) {
+func (e *env) getFromPostgres(ctx context.Context, dbURL, runID string) (*runs.RunView, error) {
 	pool, err := e.connectPGNow(ctx, dbURL)
 	if err != nil {
 		return nil, err
@@ -113,7 +112,7 @@ func (e *env) getFromPostgres(ctx context.Context, dbURL, runID string) (*worker
 	if err != nil {
 		return nil, pgHint(err)
 	}
-	return viewOfDetail(d), nil
+	return runs.ViewOfDetail(d), nil
 }
 
 // pgHint adds what to do to a query that failed for want of PAL's tables.
@@ -126,36 +125,6 @@ func pgHint(err error) error {
 		return err
 	}
 	return withCode(ExitUnavailable, err)
-}
-
-// viewOfDetail renders a run of the projection like workers.View renders
-// a folded journal: one entry per step, its latest attempt.
-func viewOfDetail(d projections.RunDetail) *workers.RunView {
-	r := d.Run
-	v := &workers.RunView{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, Input: r.Input, Output: r.Output,
-		Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep, ParentRunID: r.ParentRunID,
-		ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes, LastSeq: r.LastSeq,
-		Usage:     event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
-		CreatedAt: rfc3339(r.CreatedAt), UpdatedAt: rfc3339(r.UpdatedAt), EndedAt: rfc3339(r.EndedAt),
-		Steps: []workers.StepView{}}
-	at := map[string]int{}
-	for _, s := range d.Steps {
-		sv := workers.StepView{StepID: s.StepID, NodeType: s.NodeType, Status: s.Status, Attempt: s.Attempt,
-			Output: s.Output, Error: s.Error, Delivery: s.Delivery, DurationMs: s.DurationMs}
-		if s.InputTokens != 0 || s.OutputTokens != 0 || s.CostUSD != 0 {
-			sv.Usage = &event.Usage{InputTokens: s.InputTokens, OutputTokens: s.OutputTokens,
-				TotalTokens: s.InputTokens + s.OutputTokens, CostUSD: s.CostUSD}
-		}
-		if i, ok := at[s.StepID]; ok {
-			if s.Attempt >= v.Steps[i].Attempt {
-				v.Steps[i] = sv
-			}
-			continue
-		}
-		at[s.StepID] = len(v.Steps)
-		v.Steps = append(v.Steps, sv)
-	}
-	return v
 }
 
 func rfc3339(t time.Time) string {
@@ -171,7 +140,7 @@ func parseTime(s string) time.Time {
 }
 
 // printRun prints a run for people.
-func printRun(w io.Writer, v *workers.RunView, source string, now time.Time) error {
+func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	created, ended := parseTime(v.CreatedAt), parseTime(v.EndedAt)
 	fmt.Fprintf(tw, "Run\t%s\n", v.RunID)
@@ -282,7 +251,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
 	f := projections.RunFilter{}
 	if s, _ := cmd.Flags().GetString("status"); s != "" {
-		st, err := api.ParseStatus(s)
+		st, err := runs.ParseStatus(s)
 		if err != nil {
 			return withCode(ExitBadInput, fmt.Errorf("--status %w", err))
 		}
@@ -310,7 +279,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return pgHint(err)
 	}
-	list := api.ListOf(rows, f.Limit)
+	list := runs.ListOf(rows, f.Limit)
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, list)
 	}
@@ -322,9 +291,10 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN ID\tSTATUS\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
 	for _, r := range list.Runs {
-		dur := now.Sub(r.CreatedAt)
-		if r.EndedAt != nil {
-			dur = r.EndedAt.Sub(r.CreatedAt)
+		created := parseTime(r.CreatedAt)
+		dur := now.Sub(created)
+		if r.EndedAt != "" {
+			dur = parseTime(r.EndedAt).Sub(created)
 		}
 		cost := "-"
 		if r.Usage.CostUSD > 0 {
@@ -334,7 +304,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 		if r.ErrorCode != "" {
 			errText = r.ErrorCode + ": " + errText
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Workflow), fmtShortTime(r.CreatedAt),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Workflow), fmtShortTime(created),
 			fmtDuration(dur), fmtTokens(r.Usage.TotalTokens), cost, dash(truncate(errText, 50)))
 	}
 	if err := tw.Flush(); err != nil {

@@ -14,11 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func TestRunGetWatch(t *testing.T) {
@@ -58,7 +57,7 @@ func TestRunGetWatch(t *testing.T) {
 	r = b.pal(t, nil, "run", "get", id, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	var out struct {
-		workers.RunView
+		runs.RunView
 		Source string `json:"source"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
@@ -230,21 +229,21 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 
 	r = b.pal(t, db, "run", "list", "--json", "--status", "failed")
 	require.Equal(t, 0, r.code, "%s", r)
-	list := decodeJSON[api.RunList](t, r.stdout)
+	list := decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
 	require.Equal(t, ids[1], list.Runs[0].RunID)
 	require.Equal(t, "step_failed", list.Runs[0].ErrorCode)
 
 	r = b.pal(t, db, "run", "list", "--limit", "2", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
-	list = decodeJSON[api.RunList](t, r.stdout)
+	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 2)
 	require.NotEmpty(t, list.Next)
 	r = b.pal(t, db, "run", "list", "--limit", "2")
 	require.Contains(t, r.stderr, "more: pal run list --before "+list.Next+" --limit 2")
 	r = b.pal(t, db, "run", "list", "--limit", "2", "--before", list.Next, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
-	list = decodeJSON[api.RunList](t, r.stdout)
+	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
 	require.Equal(t, ids[0], list.Runs[0].RunID)
 	r = b.pal(t, db, "run", "list", "--before", "nonsense")
@@ -255,7 +254,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	require.Regexp(t, `(?m)^Status\s+failed$`, r.stdout)
 	require.Contains(t, r.stdout, "(read from the Postgres projection up to seq")
 	type getOut struct {
-		workers.RunView
+		runs.RunView
 		Source string `json:"source"`
 	}
 	fromPG := decodeJSON[getOut](t, b.pal(t, db, "run", "get", ids[0], "--json").stdout)

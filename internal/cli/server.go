@@ -191,7 +191,11 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 		}
 		defer pool.Close()
 	}
-	svc, err := api.StartService(ctx, nc, store, log)
+	client, err := e.runsClient(store)
+	if err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	svc, err := api.StartService(ctx, nc, client, log)
 	if err != nil {
 		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
 	}

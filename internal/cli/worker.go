@@ -20,6 +20,7 @@ import (
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
@@ -150,12 +151,17 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
-	cmds := workers.NewCommandProcessor(store, log)
+	client, err := e.runsClient(store)
+	if err != nil {
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitBadInput, err))
+	}
+	cmds := runs.NewCommandProcessor(client, log)
 	if err := cmds.Start(ctx); err != nil {
 		_ = w.Stop(context.WithoutCancel(ctx))
 		return fail(withCode(ExitUnavailable, err))
 	}
-	svc, err := api.StartService(ctx, nc, store, log)
+	svc, err := api.StartService(ctx, nc, client, log)
 	if err != nil {
 		_ = cmds.Stop(context.WithoutCancel(ctx))
 		_ = w.Stop(context.WithoutCancel(ctx))

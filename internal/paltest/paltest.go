@@ -36,6 +36,7 @@ import (
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
@@ -47,8 +48,10 @@ type Stack struct {
 	JS     jetstream.JetStream
 	Store  *eventstore.Store
 	Leases *eventstore.Leases
-	LLM    *providertest.Server
-	Hook   *connectortest.Receiver
+	// Runs is the front door over Store (commands, the read model).
+	Runs *runs.Client
+	LLM  *providertest.Server
+	Hook *connectortest.Receiver
 	// TTL is the lease TTL given to eventstore.Setup and OpenLeases.
 	TTL time.Duration
 }
@@ -97,6 +100,7 @@ func New(tb testing.TB, opts ...Option) *Stack {
 	require.NoError(tb, err)
 	s.Leases, err = eventstore.OpenLeases(ctx, s.JS, cfg.ttl)
 	require.NoError(tb, err)
+	s.Runs = runs.New(s.Store)
 	s.LLM = providertest.NewServer(tb)
 	s.Hook = connectortest.NewReceiver(tb)
 	if !cfg.noJournalCheck {
@@ -163,8 +167,8 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 // "test", and returns its id.
 func (s *Stack) Start(tb testing.TB, wf, input string) string {
 	tb.Helper()
-	res, err := workers.StartRun(context.Background(), s.Store, workers.StartRequest{
-		Workflow: json.RawMessage(wf), Input: json.RawMessage(input), Writer: "test"})
+	res, err := s.Runs.Start(context.Background(), runs.StartCommand{
+		Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
 	require.NoError(tb, err)
 	require.True(tb, res.Created)
 	return res.RunID

@@ -1,4 +1,4 @@
-package workers_test
+package runs_test
 
 import (
 	"context"
@@ -13,20 +13,8 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
-
-func (b *bundle) commands(t *testing.T) {
-	t.Helper()
-	p := workers.NewCommandProcessor(b.Store, paltest.Logger(t))
-	require.NoError(t, p.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, p.Stop(ctx))
-	})
-}
 
 func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 	t.Parallel()
@@ -52,7 +40,7 @@ func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 	b.commands(t)
 	b.worker(t, "w1", nil)
 	for _, key := range []string{"order-7", "req-99"} {
-		runID := workers.RunIDForKey(key)
+		runID := runs.RunIDForKey(key)
 		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
 		require.Len(t, find(b.Events(t, runID), event.RunCreated, ""), 1)
 	}
@@ -67,7 +55,7 @@ func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 func (b *bundle) journal(t *testing.T) map[string][]event.Event {
 	t.Helper()
 	evs := map[string][]event.Event{}
-	for _, id := range []string{workers.RunIDForKey("order-7"), workers.RunIDForKey("req-99")} {
+	for _, id := range []string{runs.RunIDForKey("order-7"), runs.RunIDForKey("req-99")} {
 		if e, _, err := b.Store.Read(context.Background(), id); err == nil {
 			evs[id] = e
 		}
@@ -113,12 +101,12 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		require.NoError(t, err)
 		msg := nats.NewMsg(tc.subject)
 		msg.Data = []byte(tc.body)
-		msg.Header.Set(workers.ReplyToHeader, inbox)
+		msg.Header.Set(runs.ReplyToHeader, inbox)
 		_, err = b.JS.PublishMsg(ctx, msg)
 		require.NoError(t, err, tc.body)
 		r, err := replies.NextMsg(10 * time.Second)
 		require.NoError(t, err, "no answer to %s %s", tc.subject, tc.body)
-		var ans workers.Answer
+		var ans runs.Answer
 		require.NoError(t, json.Unmarshal(r.Data, &ans))
 		require.False(t, ans.OK, tc.body)
 		require.Equal(t, tc.code, ans.Code, "%s: %s", tc.body, ans.Error)
@@ -126,7 +114,7 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		require.Contains(t, ans.Error, tc.want, tc.body)
 		select {
 		case m := <-rejected:
-			var rej workers.Rejection
+			var rej runs.Rejection
 			require.NoError(t, json.Unmarshal(m.Data, &rej))
 			require.Equal(t, tc.subject, rej.Subject)
 			require.Equal(t, tc.body, rej.Command)
@@ -145,13 +133,13 @@ func FuzzDecodeCommand(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		var cmds = []any{&workers.StartCommand{}, &workers.ApproveCommand{}, &workers.CancelCommand{}, &workers.SignalCommand{}}
+		var cmds = []any{&runs.StartCommand{}, &runs.ApproveCommand{}, &runs.CancelCommand{}, &runs.SignalCommand{}}
 		for _, c := range cmds {
-			err := workers.DecodeStrict([]byte(body), c)
+			err := runs.DecodeStrict([]byte(body), c)
 			if err == nil {
 				continue
 			}
-			var ie *workers.InputError
+			var ie *runs.InputError
 			require.ErrorAs(t, err, &ie, "every refusal is an *InputError")
 			require.NotEmpty(t, ie.Error())
 		}

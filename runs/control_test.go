@@ -1,4 +1,4 @@
-package workers_test
+package runs_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/provider/providertest"
-	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/runs"
 )
 
 func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
@@ -27,7 +27,7 @@ func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	_, err := hold.Wait(ctx)
 	require.NoError(t, err)
 
-	require.NoError(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID, Reason: "changed my mind", By: "alice"}))
+	require.NoError(t, runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: runID, Reason: "changed my mind", By: "alice"}))
 	// The driving worker drops the call and lets go of the run without
 	// waiting for its 30 s lease or the held call.
 	logs.wait(t, "run ended by another writer")
@@ -46,14 +46,14 @@ func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	require.Empty(t, find(evs, event.StepCompleted, "s2"))
 
 	// Cancelling again, or a finished run, writes nothing.
-	err = workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID})
-	require.ErrorIs(t, err, workers.ErrRunFinished)
+	err = runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: runID})
+	require.ErrorIs(t, err, runs.ErrRunFinished)
 	require.Len(t, b.Events(t, runID), len(evs))
 
-	err = workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: "run_nope"})
+	err = runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: "run_nope"})
 	require.ErrorIs(t, err, eventstore.ErrRunNotFound)
-	var ie *workers.InputError
-	require.ErrorAs(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: "a.b"}), &ie)
+	var ie *runs.InputError
+	require.ErrorAs(t, runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: "a.b"}), &ie)
 }
 
 func TestCancelQueuedRun(t *testing.T) {
@@ -61,7 +61,7 @@ func TestCancelQueuedRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	runID := createOrphan(t, b, echoChain(2))
-	require.NoError(t, workers.CancelRun(ctx, b.Store, b.NC, workers.CancelRequest{RunID: runID}))
+	require.NoError(t, runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: runID}))
 	require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
 	b.worker(t, "w1", nil)
 	require.Eventually(t, func() bool {

@@ -1,4 +1,4 @@
-package workers
+package runs
 
 import (
 	"bytes"
@@ -13,32 +13,10 @@ import (
 	"github.com/palrun/pal/workflow"
 )
 
-// StartRequest asks for a new run of a workflow.
-type StartRequest struct {
-	// RunID is optional; a fresh id is generated when empty (or derived
-	// from IdempotencyKey when that is set).
-	RunID string
-	// Workflow is the workflow JSON; it is validated before anything is
-	// written.
-	Workflow json.RawMessage
-	// LLM, instead of Workflow, starts a plain-LLM run: one model call, or
-	// with tools an agent loop. It goes through the same journal as a
-	// graph (a workflow of one node is made for it).
-	LLM *LLMSpec
-	// Input is the run input (any JSON value; {} when empty).
-	Input json.RawMessage
-	// IdempotencyKey makes starts idempotent: the same key always maps to
-	// the same run, which is created once.
-	IdempotencyKey string
-	TriggerMeta    map[string]any
-	// Writer names who creates the run (the worker_id of run_created).
-	Writer string
-}
-
-// StartResult says which run a start request maps to.
+// StartResult says which run a start command maps to.
 type StartResult struct {
 	RunID string
-	// Created is false when the request was a duplicate of an earlier one
+	// Created is false when the command was a duplicate of an earlier one
 	// (same idempotency key): the run already existed.
 	Created bool
 }
@@ -49,64 +27,61 @@ func RunIDForKey(key string) string {
 	return fmt.Sprintf("run_k%x", sum[:13])
 }
 
-// StartRun validates the request, appends run_created (fenced on an empty
+// Start validates the command, appends run_created (fenced on an empty
 // subject, so a run id is created at most once) and enqueues the run.
-// Invalid requests write nothing. Errors: *workflow.ValidationError for an
-// invalid workflow; eventstore.ErrRunExists when RunID is taken (and no
-// idempotency key says this is the same request); ErrPayloadTooLarge.
-func StartRun(ctx context.Context, store *eventstore.Store, req StartRequest) (StartResult, error) {
-	runID := req.RunID
-	if runID == "" && req.IdempotencyKey != "" {
-		runID = RunIDForKey(req.IdempotencyKey)
+// Invalid commands write nothing. A result with a RunID and an error
+// means the run was created but not queued: the recovery sweep queues it.
+//
+// Errors: *InputError; *workflow.ValidationError for an invalid workflow;
+// ErrRunExists when RunID is taken (and no idempotency key says this is
+// the same start); ErrPayloadTooLarge.
+func (c *Client) Start(ctx context.Context, cmd StartCommand) (StartResult, error) {
+	if err := cmd.Validate(); err != nil {
+		return StartResult{}, err
+	}
+	runID := cmd.RunID
+	if runID == "" && cmd.IdempotencyKey != "" {
+		runID = RunIDForKey(cmd.IdempotencyKey)
 	}
 	if runID == "" {
 		runID = event.NewRunID()
 	}
-	if err := event.ValidateRunID(runID); err != nil {
-		return StartResult{}, err
-	}
-	if req.LLM != nil {
-		if len(bytes.TrimSpace(req.Workflow)) > 0 {
-			return StartResult{}, &InputError{Field: "llm", Msg: "give either workflow or llm, not both"}
-		}
-		raw, err := req.LLM.workflow()
-		if err != nil {
+	raw := cmd.Workflow
+	if cmd.LLM != nil {
+		var err error
+		if raw, err = cmd.LLM.workflow(); err != nil {
 			return StartResult{}, err
 		}
-		req.Workflow = raw
 	}
-	wf, err := workflow.ParseCached(req.Workflow)
+	wf, err := workflow.ParseCached(raw)
 	if err != nil {
 		return StartResult{}, err
 	}
-	input := bytes.TrimSpace(req.Input)
+	input := bytes.TrimSpace(cmd.Input)
 	if len(input) == 0 {
 		input = []byte("{}")
 	}
-	if !json.Valid(input) {
-		return StartResult{}, fmt.Errorf("invalid run input: not valid JSON")
-	}
-	writer := req.Writer
+	writer := cmd.By
 	if writer == "" {
 		writer = "pal"
 	}
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
-		Input: input, Depth: 0, TriggerMeta: req.TriggerMeta, IdempotencyKey: req.IdempotencyKey})
+		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey})
 	ev.WorkerID = writer
-	_, err = store.Append(ctx, runID, eventstore.Head{}, ev)
+	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {
-		if req.IdempotencyKey != "" {
+		if cmd.IdempotencyKey != "" {
 			// The same start again: make sure it is queued and answer
 			// with the existing run.
-			return StartResult{RunID: runID}, enqueueIfLive(ctx, store, runID)
+			return StartResult{RunID: runID}, enqueueIfLive(ctx, c.store, runID)
 		}
-		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, eventstore.ErrRunExists)
+		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, ErrRunExists)
 	}
 	if err != nil {
 		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, err)
 	}
-	if err := store.Enqueue(ctx, runID, "start"); err != nil {
+	if err := c.store.Enqueue(ctx, runID, "start"); err != nil {
 		// run_created is durable; the recovery sweep enqueues the run if
 		// this never lands.
 		return StartResult{RunID: runID, Created: true}, fmt.Errorf("run %s created but not queued (the recovery sweep will queue it): %w", runID, err)

@@ -1,4 +1,4 @@
-package workers
+package runs
 
 import (
 	"bytes"
@@ -21,14 +21,29 @@ const (
 const MaxCommandBytes = 1 << 20
 
 // StartCommand starts a run: pal.cmd.runs.start, pal.api.runs.start,
-// POST /v1/runs.
+// POST /v1/runs, pal run start.
 type StartCommand struct {
-	Workflow       json.RawMessage `json:"workflow,omitempty"`
-	LLM            *LLMSpec        `json:"llm,omitempty"`
-	Input          json.RawMessage `json:"input,omitempty"`
-	RunID          string          `json:"run_id,omitempty"`
-	IdempotencyKey string          `json:"idempotency_key,omitempty"`
-	ReplyTo        string          `json:"reply_to,omitempty"`
+	// Workflow is the workflow graph; it is validated before anything is
+	// written.
+	Workflow json.RawMessage `json:"workflow,omitempty"`
+	// LLM, instead of Workflow, starts a plain-LLM run: one model call, or
+	// with tools an agent loop, through the same journal as a graph.
+	LLM *LLMSpec `json:"llm,omitempty"`
+	// Input is the run input (any JSON value; {} when empty).
+	Input json.RawMessage `json:"input,omitempty"`
+	// RunID is optional: derived from IdempotencyKey when that is set
+	// (RunIDForKey), else fresh.
+	RunID string `json:"run_id,omitempty"`
+	// IdempotencyKey makes starts idempotent: the same key always maps to
+	// the same run, which is created once.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	ReplyTo        string `json:"reply_to,omitempty"`
+
+	// TriggerMeta is recorded in run_created (not settable from JSON).
+	TriggerMeta map[string]any `json:"-"`
+	// By names who creates the run (the worker_id of run_created); the
+	// transport sets it from the caller's identity.
+	By string `json:"-"`
 }
 
 // ApproveCommand decides an approval step.
@@ -122,9 +137,17 @@ func jsonType(kind string) string {
 	return kind
 }
 
-// Validate checks a start command's fields (the workflow itself is
-// validated by StartRun).
+// Validate checks a start command's fields (the workflow graph itself is
+// parsed and validated by Client.Start).
 func (c *StartCommand) Validate() error {
+	if c.RunID != "" {
+		if err := checkRunID("run_id", c.RunID); err != nil {
+			return err
+		}
+	}
+	if in := bytes.TrimSpace(c.Input); len(in) > 0 && !json.Valid(in) {
+		return &InputError{Field: "input", Msg: "not valid JSON"}
+	}
 	hasWF := len(bytes.TrimSpace(c.Workflow)) > 0 && string(bytes.TrimSpace(c.Workflow)) != "null"
 	switch {
 	case c.LLM != nil && hasWF:
@@ -150,9 +173,10 @@ func (c *ApproveCommand) Validate() error {
 		}
 		c.Decision = want
 	}
+	if err := checkRunID("run_id", c.RunID); err != nil {
+		return err
+	}
 	switch {
-	case c.RunID == "":
-		return &InputError{Field: "run_id", Msg: "required"}
 	case c.StepID == "":
 		return &InputError{Field: "step_id", Msg: "required"}
 	case c.Decision != "approve" && c.Decision != "reject":
@@ -165,18 +189,15 @@ func (c *ApproveCommand) Validate() error {
 
 // Validate checks a cancel command.
 func (c *CancelCommand) Validate() error {
-	if c.RunID == "" {
-		return &InputError{Field: "run_id", Msg: "required"}
-	}
-	return nil
+	return checkRunID("run_id", c.RunID)
 }
 
 // Validate checks a signal command.
 func (c *SignalCommand) Validate() error {
-	switch {
-	case c.RunID == "":
-		return &InputError{Field: "run_id", Msg: "required"}
-	case c.Name == "":
+	if err := checkRunID("run_id", c.RunID); err != nil {
+		return err
+	}
+	if c.Name == "" {
 		return &InputError{Field: "name", Msg: "required"}
 	}
 	return nil

@@ -1,0 +1,227 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workflow"
+)
+
+// Client is the front door to PAL's runs: every transport (REST, the NATS
+// service, the durable command processor, the CLI) decodes into one of
+// the command structs and calls the same method. It writes only inputs
+// to a run's journal (run_created, approval_received, run_cancelled),
+// each with a fenced append, and leaves driving to the workers.
+type Client struct {
+	store *eventstore.Store
+	nc    *nats.Conn
+	reply []string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithConn sets the connection cancels are announced on (default: the
+// store's).
+func WithConn(nc *nats.Conn) Option { return func(c *Client) { c.nc = nc } }
+
+// WithReplyPrefixes adds subject prefixes a command's reply subject may
+// start with, besides "_INBOX." (PAL_REPLY_PREFIX).
+func WithReplyPrefixes(prefixes ...string) Option {
+	return func(c *Client) {
+		for _, p := range prefixes {
+			if p = strings.TrimSpace(p); p != "" {
+				c.reply = append(c.reply, p)
+			}
+		}
+	}
+}
+
+// New returns a Client over the journal.
+func New(store *eventstore.Store, opts ...Option) *Client {
+	c := &Client{store: store, reply: []string{DefaultReplyPrefix}}
+	if store != nil {
+		c.nc = store.JetStream().Conn()
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Conn returns the connection cancels and refusals are announced on.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// Store returns the journal the client writes to.
+func (c *Client) Store() *eventstore.Store { return c.store }
+
+// maxConflictTries bounds how often an input is re-decided after the run
+// moved on under it.
+const maxConflictTries = 10
+
+// appendInput is the one read → fold → decide → fenced append loop of the
+// command side. decide looks at the current state and returns the event
+// to append, or an error (nothing is written). A conflict means the run
+// moved on meanwhile: the state is read again and decide asked again.
+func (c *Client) appendInput(ctx context.Context, runID, what string, decide func(*engine.RunState) (event.Event, error)) (*engine.RunState, error) {
+	for tries := 0; ; tries++ {
+		evs, head, err := c.store.Read(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		st, err := engine.Fold(evs)
+		if err != nil {
+			return nil, fmt.Errorf("%s in run %s: %w", what, runID, err)
+		}
+		if st.Status.Terminal() {
+			return nil, fmt.Errorf("%s in run %s: %w (%s)", what, runID, ErrRunFinished, st.Status)
+		}
+		ev, err := decide(st)
+		if err != nil {
+			return nil, err
+		}
+		_, err = c.store.Append(ctx, runID, head, ev)
+		if errors.Is(err, eventstore.ErrConflict) && tries < maxConflictTries {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s in run %s: %w", what, runID, err)
+		}
+		return st, nil
+	}
+}
+
+// Cancel appends run_cancelled to a running, waiting or queued run,
+// exactly once: concurrent cancels and the run's own end race on the
+// fenced append, and only one terminal event can win. The cancel is
+// announced on pal.ctl.cancel.<run_id> so the driving worker stops its
+// in-flight call; child runs are cancelled with their parent.
+//
+// Errors: *InputError, ErrRunNotFound, ErrRunFinished (nothing is
+// written).
+func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) error {
+	if err := cmd.Validate(); err != nil {
+		return err
+	}
+	by := cmd.By
+	if by == "" {
+		by = "pal"
+	}
+	st, err := c.appendInput(ctx, cmd.RunID, "cancelling", func(*engine.RunState) (event.Event, error) {
+		ev := event.MustNew(event.RunCancelled, "", 0, event.RunCancelledData{Reason: cmd.Reason, By: by})
+		ev.WorkerID = by
+		return ev, nil
+	})
+	if err != nil {
+		return err
+	}
+	if c.nc != nil {
+		_ = c.nc.Publish(eventstore.CancelPrefix+cmd.RunID, nil)
+	}
+	for _, id := range st.Order {
+		if child := st.Steps[id].ChildRunID; child != "" {
+			err := c.Cancel(ctx, CancelCommand{RunID: child, Reason: "parent run " + cmd.RunID + " cancelled", By: by})
+			if err != nil && !errors.Is(err, ErrRunFinished) && !errors.Is(err, ErrRunNotFound) {
+				return fmt.Errorf("cancelling child run %s: %w", child, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Approve records a decision on an approval step: it appends
+// approval_received (fenced; concurrent decisions cannot both land) and
+// wakes the run if it is parked. A decision for a step the run has not
+// reached yet is kept in the journal and applied when it gets there.
+//
+// Errors: *InputError (including an approver the step does not list),
+// ErrRunNotFound, ErrRunFinished, ErrNotWaiting (not an approval step, or
+// already decided). Nothing is written when it fails.
+func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) error {
+	if err := cmd.Validate(); err != nil {
+		return err
+	}
+	st, err := c.appendInput(ctx, cmd.RunID, "approving step "+cmd.StepID, func(st *engine.RunState) (event.Event, error) {
+		var node *workflow.Node
+		if st.Workflow != nil {
+			node, _ = engine.NodeForStep(st.Workflow, cmd.StepID)
+		}
+		if node == nil || node.Type != workflow.TypeApproval {
+			return event.Event{}, fmt.Errorf("approving step %s of run %s: %w: it is not an approval step", cmd.StepID, cmd.RunID, ErrNotWaiting)
+		}
+		if d, ok := st.Decisions[cmd.StepID]; ok {
+			return event.Event{}, fmt.Errorf("approving step %s of run %s: %w: %s decided already (%s)", cmd.StepID, cmd.RunID, ErrNotWaiting, d.Approver, d.Decision)
+		}
+		if s, ok := st.Steps[cmd.StepID]; ok && s.Status == engine.StepCompleted {
+			return event.Event{}, fmt.Errorf("approving step %s of run %s: %w: the step is complete", cmd.StepID, cmd.RunID, ErrNotWaiting)
+		}
+		if d, err := node.Approval(); err == nil && len(d.Approvers) > 0 && !slices.Contains(d.Approvers, cmd.Approver) {
+			return event.Event{}, &InputError{Field: "approver", Msg: fmt.Sprintf("%q may not decide step %s (approvers: %s)", cmd.Approver, cmd.StepID, strings.Join(d.Approvers, ", "))}
+		}
+		decision := event.DecisionReject
+		if cmd.Decision == "approve" {
+			decision = event.DecisionApprove
+		}
+		ev := event.MustNew(event.ApprovalReceived, cmd.StepID, 0, event.ApprovalReceivedData{
+			Decision: decision, Approver: cmd.Approver, Comment: cmd.Comment})
+		ev.WorkerID = cmd.Approver
+		return ev, nil
+	})
+	if err != nil {
+		return err
+	}
+	if st.Status == engine.StatusWaiting {
+		return c.store.Enqueue(ctx, cmd.RunID, "approve")
+	}
+	return nil
+}
+
+// Signal delivers a named signal to a run waiting for it. No node type
+// waits for signals yet, so every signal is refused with ErrNotWaiting
+// after its run is checked; nothing is written.
+func (c *Client) Signal(ctx context.Context, cmd SignalCommand) error {
+	if err := cmd.Validate(); err != nil {
+		return err
+	}
+	st, err := c.fold(ctx, cmd.RunID)
+	if err != nil {
+		return err
+	}
+	if st.Status.Terminal() {
+		return fmt.Errorf("signalling run %s: %w (%s)", cmd.RunID, ErrRunFinished, st.Status)
+	}
+	return fmt.Errorf("signalling run %s: %w: no step waits for signal %q", cmd.RunID, ErrNotWaiting, cmd.Name)
+}
+
+// Get folds a run's journal into its RunView: always current, no read
+// side involved. Errors: *InputError, ErrRunNotFound.
+func (c *Client) Get(ctx context.Context, runID string) (*RunView, error) {
+	if err := checkRunID("run_id", runID); err != nil {
+		return nil, err
+	}
+	st, err := c.fold(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return ViewOf(st), nil
+}
+
+func (c *Client) fold(ctx context.Context, runID string) (*engine.RunState, error) {
+	evs, _, err := c.store.Read(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	st, err := engine.Fold(evs)
+	if err != nil {
+		return nil, fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	return st, nil
+}

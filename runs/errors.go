@@ -1,0 +1,97 @@
+package runs
+
+import (
+	"errors"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workflow"
+)
+
+// Errors of the commands. Callers map them to answers with Classify: an
+// *InputError (or ErrInvalidRunID, *workflow.ValidationError,
+// ErrPayloadTooLarge) is the caller's mistake (400), ErrRunNotFound 404,
+// ErrRunFinished, ErrNotWaiting and ErrRunExists 409; anything else is the
+// infrastructure (503) and worth retrying.
+var (
+	// ErrInvalidRunID is wrapped by every refused run id: one that is not
+	// a single NATS subject token.
+	ErrInvalidRunID = event.ErrInvalidRunID
+	// ErrRunNotFound: no journal holds the run.
+	ErrRunNotFound = eventstore.ErrRunNotFound
+	// ErrRunExists refuses a start whose run id is taken (and no
+	// idempotency key says it is the same start).
+	ErrRunExists = eventstore.ErrRunExists
+	// ErrPayloadTooLarge refuses an event larger than the journal takes.
+	ErrPayloadTooLarge = eventstore.ErrPayloadTooLarge
+	// ErrRunFinished refuses a command for a run that has ended.
+	ErrRunFinished = errors.New("run already finished")
+	// ErrNotWaiting refuses an approval or signal for a step that is not
+	// waiting for one.
+	ErrNotWaiting = errors.New("step is not waiting")
+)
+
+// InputError is a command the caller got wrong: it names the field.
+type InputError struct {
+	Field string
+	Msg   string
+	// Err is the cause, when there is one to match (ErrInvalidRunID).
+	Err error
+}
+
+func (e *InputError) Error() string {
+	if e.Field == "" {
+		return e.Msg
+	}
+	return e.Field + ": " + e.Msg
+}
+
+func (e *InputError) Unwrap() error { return e.Err }
+
+// badRunID wraps a ValidateRunID error as the field's InputError.
+func badRunID(field string, err error) error {
+	return &InputError{Field: field, Msg: err.Error(), Err: err}
+}
+
+// checkRunID validates a run id named by field.
+func checkRunID(field, id string) error {
+	if id == "" {
+		return &InputError{Field: field, Msg: "required"}
+	}
+	if err := event.ValidateRunID(id); err != nil {
+		return badRunID(field, err)
+	}
+	return nil
+}
+
+// Answer codes: how a refused or failed command is classified.
+const (
+	CodeBadInput    = "bad_input"
+	CodeNotFound    = "not_found"
+	CodeConflict    = "conflict"
+	CodeUnavailable = "unavailable"
+)
+
+// Classify maps a command error to an answer code and the field at fault;
+// final is false for errors worth retrying (the infrastructure, not the
+// command). It matches with errors.Is and errors.As only.
+func Classify(err error) (code string, field string, final bool) {
+	var ie *InputError
+	var ve *workflow.ValidationError
+	switch {
+	case errors.As(err, &ie):
+		return CodeBadInput, ie.Field, true
+	case errors.As(err, &ve):
+		return CodeBadInput, "workflow", true
+	case errors.Is(err, ErrInvalidRunID):
+		return CodeBadInput, "run_id", true
+	case errors.Is(err, ErrPayloadTooLarge):
+		return CodeBadInput, "", true
+	case errors.Is(err, ErrRunNotFound):
+		return CodeNotFound, "", true
+	case errors.Is(err, ErrRunFinished), errors.Is(err, ErrNotWaiting), errors.Is(err, ErrRunExists):
+		return CodeConflict, "", true
+	default:
+		return CodeUnavailable, "", false
+	}
+}

@@ -1,0 +1,9 @@
+package runs_test
+
+import (
+	"testing"
+
+	"github.com/palrun/pal/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }

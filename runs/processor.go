@@ -1,0 +1,328 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/eventstore"
+)
+
+// ReplyToHeader names a subject on which a durable command's outcome is
+// answered (the command body's reply_to field does the same).
+const ReplyToHeader = "Pal-Reply-To"
+
+// Answer is the outcome of a command, as sent to its reply subject and by
+// the NATS service.
+type Answer struct {
+	OK      bool   `json:"ok"`
+	RunID   string `json:"run_id,omitempty"`
+	Created *bool  `json:"created,omitempty"`
+	Error   string `json:"error,omitempty"`
+	// Code classifies an error: bad_input, not_found, conflict, unavailable.
+	Code  string `json:"code,omitempty"`
+	Field string `json:"field,omitempty"`
+}
+
+// Rejection is published on pal.cmd.rejected for every refused command.
+type Rejection struct {
+	Subject   string `json:"subject"`
+	StreamSeq uint64 `json:"stream_seq,omitempty"`
+	Error     string `json:"error"`
+	Code      string `json:"code"`
+	Field     string `json:"field,omitempty"`
+	Command   string `json:"command"`
+}
+
+// DefaultReplyPrefix is where command replies may always go: the
+// inboxes NATS clients make for requests.
+const DefaultReplyPrefix = "_INBOX."
+
+// CheckReply refuses a reply subject outside "_INBOX." and the client's
+// reply prefixes (PAL_REPLY_PREFIX), or one with wildcards: PAL would
+// otherwise publish its answer wherever a caller says, a run's journal
+// or a lease included. An empty subject is fine (no reply).
+func (c *Client) CheckReply(subject string) error {
+	if subject == "" {
+		return nil
+	}
+	if len(subject) > 255 || strings.ContainsAny(subject, "*> \t\r\n") {
+		return &InputError{Field: "reply_to", Msg: "not a plain NATS subject"}
+	}
+	for _, p := range c.reply {
+		if strings.HasPrefix(subject, p) && len(subject) > len(p) {
+			return nil
+		}
+	}
+	return &InputError{Field: "reply_to", Msg: fmt.Sprintf("%q: replies go only under %s (PAL_REPLY_PREFIX adds prefixes)", truncate(subject, 80), strings.Join(c.reply, " or "))}
+}
+
+// ParseReplyPrefixes parses PAL_REPLY_PREFIX: comma-separated subject
+// prefixes, each ending in "." with no wildcards, and none that covers
+// PAL's own subjects (pal.) or the system's ($).
+func ParseReplyPrefixes(s string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		switch {
+		case p == "":
+			continue
+		case !strings.HasSuffix(p, ".") || strings.HasPrefix(p, ".") || strings.Contains(p, ".."):
+			return nil, fmt.Errorf("PAL_REPLY_PREFIX: %q: want a subject prefix ending in '.' (e.g. replies.)", p)
+		case strings.ContainsAny(p, "*> \t\r\n"):
+			return nil, fmt.Errorf("PAL_REPLY_PREFIX: %q: no wildcards or spaces", p)
+		case strings.HasPrefix(p, "pal.") || strings.HasPrefix(p, "$"):
+			return nil, fmt.Errorf("PAL_REPLY_PREFIX: %q: may not cover PAL's subjects (pal.) or the system's ($)", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
+// Do carries out one command of the given kind (start, approve, cancel,
+// signal) from its JSON body. key, when not empty, is the transport's
+// deduplication id (Nats-Msg-Id), used as the start's idempotency key
+// when the body names none; by is the transport's identity of the caller.
+// It returns the answer and the reply subject named in the body, if any;
+// a reply subject CheckReply refuses refuses the whole command.
+func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
+	switch kind {
+	case CmdStart:
+		var cmd StartCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		if cmd.IdempotencyKey == "" {
+			cmd.IdempotencyKey = key
+		}
+		cmd.By = by
+		res, err := c.Start(ctx, cmd)
+		if err != nil && res.RunID == "" {
+			return Answer{}, cmd.ReplyTo, err
+		}
+		created := res.Created
+		return Answer{OK: true, RunID: res.RunID, Created: &created}, cmd.ReplyTo, nil
+	case CmdApprove:
+		var cmd ApproveCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		err := c.Approve(ctx, cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
+	case CmdCancel:
+		var cmd CancelCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		if cmd.By == "" {
+			cmd.By = by
+		}
+		err := c.Cancel(ctx, cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
+	case CmdSignal:
+		var cmd SignalCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		err := c.Signal(ctx, cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
+	default:
+		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel or signal)", kind)}
+	}
+}
+
+// ErrorAnswer renders an error as an Answer.
+func ErrorAnswer(err error) Answer {
+	code, field, _ := Classify(err)
+	return Answer{Error: err.Error(), Code: code, Field: field}
+}
+
+// CommandProcessor carries out the durable commands of PAL_CMDS (consumer
+// pal-commands). A command published while no worker runs waits in the
+// stream and is carried out when one starts. A refused command is never
+// dropped silently: the reason is answered to its reply subject (header
+// Pal-Reply-To or field reply_to) when it has one, logged, and published
+// on pal.cmd.rejected. A command that fails for a passing reason (NATS
+// unavailable) is retried.
+type CommandProcessor struct {
+	client *Client
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	cc   jetstream.ConsumeContext
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewCommandProcessor returns a processor that carries commands out
+// through client.
+func NewCommandProcessor(client *Client, log *slog.Logger) *CommandProcessor {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &CommandProcessor{client: client, log: log.With("component", "commands")}
+}
+
+// commandWorkers is how many commands are carried out at once.
+const commandWorkers = 4
+
+// Start begins consuming commands.
+func (p *CommandProcessor) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cc != nil {
+		return errors.New("command processor already started")
+	}
+	cons, err := p.client.store.JetStream().Consumer(ctx, eventstore.CommandsStream, eventstore.CommandConsumer)
+	if err != nil {
+		return fmt.Errorf("opening consumer %s: %w", eventstore.CommandConsumer, err)
+	}
+	jobs, quit := make(chan jetstream.Msg), make(chan struct{})
+	p.quit = quit
+	runCtx := context.WithoutCancel(ctx)
+	for range commandWorkers {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for {
+				select {
+				case m := <-jobs:
+					p.handle(runCtx, m)
+				case <-quit:
+					return
+				}
+			}
+		}()
+	}
+	p.cc, err = cons.Consume(func(m jetstream.Msg) {
+		select {
+		case jobs <- m:
+		case <-quit:
+			_ = m.Nak() // stopping: another worker takes it
+		}
+	}, jetstream.PullMaxMessages(commandWorkers*4))
+	if err != nil {
+		close(quit)
+		p.wg.Wait()
+		return fmt.Errorf("consuming commands: %w", err)
+	}
+	return nil
+}
+
+// Stop stops consuming and waits for commands in progress.
+func (p *CommandProcessor) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	cc := p.cc
+	p.mu.Unlock()
+	if cc == nil {
+		return nil
+	}
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.mu.Lock()
+	if p.quit != nil {
+		close(p.quit)
+		p.quit = nil
+	}
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
+	kind := strings.TrimPrefix(m.Subject(), eventstore.CommandPrefix)
+	hdr := m.Headers()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var (
+		ans     Answer
+		replyTo string
+		err     error
+	)
+	if h := hdr.Get(ReplyToHeader); h != "" {
+		err = p.client.CheckReply(h)
+		if err == nil {
+			replyTo = h
+		}
+	}
+	if err == nil {
+		var bodyReply string
+		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), "pal.cmd")
+		if replyTo == "" {
+			replyTo = bodyReply
+		}
+	}
+	if err != nil {
+		code, field, final := Classify(err)
+		if !final {
+			p.log.Warn("command failed; retrying", "subject", m.Subject(), "err", err)
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		if field == "reply_to" {
+			replyTo = "" // never answer where the caller may not be answered
+		}
+		ans = Answer{Error: err.Error(), Code: code, Field: field}
+		p.reject(m, err, code, field)
+	} else {
+		p.log.Info("command done", "subject", m.Subject(), "run_id", ans.RunID)
+	}
+	if replyTo != "" {
+		if b, jerr := json.Marshal(ans); jerr == nil {
+			_ = p.client.nc.Publish(replyTo, b)
+		}
+	}
+	_ = m.Ack()
+}
+
+// reject logs a refused command and announces it on pal.cmd.rejected.
+func (p *CommandProcessor) reject(m jetstream.Msg, err error, code, field string) {
+	var seq uint64
+	if md, merr := m.Metadata(); merr == nil {
+		seq = md.Sequence.Stream
+	}
+	body := string(m.Data())
+	if len(body) > 4096 {
+		body = strings.ToValidUTF8(body[:4096], "") + "…"
+	}
+	p.log.Warn("command rejected", "subject", m.Subject(), "stream_seq", seq, "code", code, "err", err)
+	if b, jerr := json.Marshal(Rejection{Subject: m.Subject(), StreamSeq: seq, Error: err.Error(), Code: code, Field: field, Command: body}); jerr == nil {
+		_ = p.client.nc.Publish(eventstore.RejectedSubject, b)
+	}
+}

@@ -1,0 +1,216 @@
+package runs
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/projections"
+)
+
+// RunView is the read model of one run: what GET /v1/runs/{id}, the NATS
+// service's get, pal run get --json and the web UI show. It has two
+// constructors, ViewOf (the fold of the journal) and ViewOfDetail (the
+// Postgres projection), and both render through one function from the
+// same rows, so a run reads the same from either source: one latest-
+// attempt rule, one set of status names, one time format (TimeFormat).
+type RunView struct {
+	RunID        string          `json:"run_id"`
+	Status       engine.Status   `json:"status"`
+	Workflow     string          `json:"workflow,omitempty"`
+	Input        json.RawMessage `json:"input,omitempty"`
+	Output       json.RawMessage `json:"output,omitempty"`
+	Error        string          `json:"error,omitempty"`
+	ErrorCode    string          `json:"error_code,omitempty"`
+	FailedStep   string          `json:"failed_step,omitempty"`
+	ParentRunID  string          `json:"parent_run_id,omitempty"`
+	ParentStepID string          `json:"parent_step_id,omitempty"`
+	Depth        int             `json:"depth"`
+	Usage        event.Usage     `json:"usage"`
+	Resumes      int             `json:"resumes"`
+	LastWorker   string          `json:"last_worker,omitempty"`
+	LastSeq      uint64          `json:"last_seq"`
+	CreatedAt    string          `json:"created_at"`
+	UpdatedAt    string          `json:"updated_at"`
+	EndedAt      string          `json:"ended_at,omitempty"`
+	Steps        []StepView      `json:"steps"`
+}
+
+// StepView is one step of a RunView, as its latest attempt stands, with
+// the times of the whole step.
+type StepView struct {
+	StepID   string            `json:"step_id"`
+	NodeType string            `json:"node_type,omitempty"`
+	Status   engine.StepStatus `json:"status"`
+	// Attempt is the latest attempt's number; Attempts how many attempts
+	// the step has had.
+	Attempt  int             `json:"attempt"`
+	Attempts int             `json:"attempts"`
+	Key      string          `json:"idempotency_key,omitempty"`
+	Output   json.RawMessage `json:"output,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Delivery string          `json:"delivery,omitempty"`
+	// StartedAt is the first attempt's start, EndedAt the latest
+	// attempt's end (empty while the step has not ended).
+	StartedAt string `json:"started_at,omitempty"`
+	EndedAt   string `json:"ended_at,omitempty"`
+	// DurationMs is EndedAt - StartedAt for an ended step, 0 before: the
+	// wall time of the step, waits and retries included.
+	DurationMs int64 `json:"duration_ms"`
+	// WaitingSince is when the latest attempt began to wait (an
+	// approval, a child run); WaitMs how long it waited, once it ended.
+	WaitingSince string `json:"waiting_since,omitempty"`
+	WaitMs       int64  `json:"wait_ms"`
+	// Usage sums the tokens and cost of every attempt.
+	Usage *event.Usage `json:"usage,omitempty"`
+}
+
+// TimeFormat is the read model's time format: RFC 3339 in UTC with
+// microseconds, the precision Postgres keeps.
+const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
+
+// FormatTime renders t in TimeFormat; the zero time is "".
+func FormatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Truncate(time.Microsecond).Format(TimeFormat)
+}
+
+// ViewOf renders a folded run.
+func ViewOf(st *engine.RunState) *RunView {
+	run, steps := projections.RowsOf(st)
+	return render(run, steps)
+}
+
+// ViewOfDetail renders a run read from the Postgres projection.
+func ViewOfDetail(d projections.RunDetail) *RunView {
+	return render(d.Run, d.Steps)
+}
+
+// render is the one rendering of a run from its rows.
+func render(r projections.RunRow, rows []projections.StepRow) *RunView {
+	v := &RunView{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, Input: canonical(r.Input),
+		Output: canonical(r.Output), Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep,
+		ParentRunID: r.ParentRunID, ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes,
+		LastWorker: r.LastWorker, LastSeq: r.LastSeq,
+		Usage:     event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
+		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
+		Steps: []StepView{}}
+	// Attempts grouped by step, steps in journal order (the first seq of
+	// their first attempt), attempts by number.
+	rows = slices.Clone(rows)
+	first := map[string]uint64{}
+	for _, s := range rows {
+		if f, ok := first[s.StepID]; !ok || s.FirstSeq < f {
+			first[s.StepID] = s.FirstSeq
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b projections.StepRow) int {
+		fa, fb := first[a.StepID], first[b.StepID]
+		switch {
+		case fa != fb:
+			return cmpUint(fa, fb)
+		case a.StepID != b.StepID:
+			if a.StepID < b.StepID {
+				return -1
+			}
+			return 1
+		default:
+			return a.Attempt - b.Attempt
+		}
+	})
+	for i := 0; i < len(rows); {
+		j := i
+		for j < len(rows) && rows[j].StepID == rows[i].StepID {
+			j++
+		}
+		v.Steps = append(v.Steps, stepView(rows[i:j]))
+		i = j
+	}
+	return v
+}
+
+// stepView renders one step from its attempts (in attempt order).
+func stepView(attempts []projections.StepRow) StepView {
+	last := attempts[len(attempts)-1]
+	sv := StepView{StepID: last.StepID, NodeType: last.NodeType, Status: stepStatus(last.Status),
+		Attempt: last.Attempt, Attempts: len(attempts), Key: last.IdempotencyKey, Output: canonical(last.Output),
+		Error: last.Error, Delivery: last.Delivery}
+	var started time.Time
+	var usage event.Usage
+	for _, a := range attempts {
+		if started.IsZero() || (!a.StartedAt.IsZero() && a.StartedAt.Before(started)) {
+			started = a.StartedAt
+		}
+		usage.InputTokens += a.InputTokens
+		usage.OutputTokens += a.OutputTokens
+		usage.CostUSD += a.CostUSD
+	}
+	if usage != (event.Usage{}) {
+		usage.TotalTokens = usage.InputTokens + usage.OutputTokens
+		sv.Usage = &usage
+	}
+	sv.StartedAt = FormatTime(started)
+	if ended(last.Status) && !last.EndedAt.IsZero() {
+		sv.EndedAt = FormatTime(last.EndedAt)
+		if !started.IsZero() {
+			sv.DurationMs = micro(last.EndedAt).Sub(micro(started)).Milliseconds()
+		}
+		if !last.WaitingAt.IsZero() {
+			sv.WaitMs = micro(last.EndedAt).Sub(micro(last.WaitingAt)).Milliseconds()
+		}
+	}
+	sv.WaitingSince = FormatTime(last.WaitingAt)
+	return sv
+}
+
+// stepStatus is the latest-attempt rule: a step is what its latest
+// attempt is, except that an attempt that failed and was followed by a
+// journaled retry means the step is retrying (in backoff, the next
+// attempt not started yet).
+func stepStatus(s engine.StepStatus) engine.StepStatus {
+	if s == engine.StepRetried {
+		return engine.StepRetrying
+	}
+	return s
+}
+
+func ended(s engine.StepStatus) bool {
+	return s == engine.StepCompleted || s == engine.StepFailed
+}
+
+// micro truncates t to the precision both sources keep.
+func micro(t time.Time) time.Time { return t.Truncate(time.Microsecond) }
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// canonical re-encodes a JSON value with sorted keys and no spaces, as
+// both sources then agree on it (Postgres jsonb reorders keys).
+func canonical(raw json.RawMessage) json.RawMessage {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
+}

@@ -1,0 +1,118 @@
+package runs_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
+)
+
+// TestRunViewIsTheSameFromJournalAndPostgres renders runs in every state
+// the read model distinguishes from both sources and requires identical
+// JSON: a run in retry backoff, a waiting approval, an approval that
+// waited and went on, and a plain finished run.
+func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := testenv.Postgres(t).Pool(t)
+	_, err := projections.Migrate(ctx, pool)
+	require.NoError(t, err)
+	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
+	require.NoError(t, p.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, p.Stop(ctx))
+	})
+	reader := projections.NewReader(pool)
+	b.worker(t, "w1", nil)
+
+	// In retry backoff: the first call fails, the retry waits a minute.
+	b.LLM.FailNext(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "flaky") }, 500, 1)
+	retrying := b.Start(t, `{"name":"retry","nodes":[{"id":"start","type":"trigger"},
+		{"id":"draft","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"flaky {{input.topic}}",
+		 "retry":{"maxAttempts":3,"backoffMs":60000,"retryableClasses":["llm"]}}}],
+		"edges":[{"from":"start","to":"draft"}]}`, `{"topic":"t","z":{"b":1,"a":2}}`)
+	b.WaitFor(t, retrying, "the retry", func(ev event.Event) bool { return ev.Kind == event.StepRetrying })
+
+	approval := `{"name":"ship","nodes":[{"id":"start","type":"trigger"},
+		{"id":"draft","type":"tool","data":{"tool":"echo","input":{"v":"{{input.v}}","a":[1,2]}}},
+		{"id":"ok","type":"approval","data":{"prompt":"Ship {{steps.draft.output.v}}?","approvers":["ana"]}},
+		{"id":"ship","type":"tool","data":{"tool":"echo","input":{"shipped":"{{steps.draft.output.v}}"}}}],
+		"edges":[{"from":"start","to":"draft"},{"from":"draft","to":"ok"},{"from":"ok","to":"ship"}]}`
+	waiting := b.Start(t, approval, `{"v":"7"}`)
+	b.WaitFor(t, waiting, "the wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+
+	decided := b.Start(t, approval, `{"v":"8"}`)
+	b.WaitFor(t, decided, "the wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	require.NoError(t, b.Runs.Approve(ctx, runs.ApproveCommand{RunID: decided, StepID: "ok", Decision: "approve", Approver: "ana"}))
+	b.WaitEnd(t, decided)
+
+	plain := b.Start(t, seqWorkflow(2, "anthropic"), `{"topic":"plain"}`)
+	b.WaitEnd(t, plain)
+
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, p.WaitCaughtUp(ctx))
+
+	views := map[string]*runs.RunView{}
+	for _, id := range []string{retrying, waiting, decided, plain} {
+		fromJournal, err := b.Runs.Get(ctx, id)
+		require.NoError(t, err)
+		d, err := reader.GetRun(ctx, id)
+		require.NoError(t, err)
+		fromPG := runs.ViewOfDetail(d)
+		j, err := json.MarshalIndent(fromJournal, "", "  ")
+		require.NoError(t, err)
+		pg, err := json.MarshalIndent(fromPG, "", "  ")
+		require.NoError(t, err)
+		require.JSONEq(t, string(j), string(pg))
+		require.Equal(t, string(j), string(pg), "byte for byte")
+		views[id] = fromJournal
+	}
+
+	r := views[retrying]
+	require.Equal(t, engine.StatusRunning, r.Status)
+	require.Len(t, r.Steps, 1)
+	require.Equal(t, engine.StepRetrying, r.Steps[0].Status)
+	require.Equal(t, 1, r.Steps[0].Attempts)
+	require.Equal(t, `{"topic":"t","z":{"a":2,"b":1}}`, string(r.Input), "keys sorted the same from both sources")
+
+	w := views[waiting]
+	require.Equal(t, engine.StatusWaiting, w.Status)
+	require.Equal(t, engine.StepWaiting, w.Steps[1].Status)
+	require.NotEmpty(t, w.Steps[1].WaitingSince)
+	require.Empty(t, w.Steps[1].EndedAt)
+
+	d := views[decided]
+	require.Equal(t, engine.StatusSucceeded, d.Status)
+	ok := d.Steps[1]
+	require.Equal(t, "ok", ok.StepID)
+	require.Equal(t, engine.StepCompleted, ok.Status)
+	waitedAt := find(b.Events(t, decided), event.StepWaiting, "ok")[0].TS
+	doneAt := find(b.Events(t, decided), event.StepCompleted, "ok")[0].TS
+	require.Equal(t, doneAt.Truncate(time.Microsecond).Sub(waitedAt.Truncate(time.Microsecond)).Milliseconds(), ok.WaitMs,
+		"the approval's wait is its real duration")
+	require.GreaterOrEqual(t, ok.DurationMs, ok.WaitMs)
+	for i := 1; i < len(d.Steps); i++ {
+		require.LessOrEqual(t, d.Steps[i-1].StartedAt, d.Steps[i].StartedAt, "steps in journal order")
+	}
+
+	pl := views[plain]
+	require.Equal(t, []string{"s1", "s2"}, []string{pl.Steps[0].StepID, pl.Steps[1].StepID})
+	require.NotNil(t, pl.Steps[0].Usage)
+	require.Positive(t, pl.Steps[0].Usage.TotalTokens)
+	require.Equal(t, event.IdempotencyKey(plain, "s1", 1), pl.Steps[0].Key)
+}
