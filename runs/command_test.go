@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,6 +126,82 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		_ = replies.Unsubscribe()
 	}
 	require.Equal(t, before, b.Events(t, runID), "refused commands wrote nothing")
+}
+
+// TestReplySubjectsOnlyWherePALMayAnswer sends commands whose reply
+// subject (header or body) names a journal, a lease, the JetStream API or
+// the work queue: each is refused whole, announced on pal.cmd.rejected,
+// and nothing is published there.
+func TestReplySubjectsOnlyWherePALMayAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.worker(t, "w1", nil)
+	victim := b.Start(t, echoChain(1), `{}`)
+	b.WaitEnd(t, victim)
+	before := b.Events(t, victim)
+	b.commands(t)
+	rejected := make(chan *nats.Msg, 16)
+	sub, err := b.NC.ChanSubscribe(eventstore.RejectedSubject, rejected)
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	// Whatever reaches these subjects (core or stream) is seen here.
+	spy, err := b.NC.SubscribeSync(">")
+	require.NoError(t, err)
+	defer func() { _ = spy.Unsubscribe() }()
+	require.NoError(t, b.NC.Flush())
+
+	cancel := fmt.Sprintf(`{"run_id":%q,"reason":"x"}`, victim)
+	for _, target := range []string{"pal.events." + victim, "$KV.PAL_LEASES." + victim, "$JS.API.STREAM.DELETE.PAL_EVENTS",
+		"pal.work." + victim, "pal.cmd.runs.start", "_INBOX.*", "_INBOX."} {
+		for _, inHeader := range []bool{true, false} {
+			msg := nats.NewMsg("pal.cmd.runs.cancel")
+			if inHeader {
+				msg.Header.Set(runs.ReplyToHeader, target)
+				msg.Data = []byte(cancel)
+			} else {
+				body, _ := json.Marshal(map[string]string{"run_id": victim, "reply_to": target})
+				msg.Data = body
+			}
+			_, err := b.JS.PublishMsg(ctx, msg)
+			require.NoError(t, err)
+			select {
+			case m := <-rejected:
+				var rej runs.Rejection
+				require.NoError(t, json.Unmarshal(m.Data, &rej))
+				require.Equal(t, "reply_to", rej.Field, "%s: %s", target, rej.Error)
+				require.Equal(t, runs.CodeBadInput, rej.Code)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no rejection for reply subject %q", target)
+			}
+		}
+	}
+	// The service refuses such requests too and does not answer.
+	client := runs.New(b.Store)
+	require.Error(t, client.CheckReply("pal.events."+victim))
+	require.NoError(t, client.CheckReply("_INBOX.abc"))
+	withPrefix := runs.New(b.Store, runs.WithReplyPrefixes("replies."))
+	require.NoError(t, withPrefix.CheckReply("replies.app1"))
+	for _, bad := range []string{"pal.", "$KV.", "replies", "a..b.", "x.*."} {
+		_, err := runs.ParseReplyPrefixes(bad)
+		require.Error(t, err, bad)
+	}
+
+	require.NoError(t, b.NC.Flush())
+	for {
+		m, err := spy.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		switch {
+		case strings.HasPrefix(m.Subject, "pal.events."), strings.HasPrefix(m.Subject, "$KV."),
+			strings.HasPrefix(m.Subject, "pal.work."), strings.HasPrefix(m.Subject, "$JS.API.STREAM.DELETE"):
+			t.Errorf("PAL published on %s: %s", m.Subject, m.Data)
+		}
+	}
+	require.Equal(t, before, b.Events(t, victim), "the victim's journal is unchanged")
+	_, err = b.JS.Stream(ctx, eventstore.EventsStream)
+	require.NoError(t, err, "PAL_EVENTS still exists")
 }
 
 func FuzzDecodeCommand(f *testing.F) {
