@@ -33,4 +33,6 @@
 //     resumes with Last-Event-ID, so it never slows the others down.
 //   - The write side is NATS only: starting, reading, approving, cancelling
 //     and streaming need no Postgres; only GET /v1/runs does.
+//
+// The wire formats are in docs/architecture.md §9.
 package api

@@ -2,7 +2,8 @@
 // other side effects that leave a receipt. A Connector makes one delivery
 // attempt; the worker journals around it.
 //
-// The contract with the worker (DESIGN §1 guarantee 5, §5):
+// Invariants, the contract with the worker (docs/architecture.md §2
+// guarantee 5, §10.5):
 //
 //   - The worker appends side_effect_claimed before it calls Deliver and
 //     side_effect_delivered with the Receipt after. A re-drive that finds the

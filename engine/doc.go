@@ -15,4 +15,10 @@
 // order. A completed step is never run again: its journaled output is
 // reused. When nothing is left to run the run succeeds with the output of
 // the last completed step.
+//
+// Invariants: Fold and Next are pure functions of their arguments (no I/O,
+// no clock, no randomness), so replaying the same journal always gives the
+// same state and the same next action, in a worker, the projector or a
+// test; and the fold refuses a malformed history rather than guess. See
+// docs/architecture.md §7.
 package engine

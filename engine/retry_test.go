@@ -77,7 +77,8 @@ func TestRetryDecision(t *testing.T) {
 
 func TestRetryDecisionClasses(t *testing.T) {
 	t.Parallel()
-	// Every class the design names is accepted by a policy naming it.
+	// Every class docs/architecture.md §6.3 names is accepted by a policy
+	// naming it.
 	for _, c := range []string{event.ClassTimeout, event.ClassLLM, event.ClassConnector, event.ClassTool} {
 		p := engine.StepPlan{Node: nodeWithRetry(t, `{"maxAttempts":2,"retryableClasses":["`+c+`"]}`), Attempt: 1}
 		retry, _, _ := engine.RetryDecision(p, []string{c}, true, false)

@@ -27,7 +27,8 @@ const wfSummarise = `{
 
 const inputSummarise = `{"text":"PAL journals every step of an agent run to JetStream, so a crash loses nothing.","audience":"engineers"}`
 
-// wfNotify is the design's example: two ai-steps and a webhook.
+// wfNotify is the example workflow of docs/architecture.md §7.3: two
+// ai-steps and a webhook.
 const wfNotify = `{
   "name": "summarise-and-notify",
   "nodes": [

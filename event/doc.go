@@ -16,5 +16,6 @@
 //   - Payloads are additive: a reader ignores fields it does not know.
 //
 // The JSON Schema for the envelope lives in package schemas; every event PAL
-// writes validates against it.
+// writes validates against it. docs/architecture.md §6 lists the kinds and
+// what each carries.
 package event

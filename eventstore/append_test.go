@@ -115,7 +115,7 @@ func TestAppendCreateTwiceConflicts(t *testing.T) {
 	}
 }
 
-// TestAppendFencesSameSeq is the zombie case of DESIGN §3: a new owner and
+// TestAppendFencesSameSeq is the zombie case of docs/architecture.md §10.2: a new owner and
 // a stale writer append at the same head, so both name the same seq (and
 // the same Nats-Msg-Id). Only the first lands; the other must not mistake
 // it for its own append whose acknowledgement was lost.

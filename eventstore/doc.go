@@ -1,12 +1,14 @@
-// Package eventstore is PAL's write side on NATS JetStream: the streams and
-// the KV bucket of DESIGN §3, the fenced journal append, reading and
-// watching a run, the per-run lease and the work queue.
+// Package eventstore is PAL's write side on NATS JetStream: the streams,
+// the KV bucket and the consumers of docs/architecture.md §5, the fenced
+// journal append, reading and watching a run, the per-run lease, the work
+// queue and the timers.
 //
 // Layout (names are public interface):
 //
 //	PAL_EVENTS    stream  pal.events.<run_id>   the journal, one subject per run
 //	PAL_WORK      stream  pal.work.<run_id>     work queue, at most one pending per run
 //	PAL_CMDS      stream  pal.cmd.runs.>        durable commands
+//	PAL_TIMERS    stream  pal.timer.>           scheduled wake-ups (approval timeouts)
 //	PAL_LEASES    KV      <run_id> → owner      lease with a TTL
 //
 // Invariants:

@@ -2,7 +2,8 @@ package eventstore
 
 import "github.com/palrun/pal/event"
 
-// Stream, bucket and consumer names (public interface, DESIGN §3).
+// Stream, bucket and consumer names (public interface,
+// docs/architecture.md §5).
 const (
 	EventsStream   = "PAL_EVENTS"
 	WorkStream     = "PAL_WORK"
@@ -40,7 +41,7 @@ const (
 )
 
 // checkRunID refuses a run id that is not a single NATS subject token
-// (DESIGN §3): "*", ">" or "a.b" would make a run's subject or lease key
+// (docs/architecture.md §5.5): "*", ">" or "a.b" would make a run's subject or lease key
 // match other runs' (Read, Watch and LastHead would return their events)
 // or none of PAL's streams (Append would retry until its context ends).
 func checkRunID(runID string) error { return event.ValidateRunID(runID) }

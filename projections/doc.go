@@ -1,7 +1,8 @@
 // Package projections is PAL's read side: it folds the journal in the
 // PAL_EVENTS stream into Postgres tables for SQL, the API, the dashboard
 // and the recovery sweep. JetStream stays the source of truth; every row
-// here is derived from it, may lag it, and can be rebuilt from it.
+// here is derived from it, may lag it, and can be rebuilt from it
+// (docs/architecture.md §13).
 //
 // # Tables
 //

@@ -37,7 +37,7 @@ func TestMigrateEmptyDatabaseThenNoOp(t *testing.T) {
 	require.Equal(t, []string{"journal_events", "pal_schema_migrations", "projection_checkpoints", "runs",
 		"side_effect_receipts", "steps"}, tables)
 
-	// The primary keys DESIGN §7 names.
+	// The primary keys docs/architecture.md §13 names.
 	for table, want := range map[string][]string{
 		"journal_events":         {"run_id", "seq"},
 		"runs":                   {"run_id"},

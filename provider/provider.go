@@ -4,10 +4,13 @@
 // on every call); provider/providertest is an HTTP fake that speaks both wire
 // formats and records every request with its idempotency key.
 //
-// Retries are PAL's, never the SDK's: a failed call returns an *Error that
-// says whether it may be retried and whether its outcome is unknown (the
-// request may have reached the provider), in which case the retry must reuse
-// the same idempotency key.
+// Invariants: a Provider sends each Complete call at most once and never
+// retries (retries are PAL's, journaled by the worker, never the SDK's), and
+// every request carries Request.IdempotencyKey as its Idempotency-Key
+// header. A failed call returns an *Error that says whether it may be
+// retried and whether its outcome is unknown (the request may have reached
+// the provider), in which case the retry must reuse the same idempotency
+// key (docs/architecture.md §2 guarantee 5, §7.6).
 package provider
 
 import (

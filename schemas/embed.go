@@ -11,6 +11,11 @@
 //
 // The schemas are public interface: clients may validate against the raw
 // bytes (EventSchema, WorkflowSchema) with any draft 2020-12 validator.
+//
+// Invariant: the schema changes first. A new event kind or field, or a new
+// node type, is added here before any code writes it, so every journal
+// message and every workflow PAL accepts validates against the schema of
+// its own version (docs/architecture.md §6).
 package schemas
 
 import (

@@ -10,7 +10,14 @@
 // successful renewal, the drive's context is cancelled at once and nothing
 // more is appended. The work message is acked when the run ends or parks.
 //
-// Crash safety:
+// Invariant: only the holder of a run's lease appends the run's
+// run_resumed, step and side-effect events and its run_succeeded or
+// run_failed (other writers append only run_created, inputs and cancels).
+// A drive appends no step event before its run_resumed, fences every append
+// on the head it last saw, and appends nothing once the lease may have
+// expired (docs/architecture.md §10).
+//
+// Crash safety (docs/architecture.md §11):
 //
 //   - step_started is durable before a step acts; step_completed carries
 //     the full output, so a re-drive skips completed steps.
@@ -27,4 +34,8 @@
 // cancels its drives (an in-flight webhook delivery is allowed to finish),
 // releases their leases and naks their work so another worker resumes them
 // at once.
+//
+// The recovery sweep (Sweeper) lives here too: a safety net that re-enqueues
+// runs the read side shows running or queued with no lease and no pending
+// work.
 package workers

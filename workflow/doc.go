@@ -155,7 +155,9 @@
 //	workflow "x": edge draft→review: condition: unknown name inptu at column 1 (an expression can use input and steps)
 //	workflow: invalid JSON at line 4 column 16: invalid character '"' after object key:value pair
 //
-// A parsed Workflow is immutable and safe for concurrent use. Raw returns
+// Invariant: Parse returns a Workflow only for a document that passes both
+// the schema and the graph checks, and a parsed Workflow is immutable and
+// safe for concurrent use. Raw returns
 // the document as given (compacted) and Hash its sha256: run_created stores
 // both, so a run keeps the exact workflow it started with.
 package workflow

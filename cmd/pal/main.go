@@ -1,4 +1,8 @@
 // Command pal is PAL's single binary: pal dev, pal worker, pal run …
+//
+// main owns only the signal context (SIGINT and SIGTERM cancel it, so every
+// component stops through its ctx) and the exit code; every command lives
+// in internal/cli (docs/architecture.md §9.5).
 package main
 
 import (

@@ -3,8 +3,9 @@
 // records every request with its idempotency key and behaves, on cue, like a
 // slow or flaky receiver.
 //
-// A request is recorded the moment its body has been read, before anything
-// else happens to it. Then, in this order:
+// Invariant: a request is recorded the moment its body has been read, before
+// any hold or rule touches it, so a test sees every request that reached
+// the receiver, answered or not. Then, in this order:
 //
 //  1. if an active Hold matches it, it waits until the hold is released, the
 //     client gives up, or the receiver closes (which cuts the connection);

@@ -2,7 +2,7 @@
 // http or https URL with the delivery's idempotency key and returns the
 // receiver's answer as a receipt.
 //
-// One call to Deliver sends at most one request. PAL's journal decides about
+// Invariant: one call to Deliver sends at most one request. PAL's journal decides about
 // retries, so the connector never retries and never lets net/http replay a
 // request on its own, and it does not follow redirects (a 3xx is a permanent
 // failure that names the redirect's host).

@@ -3,6 +3,10 @@
 // reached over loopback TCP unless told otherwise), and the journal's own
 // timestamps give the per-step latency. pal bench and the go test
 // benchmarks in package workers both use it.
+//
+// Invariant: nothing is stubbed between the worker and the journal, so a
+// number measured here is what a run pays per step in the durability mode
+// asked for (docs/architecture.md §12).
 package bench
 
 import (

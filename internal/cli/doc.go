@@ -1,5 +1,13 @@
 // Package cli implements the pal command: pal dev, pal worker, pal run …,
-// pal bench. cmd/pal/main.go only calls Main.
+// pal bench. cmd/pal/main.go only calls Main. The commands, settings and
+// wire formats are in docs/architecture.md §9 and §14.
+//
+// Invariant: a setting is taken from its flag, else its environment
+// variable, else its default, and an invalid value fails the command before
+// anything is started, with a message naming the variable (only
+// PAL_RECOVERY_INTERVAL falls back to its default instead, so the recovery
+// sweep cannot be turned off). Every error leaves through one of the exit
+// codes below.
 //
 // Exit codes (scripts may rely on them):
 //

@@ -4,9 +4,12 @@
 // A Stack is an embedded JetStream with PAL's streams set up, an event
 // store and leases over it, a fake LLM provider (both wire formats) and a
 // webhook receiver. Workers started with Stack.Worker call the fake
-// provider and deliver webhooks for real. Everything a Stack starts stops
-// when the test ends, and unless NoJournalCheck is given the journal is
-// checked then (gapless, one terminal event per run, schema-valid).
+// provider and deliver webhooks for real.
+//
+// Invariants: everything a Stack starts stops when the test ends, and unless
+// NoJournalCheck is given the journal is checked then (gapless, one terminal
+// event per run, schema-valid), so a test cannot pass while leaving a
+// broken journal behind.
 //
 // Package-specific setup (a database, an HTTP API, the pal binary) stays
 // with the tests that need it; a test bundle embeds or holds a *Stack.

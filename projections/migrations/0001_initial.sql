@@ -1,4 +1,4 @@
--- PAL projections: the read side of the journal in PAL_EVENTS (DESIGN §7).
+-- PAL projections: the read side of the journal in PAL_EVENTS (docs/architecture.md §13).
 -- Every row here is derived from the stream and can be rebuilt from it
 -- (pal projections rebuild); nothing else writes these tables.
 -- Identifiers use the "C" collation: keys compare byte for byte, as in

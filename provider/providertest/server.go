@@ -4,11 +4,14 @@
 // Messages wire format (POST /v1/messages), well enough for the official
 // SDKs to parse its answers, tool calls included.
 //
-// It records every request with its idempotency key, so that tests can
-// assert that a key reached the provider once, and it can misbehave on cue:
-// hold requests until released (Hold), answer with an HTTP error (FailNext),
-// cut the connection without answering (Drop) and replay the first answer
-// for a repeated idempotency key (Dedup), like a provider that honours keys.
+// Invariant: every request is recorded, with its idempotency key, before it
+// is held, failed, dropped or answered, so that tests can assert that a key
+// reached the provider once.
+//
+// It can misbehave on cue: hold requests until released (Hold), answer with
+// an HTTP error (FailNext), cut the connection without answering (Drop) and
+// replay the first answer for a repeated idempotency key (Dedup), like a
+// provider that honours keys.
 //
 // The default answer is deterministic: "echo: " followed by the last user
 // message, with token counts taken from word counts. SetResponder scripts
