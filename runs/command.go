@@ -17,8 +17,25 @@ const (
 	CmdSignal  = "signal"
 )
 
-// MaxCommandBytes bounds a command body.
+// MaxCommandBytes bounds a command body (and REST bodies, and what the
+// CLI reads from a file or stdin).
 const MaxCommandBytes = 1 << 20
+
+// MaxTextBytes bounds the free text a command carries into the journal: an
+// approval comment, a cancel reason. MaxNameBytes bounds names: a step id,
+// an approver, a canceller, a signal name.
+const (
+	MaxTextBytes = 4 << 10
+	MaxNameBytes = 256
+)
+
+// checkLen refuses a value over limit bytes, naming the field and limit.
+func checkLen(field, v string, limit int) error {
+	if len(v) > limit {
+		return &InputError{Field: field, Msg: fmt.Sprintf("%d bytes; the limit is %d", len(v), limit)}
+	}
+	return nil
+}
 
 // StartCommand starts a run: pal.cmd.runs.start, pal.api.runs.start,
 // POST /v1/runs, pal run start.
@@ -184,12 +201,16 @@ func (c *ApproveCommand) Validate() error {
 	case c.Approver == "":
 		return &InputError{Field: "approver", Msg: "required: say who decides"}
 	}
-	return nil
+	return errors.Join(checkLen("step_id", c.StepID, MaxNameBytes), checkLen("approver", c.Approver, MaxNameBytes),
+		checkLen("comment", c.Comment, MaxTextBytes))
 }
 
 // Validate checks a cancel command.
 func (c *CancelCommand) Validate() error {
-	return checkRunID("run_id", c.RunID)
+	if err := checkRunID("run_id", c.RunID); err != nil {
+		return err
+	}
+	return errors.Join(checkLen("by", c.By, MaxNameBytes), checkLen("reason", c.Reason, MaxTextBytes))
 }
 
 // Validate checks a signal command.
@@ -200,5 +221,5 @@ func (c *SignalCommand) Validate() error {
 	if c.Name == "" {
 		return &InputError{Field: "name", Msg: "required"}
 	}
-	return nil
+	return checkLen("name", c.Name, MaxNameBytes)
 }

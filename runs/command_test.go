@@ -95,6 +95,9 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		{"pal.cmd.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"t1","decision":"maybe","approver":"bo"}`, runID), "bad_input", "decision", "want"},
 		{"pal.cmd.runs.signal", fmt.Sprintf(`{"run_id":%q}`, runID), "bad_input", "name", "required"},
 		{"pal.cmd.runs.restart", `{}`, "bad_input", "", "unknown command"},
+		{"pal.cmd.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"t1","decision":"approve","approver":"bo","comment":%q}`, runID, strings.Repeat("c", runs.MaxTextBytes+1)), "bad_input", "comment", "the limit is 4096"},
+		{"pal.cmd.runs.cancel", fmt.Sprintf(`{"run_id":%q,"reason":%q}`, runID, strings.Repeat("r", runs.MaxTextBytes+1)), "bad_input", "reason", "the limit is 4096"},
+		{"pal.cmd.runs.cancel", fmt.Sprintf(`{"run_id":%q,"by":%q}`, runID, strings.Repeat("b", runs.MaxNameBytes+1)), "bad_input", "by", "the limit is 256"},
 	}
 	for _, tc := range cases {
 		inbox := nats.NewInbox()
@@ -118,7 +121,11 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 			var rej runs.Rejection
 			require.NoError(t, json.Unmarshal(m.Data, &rej))
 			require.Equal(t, tc.subject, rej.Subject)
-			require.Equal(t, tc.body, rej.Command)
+			if len(tc.body) > 4096 {
+				require.Equal(t, tc.body[:4096]+"…", rej.Command, "long commands are cut in the announcement")
+			} else {
+				require.Equal(t, tc.body, rej.Command)
+			}
 			require.Equal(t, ans.Error, rej.Error)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no pal.cmd.rejected for %s", tc.body)

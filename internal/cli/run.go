@@ -51,12 +51,35 @@ stdout. With --wait it then follows the run and exits 0 when it succeeds,
 func readArg(v string, stdin io.Reader) ([]byte, error) {
 	switch {
 	case v == "-":
-		return io.ReadAll(io.LimitReader(stdin, 16<<20))
+		return readLimited(stdin, "stdin")
 	case strings.HasPrefix(v, "@"):
-		return os.ReadFile(v[1:])
+		return readFileLimited(v[1:])
 	default:
 		return []byte(v), nil
 	}
+}
+
+// readLimited reads what PAL would accept from r, at most the API's body
+// limit, and refuses more without reading on (a file like /dev/zero ends
+// here, not in the kernel's OOM killer).
+func readLimited(r io.Reader, name string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, runs.MaxCommandBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > runs.MaxCommandBytes {
+		return nil, fmt.Errorf("%s is larger than the limit of %d bytes", name, runs.MaxCommandBytes)
+	}
+	return b, nil
+}
+
+func readFileLimited(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readLimited(f, path)
 }
 
 func (e *env) runStart(cmd *cobra.Command, _ []string) error {
@@ -67,7 +90,7 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 	if wfPath == "-" {
 		wf, err = readArg("-", cmd.InOrStdin())
 	} else {
-		wf, err = os.ReadFile(wfPath)
+		wf, err = readFileLimited(wfPath)
 	}
 	if err != nil {
 		return badInput("reading workflow: %v", err)

@@ -109,12 +109,16 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 	if by == "" {
 		return badInput("--by: say who cancels")
 	}
+	c := runs.CancelCommand{RunID: runID, Reason: reason, By: by}
+	if err := c.Validate(); err != nil {
+		return withCode(ExitBadInput, err)
+	}
 	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if err := runs.New(store, runs.WithConn(nc)).Cancel(ctx, runs.CancelCommand{RunID: runID, Reason: reason, By: by}); err != nil {
+	if err := runs.New(store, runs.WithConn(nc)).Cancel(ctx, c); err != nil {
 		if errors.Is(err, runs.ErrRunFinished) {
 			err = fmt.Errorf("%w; nothing was written", err)
 		}

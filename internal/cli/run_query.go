@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
@@ -127,11 +127,16 @@ func pgHint(err error) error {
 	return withCode(ExitUnavailable, err)
 }
 
-func rfc3339(t time.Time) string {
-	if t.IsZero() {
-		return ""
+// resultText is what a step's result column shows: an LLM step's reply
+// text, else the output's JSON.
+func resultText(out json.RawMessage) string {
+	var v struct {
+		Text *string `json:"text"`
 	}
-	return t.UTC().Format(time.RFC3339Nano)
+	if json.Unmarshal(out, &v) == nil && v.Text != nil {
+		return *v.Text
+	}
+	return string(out)
 }
 
 func parseTime(s string) time.Time {
@@ -182,24 +187,38 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	if len(v.Steps) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STEP\tTYPE\tSTATUS\tATTEMPT\tDURATION\tTOKENS\tRESULT")
+		fmt.Fprintln(tw, "STEP\tTYPE\tSTATUS\tATTEMPT\tSTART\tDURATION\tWAIT\tTOKENS\tCOST\tRESULT")
 		for _, s := range v.Steps {
 			var tokens int64
+			cost := "-"
 			if s.Usage != nil {
 				tokens = s.Usage.TotalTokens
+				if s.Usage.CostUSD > 0 {
+					cost = fmt.Sprintf("$%.6f", s.Usage.CostUSD)
+				}
 			}
-			result := truncate(string(s.Output), 60)
+			result := truncate(resultText(s.Output), 60)
 			if s.Error != "" {
 				result = truncate(s.Error, 60)
 			}
 			if s.Delivery != "" {
 				result = "delivery " + s.Delivery + " " + result
 			}
-			dur := "-"
-			if s.Status == engine.StepCompleted || s.Status == engine.StepFailed {
-				dur = fmtDuration(time.Duration(s.DurationMs) * time.Millisecond)
+			start := "-"
+			if st := parseTime(s.StartedAt); !st.IsZero() && !created.IsZero() {
+				start = "+" + fmtDuration(st.Sub(created))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt, dur, fmtTokens(tokens), dash(result))
+			dur, wait := "-", "-"
+			if s.EndedAt != "" {
+				dur = fmtDuration(time.Duration(s.DurationMs) * time.Millisecond)
+				if s.WaitingSince != "" {
+					wait = fmtDuration(time.Duration(s.WaitMs) * time.Millisecond)
+				}
+			} else if ws := parseTime(s.WaitingSince); !ws.IsZero() {
+				wait = fmtDuration(now.Sub(ws)) + "…"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt,
+				start, dur, wait, fmtTokens(tokens), cost, dash(result))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -48,8 +48,8 @@ func TestRunGetWatch(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s", r)
 	for _, re := range []string{`(?m)^Run\s+` + id + `$`, `(?m)^Status\s+succeeded$`, `(?m)^Workflow\s+seq-2$`,
 		`(?m)^Ended\s+.* took \S+$`, `(?m)^Usage\s+\d+ tokens \(\d+ in, \d+ out\), \$\d+\.\d{6}$`,
-		`(?m)^STEP\s+TYPE\s+STATUS\s+ATTEMPT\s+DURATION\s+TOKENS\s+RESULT$`,
-		`(?m)^s1\s+ai-step\s+completed\s+1\s+\S+\s+\d+\s+\{"text":"echo: step 1: hello"`,
+		`(?m)^STEP\s+TYPE\s+STATUS\s+ATTEMPT\s+START\s+DURATION\s+WAIT\s+TOKENS\s+COST\s+RESULT$`,
+		`(?m)^s1\s+ai-step\s+completed\s+1\s+\+\S+\s+\S+\s+-\s+\d+\s+\$\d+\.\d{6}\s+echo: step 1: hello$`,
 		`(?m)^s2\s+ai-step\s+completed\s+1\s`, `\(read from its journal on NATS \(PAL_EVENTS\) up to seq \d+\)`} {
 		require.Regexp(t, re, r.stdout)
 	}
@@ -172,12 +172,17 @@ func TestRunExitCodes(t *testing.T) {
 		{down, []string{"run", "watch", "run_x"}, 4, "cannot reach NATS"},
 		{down, []string{"run", "cancel", "run_x"}, 4, "cannot reach NATS"},
 		{down, []string{"run", "approve", "run_x", "--step", "s1", "--approver", "ann"}, 4, "cannot reach NATS"},
+		// Sizes at the door: nothing is read past the limit, nothing is sent.
+		{nil, []string{"run", "start", "--workflow", "/dev/zero"}, 2, "larger than the limit of 1048576 bytes"},
+		{nil, []string{"run", "start", "--workflow", "-", "--input", "@/dev/zero"}, 2, "larger than the limit of 1048576 bytes"},
+		{nil, []string{"run", "approve", "run_x", "--step", "s1", "--approver", "ann", "--comment", strings.Repeat("c", 5000)}, 2, "the limit is 4096"},
+		{nil, []string{"run", "cancel", "run_x", "--reason", strings.Repeat("r", 5000)}, 2, "the limit is 4096"},
 	} {
 		r := b.pal(t, tc.env, tc.args...)
 		require.Equal(t, tc.code, r.code, "%v\n%s", tc.args, r)
 		require.Contains(t, r.stderr, tc.msg, "%v", tc.args)
 		require.Empty(t, r.stdout, "%v", tc.args)
-		if tc.args[1] == "events" || strings.HasPrefix(tc.msg, "required") || strings.HasPrefix(tc.msg, "accepts") {
+		if tc.args[1] == "events" || tc.args[1] == "start" || strings.HasPrefix(tc.msg, "required") || strings.HasPrefix(tc.msg, "accepts") {
 			continue // no JSON errors: pal run events as it was; cobra's own usage errors
 		}
 		r = b.pal(t, tc.env, append(tc.args, "--json")...)
