@@ -34,9 +34,11 @@ e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built f
 	PAL=$(CURDIR)/$(BIN) NATS=$(CURDIR)/bin/nats bash e2e/replay.sh
 
 .PHONY: bench
-bench: build ## Benchmarks: go test -bench and the pal bench table
+bench: build ## Benchmarks: the README's Performance tables (workers, recovery with 3s and 1s leases, projections, REST load, pal bench)
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill' -benchtime 1x ./workers/
+	PAL_LEASE_TTL=1s $(GO) test -run '^$$' -bench RecoveryAfterKill -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./projections/
+	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x ./api/
 	./$(BIN) bench
 
 .PHONY: lint

@@ -4,8 +4,8 @@ package projections_test
 // killed with kill -9 mid-batch, pal projections rebuild.
 
 import (
-	"fmt"
 	"errors"
+	"fmt"
 	"os/exec"
 	"testing"
 	"time"

@@ -49,6 +49,35 @@ func StepFromContext(ctx context.Context) (StepInfo, bool) {
 // in demos and benchmarks.
 func echoTool(_ context.Context, in json.RawMessage) (json.RawMessage, error) { return in, nil }
 
+// maxSleep bounds the built-in sleep tool.
+const maxSleep = 10 * time.Minute
+
+// sleepTool is the built-in "sleep" tool: {"ms": N} waits N milliseconds
+// (at most ten minutes) and returns {"slept_ms": N}. It stands in for slow
+// work in demos, e.g. a worker to kill in the middle of a step.
+func sleepTool(ctx context.Context, input json.RawMessage) (json.RawMessage, error) {
+	var in struct {
+		Ms int64 `json:"ms"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(input))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, &ToolError{Err: fmt.Errorf("sleep tool: input: %w (want {\"ms\": N})", err)}
+	}
+	d := time.Duration(in.Ms) * time.Millisecond
+	if in.Ms < 0 || d > maxSleep {
+		return nil, &ToolError{Err: fmt.Errorf("sleep tool: ms=%d: want 0 to %d", in.Ms, maxSleep.Milliseconds())}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	case <-t.C:
+	}
+	return json.Marshal(map[string]int64{"slept_ms": in.Ms})
+}
+
 // httpToolInput is the input of the built-in http tool.
 type httpToolInput struct {
 	Method  string            `json:"method"`

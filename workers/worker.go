@@ -104,6 +104,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 	}
 	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
 	w.tools["echo"] = echoTool
+	w.tools["sleep"] = sleepTool
 	return w
 }
 

@@ -39,9 +39,10 @@
 //     assistant and a content), system, maxTokens, temperature (0 to 2),
 //     timeoutMs, retry. prompt, system and message contents are templates.
 //
-//   - tool: a Go function registered on the worker under data.tool, or the
-//     built-in "http" tool. data: tool (required), input (any JSON; every
-//     string in it is a template), timeoutMs, retry.
+//   - tool: a Go function registered on the worker under data.tool, or a
+//     built-in tool: "http" (one HTTP request), "echo" (returns its input)
+//     or "sleep" ({"ms": N} waits N milliseconds). data: tool (required),
+//     input (any JSON; every string in it is a template), timeoutMs, retry.
 //
 //   - connector: an external delivery with a receipt. data: kind ("webhook")
 //     and url (required), method (POST, PUT, PATCH, DELETE or GET), headers

@@ -28,7 +28,7 @@ var requiredHints = map[string]string{
 	"/$defs/edge":          "an edge needs from and to",
 	"/$defs/message":       "a message needs role and content",
 	"/$defs/aiStepData":    "an ai-step needs provider, model, and prompt or messages",
-	"/$defs/toolData":      "a tool node needs tool: a tool registered on the worker, or \"http\"",
+	"/$defs/toolData":      "a tool node needs tool: a tool registered on the worker, or \"http\", \"echo\" or \"sleep\"",
 	"/$defs/connectorData": "a connector needs kind and url",
 	"/$defs/conditionData": "a condition node needs expression",
 }

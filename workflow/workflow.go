@@ -110,7 +110,8 @@ type AIStepData struct {
 }
 
 // ToolData is the data of a tool node: a Go function registered on the
-// worker under Tool, or the built-in "http" tool. Input is a template.
+// worker under Tool, or a built-in tool ("http", "echo", "sleep"). Input
+// is a template.
 type ToolData struct {
 	Tool      string          `json:"tool"`
 	Input     json.RawMessage `json:"input,omitempty"`

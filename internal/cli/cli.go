@@ -117,10 +117,13 @@ Start everything locally with 'pal dev'; see 'pal run --help' to start and
 inspect runs.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Settings pal dev wrote to .pal/dev.env fill in what the
+		// environment leaves unset.
+		PersistentPreRunE: e.useDevEnv,
 	}
 	root.PersistentFlags().String("nats-url", "", "NATS server URL (env PAL_NATS_URL, default nats://127.0.0.1:4222)")
 	root.AddCommand(e.workerCmd(), e.runCmd(), e.devCmd(), e.benchCmd())
-	root.AddCommand(e.serverCmd())
+	root.AddCommand(e.serverCmd(), e.versionCmd())
 	root.AddCommand(e.migrateCmd(), e.projectorCmd(), e.projectionsCmd())
 	return root
 }

@@ -2,23 +2,27 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/eventstore"
 
 	"github.com/palrun/pal/internal/pgcluster"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/provider/anthropic"
-	"github.com/palrun/pal/provider/openai"
 	"github.com/palrun/pal/provider/providertest"
 )
 
@@ -32,7 +36,18 @@ by default 127.0.0.1:4222, so the nats CLI can connect), a local PostgreSQL
 (data under ./.pal/pg, from the machine's PostgreSQL binaries) unless
 DATABASE_URL is set, the projector, a worker with the recovery sweep, and the
 REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
-unset it makes up a token and prints it.
+unset it makes up a token and prints it. With --no-worker it drives no runs
+itself: start pal worker processes for that (to watch one crash, say).
+
+While it runs, pal dev writes how to reach it (PAL_NATS_URL, DATABASE_URL,
+PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
+PAL_LEASE_TTL and, with the fake provider, OPENAI_* and ANTHROPIC_*) to
+dev.env in its data directory, readable by you only. Every other pal
+command run in this directory (or with the same PAL_DATA_DIR) uses those
+values for the variables its environment does not set, so pal run list
+and a second pal worker need no copying. The file is replaced on every
+start and removed on stop; in a shell, '. .pal/dev.env' sets the same
+variables.
 
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
 built-in fake provider that answers "echo: <prompt>".`,
@@ -42,6 +57,7 @@ built-in fake provider that answers "echo: <prompt>".`,
 	addWorkerFlags(cmd)
 	addRESTFlags(cmd)
 	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
+	cmd.Flags().Bool("no-worker", false, "drive no runs in this process: leave them to pal worker processes")
 	return cmd
 }
 
@@ -59,7 +75,8 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
-	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", ".pal")
+	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
+	noWorker, _ := cmd.Flags().GetBool("no-worker")
 	host, port, err := listenAddr(wc.natsURL)
 	if err != nil {
 		return err
@@ -68,6 +85,12 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		return badInput("creating %s: %v", dataDir, err)
 	}
 	_ = os.Chmod(dataDir, 0o755) // PostgreSQL's own user must be able to reach ./.pal/pg
+	// What an earlier pal dev wrote is stale now: remove it before anything
+	// can fail, so no command reads it while this one starts.
+	envPath := filepath.Join(dataDir, devEnvName)
+	if err := os.Remove(envPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return badInput("removing the stale %s: %v", envPath, err)
+	}
 	storeDir := filepath.Join(dataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o755); err != nil {
 		return badInput("creating %s: %v", storeDir, err)
@@ -123,7 +146,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		return shutdownOr(ctx, err)
 	}
 
-	providers, llmNote, closeFake, err := e.devProviders()
+	providers, llmNote, llmVars, closeFake, err := e.devProviders()
 	if err != nil {
 		return err
 	}
@@ -133,20 +156,30 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		wc.id = "dev-" + sanitizeID(hostname)
 	}
 
-	// The write side, the projector and the REST API.
-	ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
-	if err != nil {
-		return err
-	}
+	// The write side (unless --no-worker), the projector and the REST API.
 	stopCtx := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	}
-	defer func() {
-		sctx, cancel := stopCtx()
-		defer cancel()
-		_ = ws.stop(sctx)
-	}()
-	proj := projections.New(pool, ws.store, projections.Config{Logger: log})
+	var store *eventstore.Store
+	workerNote := fmt.Sprintf("%s   (durability %s, lease TTL %s)", wc.id, wc.durability, wc.leaseTTL)
+	if noWorker {
+		if store, err = devStore(ctx, nc, wc); err != nil {
+			return err
+		}
+		workerNote = fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", wc.durability, wc.leaseTTL)
+	} else {
+		ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := stopCtx()
+			defer cancel()
+			_ = ws.stop(sctx)
+		}()
+		store = ws.store
+	}
+	proj := projections.New(pool, store, projections.Config{Logger: log})
 	if err := proj.Start(ctx); err != nil {
 		return withCode(ExitUnavailable, err)
 	}
@@ -155,7 +188,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		defer cancel()
 		_ = proj.Stop(sctx)
 	}()
-	rest, err := startREST(ctx, rc, ws.store, nc, pool, log)
+	rest, err := startREST(ctx, rc, store, nc, pool, log)
 	if err != nil {
 		return err
 	}
@@ -165,27 +198,70 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		_ = rest.Stop(sctx)
 	}()
 
+	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
+	vars := map[string]string{
+		"PAL_NATS_URL":   natsURL,
+		"DATABASE_URL":   dbURL,
+		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
+		"PAL_DURABILITY": wc.durability,
+		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
+	}
+	if len(rc.tokens) > 0 {
+		pairs := make([]string, len(rc.tokens))
+		for i, t := range rc.tokens {
+			pairs[i] = t.Name + "=" + t.Secret
+		}
+		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = strings.Join(pairs, ","), rc.tokens[0].Secret
+	}
+	maps.Copy(vars, llmVars)
+	if err := writeDevEnv(envPath, devEnvKeys, vars); err != nil {
+		return fmt.Errorf("writing %s: %w", envPath, err)
+	}
+	defer os.Remove(envPath)
+
 	abs, _ := filepath.Abs(dataDir)
 	fmt.Fprintf(e.stderr, `
 PAL dev is running.
-  NATS       nats://%s:%d   (JetStream store: %s)
+  NATS       %s   (JetStream store: %s)
   Postgres   %s   (%s)
-  worker     %s   (durability %s, lease TTL %s)
+  worker     %s
   LLM        %s
-`, host, port, filepath.Join(abs, "nats"), redactDSN(dbURL), pgNote, wc.id, wc.durability, wc.leaseTTL, llmNote)
+`, natsURL, filepath.Join(abs, "nats"), redactDSN(dbURL), pgNote, workerNote, llmNote)
 	printREST(e.stderr, rest, rc)
-	fmt.Fprintf(e.stderr, `
-Try it (in another terminal):
+	fmt.Fprintf(e.stderr, `  settings   %s   (pal commands run here use them)
+
+Try it (in another terminal, in this directory):
   pal run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait
   pal run events <run_id>
+  pal run list
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
-  DATABASE_URL='%s' pal run list
 
 Press Ctrl-C to stop.
-`, dbURL)
+`, filepath.Join(abs, devEnvName))
 	<-ctx.Done()
 	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
 	return nil
+}
+
+// devEnvKeys are the variables pal dev writes to dev.env, in order.
+var devEnvKeys = []string{"PAL_NATS_URL", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+
+// devStore sets up PAL's streams as a worker with wc would and opens the
+// event store, for pal dev --no-worker (the workers come later).
+func devStore(ctx context.Context, nc *nats.Conn, wc workerConfig) (*eventstore.Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}); err != nil {
+		return nil, withCode(ExitUnavailable, fmt.Errorf("setting up PAL's streams: %w", err))
+	}
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict))
+	if err != nil {
+		return nil, withCode(ExitUnavailable, err)
+	}
+	return store, nil
 }
 
 // redactDSN hides a password in a connection string.
@@ -201,22 +277,22 @@ func redactDSN(dsn string) string {
 }
 
 // devProviders returns real providers when API keys are set, else the
-// built-in fake provider.
-func (e *env) devProviders() (provider.Registry, string, func(), error) {
+// built-in fake provider and the variables that point a worker at it.
+func (e *env) devProviders() (provider.Registry, string, map[string]string, func(), error) {
 	if e.getenv("OPENAI_API_KEY") != "" || e.getenv("ANTHROPIC_API_KEY") != "" {
-		return providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", func() {}, nil
+		return e.providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
 	}
 	fake, err := providertest.Start("127.0.0.1:0")
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("starting the fake LLM provider: %w", err)
+		return nil, "", nil, nil, fmt.Errorf("starting the fake LLM provider: %w", err)
 	}
 	fake.Dedup(true)
-	reg := provider.Registry{
-		"openai":    openai.New(openai.Config{APIKey: "pal-dev", BaseURL: fake.OpenAIBaseURL()}),
-		"anthropic": anthropic.New(anthropic.Config{APIKey: "pal-dev", BaseURL: fake.AnthropicBaseURL()}),
+	vars := map[string]string{
+		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
+		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",
 	}
 	note := fmt.Sprintf("built-in fake provider at %s (set OPENAI_API_KEY or ANTHROPIC_API_KEY for real calls)", fake.URL())
-	return reg, note, fake.Close, nil
+	return providersOf(func(k string) string { return vars[k] }), note, vars, fake.Close, nil
 }
 
 // listenAddr turns PAL_NATS_URL into the embedded server's listen address;

@@ -78,9 +78,16 @@ func (b *bundle) pal(t *testing.T, env []string, args ...string) result {
 
 func runPal(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
+	return runPalIn(t, bin, "", env, args...)
+}
+
+// runPalIn runs the binary in directory dir ("" for the test's).
+func runPalIn(t *testing.T, bin, dir string, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
 	cmd.Env = hermetic(env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

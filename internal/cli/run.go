@@ -23,7 +23,7 @@ func (e *env) runCmd() *cobra.Command {
 		Short: "Start and inspect runs",
 	}
 	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
-		e.runApproveCmd(), e.runCancelCmd())
+		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd())
 	return cmd
 }
 
@@ -33,11 +33,14 @@ func (e *env) runStartCmd() *cobra.Command {
 		Short: "Start a run of a workflow; prints the run id",
 		Long: `pal run start validates the workflow, creates the run (run_created in its
 journal) and queues it for the workers. It prints the run id alone on
-stdout. With --wait it then follows the run and exits 0 when it succeeds,
-1 when it fails or is cancelled; progress goes to stderr.`,
+stdout, or with --json {"run_id":…,"created":…} (created is false when the
+idempotency key named a run that existed already). With --wait it then
+follows the run and exits 0 when it succeeds, 1 when it fails or is
+cancelled; progress goes to stderr.`,
 		Args: cobra.NoArgs,
-		RunE: e.runStart,
+		RunE: e.jsonErrors(e.runStart),
 	}
+	addJSONFlag(cmd, `print {"run_id":…,"created":…} instead of the bare run id`)
 	f := cmd.Flags()
 	f.StringP("workflow", "w", "", "workflow JSON file ('-' for stdin)")
 	f.StringP("input", "i", "{}", "run input as JSON, or @FILE")
@@ -127,11 +130,23 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 		}
 		fmt.Fprintf(e.stderr, "pal: warning: %v\n", err)
 	}
-	fmt.Fprintln(e.stdout, res.RunID)
+	if jsonFlag(cmd) {
+		if err := printJSON(e.stdout, startOutput{RunID: res.RunID, Created: res.Created}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(e.stdout, res.RunID)
+	}
 	if wait, _ := cmd.Flags().GetBool("wait"); !wait {
 		return nil
 	}
 	return e.follow(ctx, store, res.RunID, func(ev event.Event) { e.progress(ev) })
+}
+
+// startOutput is what pal run start --json prints, the REST API's answer.
+type startOutput struct {
+	RunID   string `json:"run_id"`
+	Created bool   `json:"created"`
 }
 
 // follow watches a run until its terminal event and maps it to an exit

@@ -43,7 +43,14 @@ queued, with no live lease and no pending work, are queued again.`,
 			if err != nil {
 				return err
 			}
-			return e.runWorkerWith(cmd.Context(), wc, nil, providersFromEnv(), e.getenv("DATABASE_URL"))
+			log, err := e.logger()
+			if err != nil {
+				return err
+			}
+			for _, w := range providerWarnings(e.getenv) {
+				log.Warn(w)
+			}
+			return e.runWorkerWith(cmd.Context(), wc, nil, e.providersFromEnv(), e.getenv("DATABASE_URL"))
 		},
 	}
 	addWorkerFlags(cmd)
@@ -91,9 +98,33 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	return wc, nil
 }
 
-// providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*.
-func providersFromEnv() provider.Registry {
-	return provider.Registry{"openai": openai.FromEnv(), "anthropic": anthropic.FromEnv()}
+// providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
+// (the environment, then pal dev's dev.env).
+func (e *env) providersFromEnv() provider.Registry { return providersOf(e.getenv) }
+
+// providersOf builds the LLM providers from OPENAI_API_KEY, OPENAI_BASE_URL,
+// ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL as getenv gives them.
+func providersOf(getenv func(string) string) provider.Registry {
+	return provider.Registry{
+		"openai":    openai.New(openai.Config{APIKey: getenv("OPENAI_API_KEY"), BaseURL: getenv("OPENAI_BASE_URL")}),
+		"anthropic": anthropic.New(anthropic.Config{APIKey: getenv("ANTHROPIC_API_KEY"), BaseURL: getenv("ANTHROPIC_BASE_URL")}),
+	}
+}
+
+// providerWarnings names each provider that would call its public API
+// without an API key: every LLM step for it would fail, so a worker says
+// so when it starts rather than at the first step. A base URL of one's own
+// (a local server) may well need no key.
+func providerWarnings(getenv func(string) string) []string {
+	var out []string
+	for _, p := range []struct{ name, prefix string }{{"openai", "OPENAI"}, {"anthropic", "ANTHROPIC"}} {
+		if getenv(p.prefix+"_API_KEY") == "" && getenv(p.prefix+"_BASE_URL") == "" {
+			out = append(out, fmt.Sprintf("%s_API_KEY and %s_BASE_URL are unset: every %s step will fail against the public API. "+
+				"Set them, or run this worker in the directory of a running pal dev (it reads .pal/dev.env, the fake provider's address)",
+				p.prefix, p.prefix, p.name))
+		}
+	}
+	return out
 }
 
 func connectors() connector.Registry {

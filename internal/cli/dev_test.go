@@ -1,0 +1,159 @@
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/runs"
+)
+
+// pal dev writes .pal/dev.env; a worker and the one-shot commands run in
+// that directory find NATS, Postgres and the fake provider through it, and
+// what their own environment or flags set wins over it.
+func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	pg := testenv.Postgres(t)
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, ".pal")
+	envPath := filepath.Join(dataDir, "dev.env")
+	// What an earlier pal dev left behind is neither read nor kept.
+	require.NoError(t, os.MkdirAll(dataDir, 0o755))
+	require.NoError(t, os.WriteFile(envPath, []byte("DATABASE_URL='postgres://stale@127.0.0.1:1/x'\nPAL_NATS_URL=nats://127.0.0.1:1\n"), 0o644))
+
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePort(t))
+	dev := testenv.StartProcess(t, bin, []string{"dev", "--no-worker"}, []string{
+		"PAL_DATA_DIR=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(),
+		"PAL_HTTP_ADDR=127.0.0.1:0", "PAL_LEASE_TTL=1s"})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	require.NoError(t, dev.WaitForOutput(ctx, "PAL dev is running"))
+
+	fi, err := os.Stat(envPath)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	// The file is shell-sourceable, and a shell reads what pal dev meant.
+	sh := exec.Command("sh", "-c", `. "$1" && printf '%s\n' "$PAL_NATS_URL" "$DATABASE_URL" "$PAL_LEASE_TTL" "$OPENAI_API_KEY" "$OPENAI_BASE_URL" "$PAL_API_TOKEN" "$PAL_API_TOKENS"`, "sh", envPath)
+	out, err := sh.Output()
+	require.NoError(t, err)
+	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	require.Len(t, got, 7, "%s", out)
+	require.Equal(t, []string{natsURL, pg.DSN(), "1s", "pal-dev"}, got[:4])
+	require.Regexp(t, `^http://127\.0\.0\.1:\d+/v1$`, got[4])
+	require.Regexp(t, `^pal_`, got[5])
+	require.Equal(t, "dev="+got[5], got[6])
+
+	// A second worker, with no NATS URL and no provider settings of its own,
+	// takes pal dev's: no warning, and its LLM steps reach the fake.
+	worker := testenv.StartProcess(t, bin, []string{"worker", "--worker-id", "w2"}, []string{"PAL_DATA_DIR=" + dataDir})
+	require.NoError(t, worker.WaitForOutput(ctx, "worker ready"))
+	require.Contains(t, worker.Output(), "nats="+natsURL)
+	require.NotContains(t, worker.Output(), "are unset")
+
+	// In the directory, without a single variable: start (hello.json calls
+	// both providers), list from Postgres.
+	hello, err := filepath.Abs("../../examples/hello.json")
+	require.NoError(t, err)
+	r := runPalIn(t, bin, dir, nil, "run", "start", "--workflow", hello, "--input", `{"text":"from dev.env"}`, "--wait", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	started := decodeJSON[map[string]any](t, r.stdout)
+	require.Equal(t, true, started["created"])
+	id, _ := started["run_id"].(string)
+	require.Regexp(t, `^run_`, id)
+	require.Contains(t, r.stderr, "run_resumed", "progress goes to stderr")
+	require.Contains(t, r.stderr, "worker=w2")
+
+	require.Eventually(t, func() bool {
+		r = runPalIn(t, bin, dir, nil, "run", "list", "--json")
+		if r.code != 0 {
+			return false
+		}
+		list := decodeJSON[runs.RunList](t, r.stdout)
+		return len(list.Runs) == 1 && list.Runs[0].RunID == id && list.Runs[0].Status == "succeeded"
+	}, 30*time.Second, 100*time.Millisecond, "pal run list in the directory: %s", r)
+
+	// The environment wins over the file, and a flag over the environment.
+	r = runPalIn(t, bin, dir, []string{"PAL_NATS_URL=nats://127.0.0.1:1"}, "run", "events", id)
+	require.Equal(t, 4, r.code, "%s", r)
+	require.Contains(t, r.stderr, "nats://127.0.0.1:1")
+	r = runPalIn(t, bin, dir, []string{"PAL_NATS_URL=nats://127.0.0.1:1"}, "run", "events", id, "--nats-url", natsURL)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "run_succeeded")
+
+	// Stopping pal dev takes the file with it.
+	require.NoError(t, worker.Term())
+	require.NoError(t, worker.Wait(ctx))
+	require.NoError(t, dev.Term())
+	require.NoError(t, dev.Wait(ctx))
+	_, err = os.Stat(envPath)
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// A worker that would send LLM steps to the public APIs without a key says
+// so when it starts.
+func TestWorkerWarnsWithoutProviderSettings(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	nats := testenv.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	w := testenv.StartProcess(t, bin, []string{"worker"}, []string{"PAL_NATS_URL=" + nats.URL(), "PAL_DATA_DIR=" + t.TempDir()})
+	require.NoError(t, w.WaitForOutput(ctx, "worker ready"))
+	require.Contains(t, w.Output(), "OPENAI_API_KEY and OPENAI_BASE_URL are unset")
+	require.Contains(t, w.Output(), "ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL are unset")
+
+	// A base URL of one's own needs no key; a key for the public API is fine.
+	w = testenv.StartProcess(t, bin, []string{"worker"}, []string{"PAL_NATS_URL=" + nats.URL(), "PAL_DATA_DIR=" + t.TempDir(),
+		"OPENAI_BASE_URL=http://127.0.0.1:1/v1", "ANTHROPIC_API_KEY=k"})
+	require.NoError(t, w.WaitForOutput(ctx, "worker ready"))
+	require.NotContains(t, w.Output(), "are unset")
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	r := runPal(t, bin, nil, "version")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Regexp(t, `^pal (\(devel\)|v\S+)( commit [0-9a-f]+( \(modified\))?)?( of \S+)?, `+strings.ReplaceAll(runtime.Version(), ".", `\.`)+"\n$", r.stdout)
+	r = runPal(t, bin, nil, "version", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	v := decodeJSON[map[string]any](t, r.stdout)
+	require.Equal(t, runtime.Version(), v["go"])
+	require.NotEmpty(t, v["version"])
+}
+
+// pal run id gives the id a start with an idempotency key gets, without a
+// connection; pal run start --json says whether it created the run.
+func TestRunIDOfAKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := runPal(t, b.bin, nil, "run", "id", "--key", "order-42")
+	require.Equal(t, 0, r.code, "%s", r)
+	id := strings.TrimSpace(r.stdout)
+	require.Equal(t, runs.RunIDForKey("order-42"), id)
+
+	wf := b.file(t, "wf.json", seqWorkflow(1))
+	for _, created := range []bool{true, false} {
+		r = b.pal(t, nil, "run", "start", "--workflow", wf, "--idempotency-key", "order-42", "--json")
+		require.Equal(t, 0, r.code, "%s", r)
+		require.Equal(t, map[string]any{"run_id": id, "created": created}, decodeJSON[map[string]any](t, r.stdout))
+	}
+	b.WaitEnd(t, id)
+
+	r = runPal(t, b.bin, nil, "run", "id")
+	require.Equal(t, 2, r.code, "%s", r)
+	r = b.pal(t, nil, "run", "start", "--workflow", b.file(t, "bad.json", `{"name":"x"}`), "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Equal(t, "bad_input", decodeJSON[map[string]any](t, r.stdout)["error"])
+}
