@@ -74,9 +74,6 @@ func (s *Store) MaxEventBytes() int { return s.maxMsg }
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
 
-// Packing reports whether appends pack several events into one message.
-func (s *Store) Packing() bool { return s.pack }
-
 // Append writes evs after head, fenced: it succeeds only if head is still
 // the end of the run's journal. It fills in v, run_id, seq and (when zero)
 // ts, and returns the new head.
