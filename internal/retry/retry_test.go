@@ -3,6 +3,7 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -151,4 +152,16 @@ func TestPolicyBackOff(t *testing.T) {
 	}
 	require.Equal(t, 1.5, bo.Multiplier)
 	require.Equal(t, 0.5, bo.RandomizationFactor)
+}
+
+func TestDoKeepsALastErrorThatWrapsTheContexts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := retry.Do(ctx, fast, func() error {
+		cancel()
+		return fmt.Errorf("reading run r: %w", ctx.Err())
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.EqualError(t, err, "reading run r: context canceled", "the operation's own words, not a bare ctx.Err()")
 }
