@@ -9,6 +9,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // feeds shares one journal watch per run among all the event streams of
@@ -136,15 +137,16 @@ func (f *feeds) leave(fd *feed, sub *subscription) {
 }
 
 // run watches the journal from the feed's start and fans the events out,
-// restarting a watch that fails after the last event it delivered.
+// restarting a watch that fails after the last event it delivered. A watch
+// that delivered events before it failed starts the backoff and the
+// give-up clock afresh.
 func (f *feeds) run(ctx context.Context, fd *feed) {
 	defer close(fd.done)
 	from := fd.start
-	delay := 50 * time.Millisecond
 	var failingSince time.Time
-	var endErr error
-	for {
-		delivered, terminal := false, false
+	delivered, terminal := false, false
+	err := retry.Do(ctx, feedRetry, func() error {
+		delivered = false
 		err := f.store.Watch(ctx, fd.runID, from, func(ev event.Event) error {
 			f.fanout(fd, ev)
 			// Resume after ev: the stream seq stays at the start's, at or
@@ -156,30 +158,30 @@ func (f *feeds) run(ctx context.Context, fd *feed) {
 			}
 			return nil
 		})
-		if terminal || ctx.Err() != nil {
-			break
+		switch {
+		case terminal:
+			return nil
+		case ctx.Err() != nil:
+			return retry.Permanent(ctx.Err())
+		case delivered || failingSince.IsZero():
+			failingSince = time.Now()
+		case time.Since(failingSince) > followGiveUp:
+			return retry.Permanent(err)
 		}
-		if delivered || failingSince.IsZero() {
-			failingSince, delay = time.Now(), 50*time.Millisecond
-		} else if time.Since(failingSince) > followGiveUp {
-			endErr = err
-			f.log.Warn("watching the journal failed; ending its event streams", "run_id", fd.runID, "err", err)
-			break
-		}
+		return err
+	}, retry.Restart(func() bool { return delivered }), retry.OnRetry(func(err error, _ int, _ time.Duration) {
 		f.log.Debug("watching the journal failed; retrying", "run_id", fd.runID, "err", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		delay = min(delay*2, 2*time.Second)
+	}))
+	var endErr error
+	if err != nil && ctx.Err() == nil {
+		endErr = err
+		f.log.Warn("watching the journal failed; ending its event streams", "run_id", fd.runID, "err", err)
 	}
 	f.end(fd, endErr)
 }
+
+// feedRetry paces the restarts of a failing journal watch.
+var feedRetry = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
 
 // fanout hands ev to every subscriber without blocking, dropping those
 // whose buffer is full.

@@ -30,6 +30,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/palrun/pal/internal/registry"
 )
 
 // MaxReceiptBody is the most bytes of a receiver's answer kept in a Receipt.
@@ -111,29 +113,14 @@ func (e *Error) Unwrap() error { return e.Err }
 // registered.
 var ErrUnknownConnector = errors.New("unknown connector kind")
 
-// Registry maps connector kinds to connectors.
-type Registry map[string]Connector
+// Registry maps connector kinds to connectors. Get returns an error
+// wrapping ErrUnknownConnector for a kind nobody registered.
+type Registry = registry.Registry[Connector, connectors]
 
-// Get returns the connector for kind.
-func (r Registry) Get(kind string) (Connector, error) {
-	c, ok := r[kind]
-	if !ok {
-		return nil, fmt.Errorf("%w %q (configured: %s)", ErrUnknownConnector, kind, r.kinds())
-	}
-	return c, nil
-}
+// connectors is the Kind of a Registry.
+type connectors struct{}
 
-func (r Registry) kinds() string {
-	out := make([]string, 0, len(r))
-	for k := range r {
-		out = append(out, k)
-	}
-	if len(out) == 0 {
-		return "none"
-	}
-	slices.Sort(out)
-	return strings.Join(out, ", ")
-}
+func (connectors) Unknown() error { return ErrUnknownConnector }
 
 // ValidateHeaders checks user-supplied delivery headers: names must be valid
 // HTTP header names, values may not contain control characters other than

@@ -9,12 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // Head is a writer's view of the end of a run's journal.
@@ -73,9 +73,6 @@ func (s *Store) MaxEventBytes() int { return s.maxMsg }
 
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
-
-// Packing reports whether appends pack several events into one message.
-func (s *Store) Packing() bool { return s.pack }
 
 // Append writes evs after head, fenced: it succeeds only if head is still
 // the end of the run's journal. It fills in v, run_id, seq and (when zero)
@@ -158,8 +155,7 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 	msg.Header.Set(kindHeader, kindsOf(evs))
 	last := evs[len(evs)-1].Seq
 
-	bo := newBackoff()
-	for {
+	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		ack, err := s.js.PublishMsg(pctx, msg,
 			jetstream.WithMsgID(msgID),
@@ -173,18 +169,18 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 			// Wrong sequence (or a duplicate id): either an earlier try of
 			// this very append landed and its ack was lost, or another
 			// writer appended first.
-			return s.checkLanded(ctx, runID, head, msgID, body, last)
+			h, err := s.checkLanded(ctx, runID, head, msgID, body, last)
+			return h, retry.Permanent(err)
 		}
 		if isTooLarge(err) {
-			return head, fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, runID, evs[0].Seq, err)
+			return head, retry.Permanent(fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, runID, evs[0].Seq, err))
 		}
+		err = fmt.Errorf("appending to run %s: %w", runID, err)
 		if !transient(err) {
-			return head, fmt.Errorf("appending to run %s: %w", runID, err)
+			return head, retry.Permanent(err)
 		}
-		if werr := wait(ctx, bo); werr != nil {
-			return head, fmt.Errorf("appending to run %s: %w (last error: %v)", runID, werr, err)
-		}
-	}
+		return head, err
+	})
 }
 
 // checkLanded resolves a wrong-sequence answer: either our earlier try
@@ -196,8 +192,7 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 // recognised even when more landed after it (an unpacked Append re-sent
 // whole after its acks were lost).
 func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, body []byte, last uint64) (Head, error) {
-	bo := newBackoff()
-	for {
+	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
 		m, err := s.events.GetMsg(gctx, head.StreamSeq+1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
 		cancel()
@@ -209,15 +204,14 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 			if h, herr := s.LastHead(ctx, runID); herr == nil {
 				ce.Actual = h.Seq
 			}
-			return head, ce
+			return head, retry.Permanent(ce)
 		}
+		err = fmt.Errorf("appending to run %s: checking the journal after a conflict: %w", runID, err)
 		if !transient(err) {
-			return head, fmt.Errorf("appending to run %s: checking the journal after a conflict: %w", runID, err)
+			return head, retry.Permanent(err)
 		}
-		if werr := wait(ctx, bo); werr != nil {
-			return head, werr
-		}
-	}
+		return head, err
+	})
 }
 
 // Read returns every event of a run, in order, and the head after them.
@@ -254,25 +248,26 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 	}
 	subj := EventsSubject(runID)
 	var out []event.Event
-	bo := newBackoff()
-	for {
-		batch, h, pending, err := s.readBatch(ctx, subj, head)
-		if err == nil {
-			out, head = append(out, batch...), h
-			if pending == 0 {
-				return out, head, nil
+	err := retry.Do(ctx, jsRetry, func() error {
+		for {
+			batch, h, pending, err := s.readBatch(ctx, subj, head)
+			if err != nil {
+				err = fmt.Errorf("reading run %s: %w", runID, err)
+				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
+					return retry.Permanent(err)
+				}
 			}
-			continue
+			// Keep what arrived intact, and on a failure retry from there.
+			out, head = append(out, batch...), h
+			if err != nil || pending == 0 {
+				return err
+			}
 		}
-		if !transient(err) && !errors.Is(err, errIncompleteBatch) {
-			return nil, head, fmt.Errorf("reading run %s: %w", runID, err)
-		}
-		// Keep what arrived intact and retry from there.
-		out, head = append(out, batch...), h
-		if werr := wait(ctx, bo); werr != nil {
-			return nil, head, fmt.Errorf("reading run %s: %w (last error: %v)", runID, werr, err)
-		}
+	})
+	if err != nil {
+		return nil, head, err
 	}
+	return out, head, nil
 }
 
 // readBatch reads one batch after head. It returns the decoded events, the
@@ -387,22 +382,7 @@ func transient(err error) bool {
 	return false
 }
 
-func newBackoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 20 * time.Millisecond
-	bo.MaxInterval = time.Second
-	bo.MaxElapsedTime = 0
-	return bo
-}
-
-// wait sleeps for the next backoff interval or until ctx ends.
-func wait(ctx context.Context, bo backoff.BackOff) error {
-	t := time.NewTimer(bo.NextBackOff())
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// jsRetry paces the event store's retries of a JetStream call that failed
+// transiently (see transient): quick at first, since most such failures are
+// a leader election that ends within a second.
+var jsRetry = retry.Policy{Initial: 20 * time.Millisecond, Max: time.Second, Multiplier: 1.5, Jitter: 0.5}

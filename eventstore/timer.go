@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // ScheduleWake asks JetStream to wake a run at t: a scheduled message in
@@ -24,8 +25,7 @@ func (s *Store) ScheduleWake(ctx context.Context, runID string, n uint64, t time
 	}
 	subj := fmt.Sprintf("%s%s.%d", timerAtPrefix, runID, n)
 	msg := &nats.Msg{Subject: subj, Data: []byte(runID), Header: nats.Header{}}
-	bo := newBackoff()
-	for {
+	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(TimersStream),
 			jetstream.WithScheduleAt(t), jetstream.WithScheduleTarget(timerFirePrefix+runID))
@@ -33,13 +33,12 @@ func (s *Store) ScheduleWake(ctx context.Context, runID string, n uint64, t time
 		if err == nil {
 			return nil
 		}
+		err = fmt.Errorf("scheduling a wake-up of run %s: %w", runID, err)
 		if !transient(err) {
-			return fmt.Errorf("scheduling a wake-up of run %s: %w", runID, err)
+			return retry.Permanent(err)
 		}
-		if werr := wait(ctx, bo); werr != nil {
-			return fmt.Errorf("scheduling a wake-up of run %s: %w (last error: %v)", runID, werr, err)
-		}
-	}
+		return err
+	})
 }
 
 // RunIDFromTimer extracts the run id from a fired timer's subject.

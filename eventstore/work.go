@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/internal/retry"
 )
 
 // Enqueue asks the workers to drive a run. At most one work message is
@@ -19,21 +21,19 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 	}
 	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
 	msg.Header.Set(reasonHeader, reason)
-	bo := newBackoff()
-	for {
+	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(WorkStream))
 		cancel()
 		if err == nil || alreadyPending(err) {
 			return nil
 		}
+		err = fmt.Errorf("enqueueing run %s: %w", runID, err)
 		if !transient(err) {
-			return fmt.Errorf("enqueueing run %s: %w", runID, err)
+			return retry.Permanent(err)
 		}
-		if werr := wait(ctx, bo); werr != nil {
-			return fmt.Errorf("enqueueing run %s: %w (last error: %v)", runID, werr, err)
-		}
-	}
+		return err
+	})
 }
 
 // WorkPending reports whether a work message for the run is in PAL_WORK

@@ -1,12 +1,13 @@
 package projections
 
 import (
-	"container/list"
 	"context"
 	"fmt"
 	"log/slog"
 	"sort"
 	"sync/atomic"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
@@ -119,7 +120,7 @@ func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
 func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, evs []event.Event) error {
 	// A redelivered older message may follow a newer one.
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
-	e := f.cache.get(runID)
+	e, _ := f.cache.Get(runID)
 	if e != nil && e.broken {
 		return nil
 	}
@@ -165,9 +166,9 @@ func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, evs []e
 	case foldErr != nil:
 		f.broken(runID, st, foldErr)
 	case st.Status.Terminal():
-		f.cache.remove(runID) // nothing follows a terminal event
+		f.cache.Remove(runID) // nothing follows a terminal event
 	default:
-		f.cache.put(runID, &cacheEntry{st: st})
+		f.cache.Add(runID, &cacheEntry{st: st})
 	}
 	return nil
 }
@@ -213,7 +214,7 @@ func (f *folder) rebuild(ctx context.Context, runID string, upto uint64) (*engin
 func (f *folder) broken(runID string, st *engine.RunState, err error) {
 	f.stats.foldErrors.Add(1)
 	f.log.Error("run journal does not fold; projecting its journal rows only", "run", runID, "err", err)
-	f.cache.put(runID, &cacheEntry{st: st, broken: true})
+	f.cache.Add(runID, &cacheEntry{st: st, broken: true})
 }
 
 // addRows adds the rows of st that changed after seq prev.
@@ -252,51 +253,16 @@ func (f *folder) addRows(b *batch, st *engine.RunState, prev uint64, withBlobs b
 // cacheEntry is a run's folded state; broken marks a journal that does not
 // fold.
 type cacheEntry struct {
-	runID  string
 	st     *engine.RunState
 	broken bool
 }
 
-// stateCache is an LRU of folded run states.
-type stateCache struct {
-	cap   int
-	ll    *list.List
-	items map[string]*list.Element
-}
+// stateCache is an LRU of folded run states by run id. The folder is used
+// by one goroutine, so it needs no lock.
+type stateCache = simplelru.LRU[string, *cacheEntry]
 
+// newStateCache returns a cache of at most n states (at least 1).
 func newStateCache(n int) *stateCache {
-	return &stateCache{cap: max(n, 1), ll: list.New(), items: map[string]*list.Element{}}
+	c, _ := simplelru.NewLRU[string, *cacheEntry](max(n, 1), nil) // fails only for a size below 1
+	return c
 }
-
-func (c *stateCache) get(runID string) *cacheEntry {
-	el, ok := c.items[runID]
-	if !ok {
-		return nil
-	}
-	c.ll.MoveToFront(el)
-	return el.Value.(*cacheEntry)
-}
-
-func (c *stateCache) put(runID string, e *cacheEntry) {
-	e.runID = runID
-	if el, ok := c.items[runID]; ok {
-		el.Value = e
-		c.ll.MoveToFront(el)
-		return
-	}
-	c.items[runID] = c.ll.PushFront(e)
-	for c.ll.Len() > c.cap {
-		old := c.ll.Back()
-		c.ll.Remove(old)
-		delete(c.items, old.Value.(*cacheEntry).runID)
-	}
-}
-
-func (c *stateCache) remove(runID string) {
-	if el, ok := c.items[runID]; ok {
-		c.ll.Remove(el)
-		delete(c.items, runID)
-	}
-}
-
-func (c *stateCache) len() int { return c.ll.Len() }

@@ -47,16 +47,25 @@ func TestStateCache(t *testing.T) {
 	t.Parallel()
 	c := newStateCache(2)
 	a, b, d := &cacheEntry{st: &engine.RunState{}}, &cacheEntry{st: &engine.RunState{}}, &cacheEntry{st: &engine.RunState{}}
-	c.put("a", a)
-	c.put("b", b)
-	require.Same(t, a, c.get("a")) // a is now the most recent
-	c.put("d", d)                  // evicts b
-	require.Nil(t, c.get("b"))
-	require.Same(t, a, c.get("a"))
-	require.Same(t, d, c.get("d"))
-	c.remove("a")
-	require.Nil(t, c.get("a"))
-	require.Equal(t, 1, c.len())
+	c.Add("a", a)
+	c.Add("b", b)
+	got, _ := c.Get("a") // a is now the most recent
+	require.Same(t, a, got)
+	c.Add("d", d) // evicts b
+	_, ok := c.Get("b")
+	require.False(t, ok)
+	got, _ = c.Get("a")
+	require.Same(t, a, got)
+	got, _ = c.Get("d")
+	require.Same(t, d, got)
+	c.Remove("a")
+	_, ok = c.Get("a")
+	require.False(t, ok)
+	require.Equal(t, 1, c.Len())
+	one := newStateCache(0)
+	one.Add("a", a)
+	one.Add("b", b)
+	require.Equal(t, 1, one.Len(), "a size below 1 holds one state")
 }
 
 // journal builds a run's events with seq and timestamps filled in.

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // DefaultName names the projector: its durable consumer on PAL_EVENTS and
@@ -281,29 +281,32 @@ func (p *Projector) setCheckpoint(seq uint64) {
 // initConsumer reads the checkpoint and positions the durable consumer
 // right after it, retrying while Postgres or NATS is unreachable.
 func (p *Projector) initConsumer(ctx context.Context) (jetstream.Consumer, uint64, error) {
-	bo := newBackoff()
-	for attempt := 1; ; attempt++ {
+	type opened struct {
+		cons jetstream.Consumer
+		cp   uint64
+	}
+	o, err := retry.Value(ctx, retryPolicy, func() (opened, error) {
 		cons, cp, err := p.openConsumer(ctx, true)
 		if err == nil {
-			return cons, cp, nil
+			return opened{cons, cp}, nil
 		}
 		var ahead *CheckpointAheadError
 		var pgErr *pgconn.PgError
 		switch {
 		case ctx.Err() != nil:
-			return nil, 0, ctx.Err()
+			return opened{}, retry.Permanent(ctx.Err())
 		case errors.As(err, &ahead):
-			return nil, 0, err
+			return opened{}, retry.Permanent(err)
 		case errors.As(err, &pgErr) && pgErr.Code == "42P01":
-			return nil, 0, fmt.Errorf("projector %s: %w (apply the migrations first: pal migrate)", p.cfg.Name, err)
+			return opened{}, retry.Permanent(fmt.Errorf("projector %s: %w (apply the migrations first: pal migrate)", p.cfg.Name, err))
 		}
+		return opened{}, err
+	}, retry.OnRetry(func(err error, attempt int, _ time.Duration) {
 		if attempt == 1 || attempt%10 == 0 {
 			p.log.Warn("waiting for Postgres and NATS to start the projector", "attempt", attempt, "err", err)
 		}
-		if err := sleep(ctx, bo.NextBackOff()); err != nil {
-			return nil, 0, err
-		}
-	}
+	}))
+	return o.cons, o.cp, err
 }
 
 // openConsumer returns the durable consumer positioned after the
@@ -375,16 +378,17 @@ func (p *Projector) consumerConfig(checkpoint uint64) jetstream.ConsumerConfig {
 // consumer's iterator fails (the consumer was deleted, the connection
 // closed) it looks the consumer up again, or creates it at the checkpoint.
 func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, in chan<- jetstream.Msg) {
-	bo := newBackoff()
-	for ctx.Err() == nil {
+	delivered := false
+	_ = retry.Do(ctx, retryPolicy, func() error {
+		delivered = false
 		if cons == nil {
 			c, _, err := p.openConsumer(ctx, false)
 			if err != nil {
-				if ctx.Err() == nil {
-					p.log.Warn("reopening the consumer", "err", err)
+				if ctx.Err() != nil {
+					return retry.Permanent(ctx.Err())
 				}
-				_ = sleep(ctx, bo.NextBackOff())
-				continue
+				p.log.Warn("reopening the consumer", "err", err)
+				return err
 			}
 			cons = c
 		}
@@ -392,29 +396,27 @@ func (p *Projector) read(ctx context.Context, cons jetstream.Consumer, in chan<-
 		if err != nil {
 			p.log.Warn("reading "+eventstore.EventsStream, "err", err)
 			cons = nil
-			_ = sleep(ctx, bo.NextBackOff())
-			continue
+			return err
 		}
+		defer it.Stop()
 		for {
 			m, err := it.Next(jetstream.NextContext(ctx))
 			if err != nil {
-				it.Stop()
-				if ctx.Err() == nil {
-					p.log.Warn("reading "+eventstore.EventsStream, "err", err)
-					cons = nil
-					_ = sleep(ctx, bo.NextBackOff())
+				if ctx.Err() != nil {
+					return retry.Permanent(ctx.Err())
 				}
-				break
+				p.log.Warn("reading "+eventstore.EventsStream, "err", err)
+				cons = nil
+				return err
 			}
-			bo.Reset()
+			delivered = true
 			select {
 			case in <- m:
 			case <-ctx.Done():
-				it.Stop()
-				return
+				return retry.Permanent(ctx.Err())
 			}
 		}
-	}
+	}, retry.Restart(func() bool { return delivered })) // ends only with ctx
 }
 
 // handoff is a batch ready to be written, with the message to
@@ -582,26 +584,24 @@ func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
 // ends. Nothing is acknowledged meanwhile, so a Postgres outage only
 // delays the projection.
 func (p *Projector) writeRetrying(ctx context.Context, b *batch) error {
-	bo := newBackoff()
 	opts := writeOpts{projector: p.cfg.Name, lock: true, notify: true}
-	for attempt := 1; ; attempt++ {
+	attempts := 0
+	err := retry.Do(ctx, retryPolicy, func() error {
+		attempts++
 		err := p.w.write(ctx, p.pool, b, opts)
-		if err == nil {
-			if attempt > 1 {
-				p.log.Info("batch written after retries", "attempts", attempt, "checkpoint", b.lastStreamSeq)
-			}
-			return nil
+		if err != nil && ctx.Err() != nil {
+			return retry.Permanent(ctx.Err())
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		return err
+	}, retry.OnRetry(func(err error, attempt int, _ time.Duration) {
 		p.stats.retries.Add(1)
 		p.log.Warn("writing a batch to Postgres failed; retrying", "attempt", attempt, "events", len(b.journal),
 			"stream_seq", b.lastStreamSeq, "err", err)
-		if err := sleep(ctx, bo.NextBackOff()); err != nil {
-			return err
-		}
+	}))
+	if err == nil && attempts > 1 {
+		p.log.Info("batch written after retries", "attempts", attempts, "checkpoint", b.lastStreamSeq)
 	}
+	return err
 }
 
 // readCheckpoint returns a projector's checkpoint, 0 when it has none.
@@ -628,22 +628,6 @@ func streamLastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) 
 	return s.CachedInfo().State.LastSeq, nil
 }
 
-func newBackoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 50 * time.Millisecond
-	bo.MaxInterval = 2 * time.Second
-	bo.MaxElapsedTime = 0
-	return bo
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// retryPolicy paces the projector's retries while Postgres or NATS is
+// unreachable: opening its consumer, reading, writing a batch.
+var retryPolicy = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second, Multiplier: 1.5, Jitter: 0.5}

@@ -18,8 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
+
+	"github.com/palrun/pal/internal/registry"
 )
 
 // Message roles.
@@ -120,18 +120,11 @@ func (e *Error) Unwrap() error { return e.Err }
 // ErrUnknownProvider is returned by Registry.Get for a name nobody registered.
 var ErrUnknownProvider = errors.New("unknown provider")
 
-// Registry maps provider names to providers.
-type Registry map[string]Provider
+// Registry maps provider names to providers. Get returns an error
+// wrapping ErrUnknownProvider for a name nobody registered.
+type Registry = registry.Registry[Provider, providers]
 
-// Get returns the named provider.
-func (r Registry) Get(name string) (Provider, error) {
-	p, ok := r[name]
-	if !ok {
-		return nil, fmt.Errorf("%w %q (configured: %v)", ErrUnknownProvider, name, r.names())
-	}
-	return p, nil
-}
+// providers is the Kind of a Registry.
+type providers struct{}
 
-func (r Registry) names() []string {
-	return slices.Sorted(maps.Keys(r))
-}
+func (providers) Unknown() error { return ErrUnknownProvider }

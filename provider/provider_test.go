@@ -13,5 +13,5 @@ func TestRegistry(t *testing.T) {
 	reg := provider.Registry{"openai": nil, "anthropic": nil}
 	_, err := reg.Get("nope")
 	require.ErrorIs(t, err, provider.ErrUnknownProvider)
-	require.EqualError(t, err, `unknown provider "nope" (configured: [anthropic openai])`)
+	require.EqualError(t, err, `unknown provider "nope" (configured: anthropic, openai)`)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
@@ -219,45 +220,48 @@ func (w *Worker) Stop(ctx context.Context) error {
 // waits unattended while its ack wait runs.
 func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
 	slots := make(chan struct{}, w.cfg.Concurrency)
-	bo := 50 * time.Millisecond
+	warn := retry.OnRetry(func(err error, _ int, _ time.Duration) { w.log.Warn("fetching work", "err", err) })
 	for ctx.Err() == nil {
-		free := cap(slots) - len(slots)
-		if free == 0 {
-			select { // wait for a slot
-			case slots <- struct{}{}:
-				<-slots
-			case <-ctx.Done():
-				return
-			}
-			continue
-		}
-		batch, err := cons.Fetch(free, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("fetching work", "err", err)
-			sleep(ctx, bo)
-			bo = min(bo*2, 2*time.Second)
-			continue
-		}
-		for msg := range batch.Messages() {
-			slots <- struct{}{}
-			w.drives.Add(1)
-			go func() {
-				defer w.drives.Done()
-				defer func() { <-slots }()
-				w.handle(ctx, msg)
-			}()
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-			w.log.Warn("fetching work", "err", err)
-			sleep(ctx, bo)
-			bo = min(bo*2, 2*time.Second)
-			continue
-		}
-		bo = 50 * time.Millisecond
+		// A fetch that fails is retried with backoff; one that succeeds
+		// starts the backoff afresh.
+		_ = retry.Do(ctx, fetchRetry, func() error { return w.fetch(ctx, cons, slots) }, warn)
 	}
+}
+
+// fetchRetry paces fetches after NATS failed to answer one.
+var fetchRetry = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}
+
+// fetch waits for a free slot, fetches at most as many messages as there
+// are free slots and starts their drives.
+func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, slots chan struct{}) error {
+	if len(slots) == cap(slots) {
+		select { // wait for a slot
+		case slots <- struct{}{}:
+			<-slots
+		case <-ctx.Done():
+			return retry.Permanent(ctx.Err())
+		}
+	}
+	batch, err := cons.Fetch(cap(slots)-len(slots), jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		if ctx.Err() != nil {
+			return retry.Permanent(ctx.Err())
+		}
+		return err
+	}
+	for msg := range batch.Messages() {
+		slots <- struct{}{}
+		w.drives.Add(1)
+		go func() {
+			defer w.drives.Done()
+			defer func() { <-slots }()
+			w.handle(ctx, msg)
+		}()
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+		return err
+	}
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

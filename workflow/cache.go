@@ -1,22 +1,19 @@
 package workflow
 
 import (
-	"container/list"
 	"crypto/sha256"
-	"sync"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // parseCacheSize bounds the workflows ParseCached keeps.
 const parseCacheSize = 512
 
-var parseCache = struct {
-	sync.Mutex
-	ll    *list.List
-	items map[[32]byte]*list.Element
-}{ll: list.New(), items: map[[32]byte]*list.Element{}}
+// parseCache holds ParseCached's verdicts by the sha256 of the bytes. The
+// lru.Cache locks for itself.
+var parseCache, _ = lru.New[[32]byte, cachedParse](parseCacheSize) // fails only for a size below 1
 
 type cachedParse struct {
-	key [32]byte
 	wf  *Workflow
 	err error
 }
@@ -27,30 +24,17 @@ type cachedParse struct {
 // concurrent use, so one may serve every caller.
 func ParseCached(raw []byte) (*Workflow, error) {
 	key := sha256.Sum256(raw)
-	c := &parseCache
-	c.Lock()
-	if el, ok := c.items[key]; ok {
-		c.ll.MoveToFront(el)
-		e := el.Value.(*cachedParse)
-		c.Unlock()
+	if e, ok := parseCache.Get(key); ok {
 		return e.wf, e.err
 	}
-	c.Unlock()
 	wf, err := Parse(raw)
 	if err != nil {
 		if _, ok := err.(*ValidationError); !ok {
 			return nil, err // not a verdict on raw: do not keep it
 		}
 	}
-	c.Lock()
-	defer c.Unlock()
-	if _, ok := c.items[key]; !ok {
-		c.items[key] = c.ll.PushFront(&cachedParse{key: key, wf: wf, err: err})
-		if c.ll.Len() > parseCacheSize {
-			old := c.ll.Back()
-			c.ll.Remove(old)
-			delete(c.items, old.Value.(*cachedParse).key)
-		}
-	}
+	// Two callers may parse the same bytes at once; the first verdict
+	// kept is the one every later caller gets.
+	parseCache.ContainsOrAdd(key, cachedParse{wf: wf, err: err})
 	return wf, err
 }

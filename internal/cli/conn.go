@@ -61,31 +61,11 @@ func connectDurable(url, name string, log *slog.Logger) (*nats.Conn, error) {
 // setupWithRetry runs eventstore.Setup until it succeeds or ctx ends, so a
 // worker started before NATS waits for it.
 func setupWithRetry(ctx context.Context, js jetstream.JetStream, cfg eventstore.Config, log *slog.Logger) error {
-	delay := 100 * time.Millisecond
-	warned := false
-	for {
+	return waitFor(ctx, log, "waiting for NATS JetStream", func() error {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := eventstore.Setup(sctx, js, cfg)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !warned {
-			log.Warn("waiting for NATS JetStream", "err", err)
-			warned = true
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
+		defer cancel()
+		return eventstore.Setup(sctx, js, cfg)
+	})
 }
 
 // openStore opens the event store for a one-shot command, creating PAL's

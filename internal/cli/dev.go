@@ -139,7 +139,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		return shutdownOr(ctx, err)
 	}
 	defer pool.Close()
-	if err := retry(ctx, log, "applying the migrations", func() error {
+	if err := waitFor(ctx, log, "applying the migrations", func() error {
 		_, err := projections.Migrate(ctx, pool)
 		return err
 	}); err != nil {

@@ -11,10 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/projections"
 )
 
@@ -82,7 +82,7 @@ func connectPGDurable(ctx context.Context, url string, log *slog.Logger) (*pgxpo
 	if err != nil {
 		return nil, badInput("DATABASE_URL: %v", err)
 	}
-	err = retry(ctx, log, "waiting for Postgres at "+pgWhere(cfg), func() error {
+	err = waitFor(ctx, log, "waiting for Postgres at "+pgWhere(cfg), func() error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		return pool.Ping(pctx)
@@ -94,35 +94,27 @@ func connectPGDurable(ctx context.Context, url string, log *slog.Logger) (*pgxpo
 	return pool, nil
 }
 
-// retry calls f until it succeeds, ctx ends, or Postgres answers with an
+// waitFor calls f until it succeeds, ctx ends, or Postgres answers with an
 // error that waiting cannot fix (bad credentials, no such database, no
-// permission), waiting longer each time.
-func retry(ctx context.Context, log *slog.Logger, what string, f func() error) error {
-	delay := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+// permission), waiting longer each time. what says, in the log, what the
+// process is waiting for.
+func waitFor(ctx context.Context, log *slog.Logger, what string, f func() error) error {
+	return retry.Do(ctx, waitPolicy, func() error {
 		err := f()
-		if err == nil {
-			return nil
-		}
 		if permanentPG(err) {
-			return err
+			return retry.Permanent(err)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		return err
+	}, retry.OnRetry(func(err error, attempt int, _ time.Duration) {
 		if attempt == 1 || attempt%10 == 0 {
 			log.Warn(what, "attempt", attempt, "err", err)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
+	}))
 }
+
+// waitPolicy paces a long-running process that waits for NATS or Postgres
+// to come up.
+var waitPolicy = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 
 // permanentPG reports an answer from Postgres that retrying cannot change:
 // invalid authorization (class 28), an unknown database (3D000), a
@@ -230,7 +222,7 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	}
 	defer pool.Close()
 	var res projections.MigrateResult
-	err = retry(ctx, log, "applying the migrations", func() (err error) {
+	err = waitFor(ctx, log, "applying the migrations", func() (err error) {
 		res, err = projections.Migrate(ctx, pool)
 		return err
 	})
@@ -246,21 +238,7 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsURL, err))
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	var store *eventstore.Store
-	err = retry(ctx, log, "waiting for NATS JetStream", func() (err error) {
-		store, err = eventstore.Open(ctx, js)
-		if err != nil && eventstore.IsMissing(err) {
-			// First use of this server: create PAL's streams.
-			if err = eventstore.Setup(ctx, js, eventstore.Config{Replicas: replicas}); err == nil {
-				store, err = eventstore.Open(ctx, js)
-			}
-		}
-		return err
-	})
+	store, err := openStoreWait(ctx, nc, eventstore.Config{Replicas: replicas}, log)
 	if err != nil {
 		return shutdownOr(ctx, withCode(ExitUnavailable, err))
 	}

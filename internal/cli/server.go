@@ -177,7 +177,7 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsURL, err))
 	}
 	defer nc.Close()
-	store, err := openStoreWait(ctx, nc, log)
+	store, err := openStoreWait(ctx, nc, eventstore.Config{}, log)
 	if err != nil {
 		return shutdownOr(ctx, err)
 	}
@@ -218,39 +218,24 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 
 // openStoreWait opens the event store for a long-running process, waiting
 // while NATS or JetStream is unavailable, and creating PAL's streams with
-// the defaults if this is the first use of the server (workers adjust
-// them to their settings).
-func openStoreWait(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*eventstore.Store, error) {
+// cfg if this is the first use of the server (workers adjust them to their
+// settings).
+func openStoreWait(ctx context.Context, nc *nats.Conn, cfg eventstore.Config, log *slog.Logger) (*eventstore.Store, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	delay := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	var store *eventstore.Store
+	err = waitFor(ctx, log, "waiting for NATS JetStream", func() (err error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		store, err := eventstore.Open(octx, js)
+		defer cancel()
+		store, err = eventstore.Open(octx, js)
 		if err != nil && eventstore.IsMissing(err) {
-			if err = eventstore.Setup(octx, js, eventstore.Config{}); err == nil {
+			if err = eventstore.Setup(octx, js, cfg); err == nil {
 				store, err = eventstore.Open(octx, js)
 			}
 		}
-		cancel()
-		if err == nil {
-			return store, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if attempt == 1 || attempt%10 == 0 {
-			log.Warn("waiting for NATS JetStream", "attempt", attempt, "err", err)
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
+		return err
+	})
+	return store, err
 }

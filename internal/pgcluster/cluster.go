@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/palrun/pal/internal/retry"
 )
 
 // Options configure a cluster started by Start.
@@ -277,7 +279,6 @@ func (c *Cluster) start(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok {
 		shmemDeadline = d
 	}
-	backoff := 10 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		if c.port == 0 {
 			port, err := freePort()
@@ -286,23 +287,36 @@ func (c *Cluster) start(ctx context.Context) error {
 			}
 			c.port = port
 		}
-		err := c.startOnce(ctx)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, ErrPortInUse) && !c.portFixed && attempt < 3:
+		err := c.startWaitingForShmem(ctx, shmemDeadline)
+		if errors.Is(err, ErrPortInUse) && !c.portFixed && attempt < 3 {
 			// The free port was taken before the server bound it.
 			c.port = 0
-		case errors.Is(err, errShmemInUse) && time.Now().Add(backoff).Before(shmemDeadline):
-			// Wait for the processes of the server that died to exit.
-			if err := sleepCtx(ctx, backoff); err != nil {
-				return err
-			}
-			backoff = min(2*backoff, 200*time.Millisecond)
-		default:
-			return err
+			continue
 		}
+		return err
 	}
+}
+
+// shmemRetry paces the starts that wait for the processes of a server that
+// died to exit.
+var shmemRetry = retry.Policy{Initial: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+
+// startWaitingForShmem starts the server, trying again while the shared
+// memory of a server that died is still in use, until deadline.
+func (c *Cluster) startWaitingForShmem(ctx context.Context, deadline time.Time) error {
+	var last error
+	err := retry.Do(ctx, shmemRetry, func() error {
+		last = c.startOnce(ctx)
+		// Try again only if the longest wait still ends before deadline.
+		if errors.Is(last, errShmemInUse) && time.Now().Add(shmemRetry.Max).Before(deadline) {
+			return last
+		}
+		return retry.Permanent(last)
+	})
+	if err != nil && ctx.Err() == nil {
+		return last // the deadline passed while waiting
+	}
+	return err
 }
 
 // prepareFiles creates the log file and the socket directory for the
@@ -392,21 +406,20 @@ func (c *Cluster) startOnce(ctx context.Context) error {
 // fails if the server's postmaster goes away or ctx ends first.
 func (c *Cluster) waitReady(ctx context.Context) error {
 	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", c.port)
-	backoff := 5 * time.Millisecond
-	for {
+	return retry.Do(ctx, readyRetry, func() error {
 		conn, err := pgx.Connect(ctx, dsn)
 		if err == nil {
-			return conn.Close(ctx)
+			return retry.Permanent(conn.Close(ctx))
 		}
 		if state, _, _ := inspectServer(c.dataDir); state != stateRunning {
-			return fmt.Errorf("the server went away before accepting connections: %w", err)
+			return retry.Permanent(fmt.Errorf("the server went away before accepting connections: %w", err))
 		}
-		if werr := sleepCtx(ctx, backoff); werr != nil {
-			return fmt.Errorf("waiting for PostgreSQL on port %d: %w (last attempt: %w)", c.port, werr, err)
-		}
-		backoff = min(2*backoff, 100*time.Millisecond)
-	}
+		return fmt.Errorf("waiting for PostgreSQL on port %d: %w", c.port, err)
+	})
 }
+
+// readyRetry paces the connection attempts of waitReady.
+var readyRetry = retry.Policy{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond}
 
 // Stop shuts the server down in mode and waits until it has exited. Stopping
 // a cluster that is not running does nothing, and so does stopping one whose
@@ -472,17 +485,6 @@ func waitSeconds(ctx context.Context) string {
 		d = time.Until(deadline)
 	}
 	return strconv.Itoa(max(1, int(math.Ceil(d.Seconds()))))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func fileSize(path string) int64 {
