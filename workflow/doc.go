@@ -163,7 +163,8 @@
 //     the others that allocate refuse a call that would go past it before
 //     making it. It may spend MaxEvalOps (200,000) operations, one per
 //     predicate iteration and len(text)×(pattern program size)/64 per
-//     matches, and EvalTimeout (500 ms); EvalContext and EdgeFiresContext
+//     match (at most a quarter of the budget, ~50 ms, for one match, which
+//     cannot be interrupted), and EvalTimeout (500 ms); EvalContext and EdgeFiresContext
 //     also stop when their context ends. Evaluation runs on the caller's
 //     goroutine, so a stopped evaluation leaves nothing running.
 //   - A condition node's result is at most MaxResultBytes (1 MiB) as JSON,
@@ -172,7 +173,7 @@
 // Going past an evaluation or rendering bound gives an error matching
 // ErrEvalLimit:
 //
-//	edge start→a: condition "any(1..999990, {input.s matches \"(a|aa)*c\"})": matches: evaluation limit exceeded: more than 200000 operations at column 25
+//	edge start→a: condition "any(1..999990, {# < 0})": evaluation limit exceeded: more than 200000 operations at column 16
 //	workflow "w": edge start→a: condition: expression is 900104 bytes, longer than the 4096 allowed
 //
 // # Errors

@@ -353,6 +353,9 @@ func allocSize(v any) int {
 // is refused before it starts.
 const regexpCost = 64
 
+// maxMatchOps bounds the cost of one match: about 50 ms.
+const maxMatchOps = MaxEvalOps / 4
+
 // compiledRegexp is a pattern compiled once per evaluation, with its
 // program's size.
 type compiledRegexp struct {
@@ -390,7 +393,14 @@ func guardedMatches(p ...any) (any, error) {
 		}
 		st.regexps[pattern] = re
 	}
-	if err := st.spend(1 + mulSat(len(s), re.insts)/regexpCost); err != nil {
+	cost := 1 + mulSat(len(s), re.insts)/regexpCost
+	if cost > maxMatchOps {
+		// A match cannot be interrupted: bound each one, so that a
+		// deadline or a cancel is seen soon.
+		return nil, fmt.Errorf("matches: %w: matching %d bytes against a pattern of %d instructions costs %d operations, more than the %d one match may",
+			ErrEvalLimit, len(s), re.insts, cost, maxMatchOps)
+	}
+	if err := st.spend(cost); err != nil {
 		return nil, fmt.Errorf("matches: %w", err)
 	}
 	return re.re.MatchString(s), nil

@@ -35,7 +35,8 @@ const (
 	MaxEvalBytes = 16 << 20
 	// MaxEvalOps caps the work of one evaluation: one operation per
 	// iteration of a predicate (any, all, map, filter, reduce, …), one per
-	// KiB a builtin makes, and len(text)×len(pattern)/64 for matches.
+	// KiB a builtin makes, and len(text)×(pattern program size)/64 for a
+	// match, of which one may cost at most a quarter of the budget.
 	MaxEvalOps = 200_000
 	// EvalTimeout caps the time of one evaluation, whatever the caller's
 	// context allows.
