@@ -158,7 +158,7 @@ func TestEvalMemoryBounded(t *testing.T) {
 			// MaxEvalBytes (16 MiB) for the builtins, MaxEvalItems items
 			// (at most 16 MiB more) for the VM, and the environment.
 			require.Less(t, grew, uint64(64<<20), "allocated %d bytes: %v", grew, err)
-			t.Log(err)
+			t.Logf("allocated %.1f MiB: %v", float64(grew)/(1<<20), err)
 		})
 	}
 
