@@ -33,6 +33,20 @@ e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built f
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
 	PAL=$(CURDIR)/$(BIN) NATS=$(CURDIR)/bin/nats bash e2e/replay.sh
 
+# Each fuzz target runs for FUZZTIME; the seed corpora (testdata/fuzz/)
+# also run with every go test.
+FUZZTIME ?= 10s
+FUZZPKGS := ./workflow/
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target briefly (FUZZTIME=10s each) over its seed corpus
+	@set -e; for pkg in $(FUZZPKGS); do \
+	  for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$target"; \
+	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg; \
+	  done; \
+	done
+
 .PHONY: bench
 bench: build ## Benchmarks: the README's Performance tables (workers, recovery with 3s and 1s leases, projections, REST load, pal bench)
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill' -benchtime 1x ./workers/

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +31,9 @@ type condition struct {
 	steps   []string
 	refs    []stepRef
 	dynamic bool
+	// result is the static type of the result, from the unguarded
+	// compile (the guard's calls return any).
+	result reflect.Type
 }
 
 // conditions caches compiled expressions; it is shared by the copies of a
@@ -67,6 +71,9 @@ func (c *conditions) get(src string) (*condition, error) {
 type exprEnv struct {
 	Input any            `expr:"input"`
 	Steps map[string]any `expr:"steps"`
+	// state is the evaluation's budget, read by the guarded functions
+	// through $env; expressions cannot see unexported fields.
+	state *evalState
 }
 
 // Builtins that read the clock or the machine's time zones, or whose result
@@ -75,7 +82,7 @@ type exprEnv struct {
 var nondeterministicBuiltins = []string{"now", "date", "timezone", "keys", "values", "toPairs"}
 
 func exprOptions() []expr.Option {
-	opts := []expr.Option{expr.Env(exprEnv{})}
+	opts := []expr.Option{expr.Env(&exprEnv{})}
 	for _, name := range nondeterministicBuiltins {
 		opts = append(opts, expr.DisableBuiltin(name))
 	}
@@ -134,6 +141,8 @@ func sortedPairs(params ...any) (any, error) {
 }
 
 // ExprError reports an expression that does not compile or fails to run.
+// An evaluation stopped by a bound matches ErrEvalLimit, and one stopped
+// because its context ended matches the context's error.
 type ExprError struct {
 	Expression string
 	// Line and Column locate the problem (1-based); 0 when unknown.
@@ -141,7 +150,12 @@ type ExprError struct {
 	Message      string
 	// Hint says what to do, when there is something to say.
 	Hint string
+	// Err is the underlying error, when there is one to match.
+	Err error
 }
+
+// Unwrap returns the underlying error.
+func (e *ExprError) Unwrap() error { return e.Err }
 
 func (e *ExprError) Error() string {
 	s := e.Message
@@ -158,7 +172,7 @@ func (e *ExprError) Error() string {
 }
 
 func exprError(src string, err error) *ExprError {
-	e := &ExprError{Expression: src, Message: err.Error()}
+	e := &ExprError{Expression: src, Message: err.Error(), Err: err}
 	var fe *file.Error
 	if errors.As(err, &fe) {
 		e.Message = fe.Message
@@ -166,6 +180,10 @@ func exprError(src string, err error) *ExprError {
 			e.Line = fe.Line
 			e.Column = fe.Column + 1
 		}
+	}
+	if e.Message == "memory budget exceeded" { // expr's VM panics with this string
+		e.Message = fmt.Sprintf("%v: more than %d array, map or range items", ErrEvalLimit, MaxEvalItems)
+		e.Err = ErrEvalLimit
 	}
 	if name, ok := strings.CutPrefix(e.Message, "unknown name "); ok {
 		e.Hint = "an expression can use input and steps"
@@ -176,17 +194,33 @@ func exprError(src string, err error) *ExprError {
 	return e
 }
 
+// compileCondition checks the expression's size and nesting, parses it,
+// refuses constants past the evaluation budget, type-checks it as written
+// and compiles it with the guard (see guard.go).
 func compileCondition(src string) (*condition, error) {
+	if e := checkExprShape(src); e != nil {
+		return nil, e
+	}
 	tree, err := parser.Parse(src)
 	if err != nil {
 		return nil, exprError(src, err)
 	}
-	program, err := expr.Compile(src, exprOptions()...)
+	if fe := checkStaticLimits(tree.Node); fe != nil {
+		e := exprError(src, fe.Bind(file.NewSource(src)))
+		e.Err = ErrEvalLimit
+		return nil, e
+	}
+	checked, err := expr.Compile(src, exprOptions()...)
+	if err != nil {
+		return nil, exprError(src, err)
+	}
+	program, err := expr.Compile(src, append(exprOptions(), guardOptions()...)...)
 	if err != nil {
 		return nil, exprError(src, err)
 	}
 	refs := stepRefs(tree.Node)
-	c := &condition{source: src, program: program, refs: refs.refs, dynamic: refs.dynamic}
+	c := &condition{source: src, program: program, refs: refs.refs, dynamic: refs.dynamic,
+		result: checked.Node().Type()}
 	for _, r := range refs.refs {
 		if !slices.Contains(c.steps, r.id) {
 			c.steps = append(c.steps, r.id)
@@ -321,12 +355,20 @@ func exprValue(v any) (any, error) {
 	return v, nil
 }
 
-func (c *condition) run(env Env) (any, error) {
+// run evaluates the condition within the evaluation bounds; ctx ending
+// stops it too. It runs on the caller's goroutine, so when it returns the
+// work has stopped.
+func (c *condition) run(ctx context.Context, env Env) (any, error) {
 	e, err := c.env(env)
 	if err != nil {
 		return nil, err
 	}
-	out, err := expr.Run(c.program, e)
+	e.state = newEvalState(ctx)
+	if err := e.state.spend(0); err != nil {
+		return nil, &ExprError{Expression: c.source, Message: err.Error(), Err: err}
+	}
+	machine := vm.VM{MemoryBudget: MaxEvalItems}
+	out, err := machine.Run(c.program, &e)
 	if err != nil {
 		return nil, exprError(c.source, err)
 	}
@@ -336,7 +378,7 @@ func (c *condition) run(env Env) (any, error) {
 // resultType reports the static type of the expression's result, or nil if
 // it is only known at run time.
 func (c *condition) resultType() reflect.Type {
-	t := c.program.Node().Type()
+	t := c.result
 	if t == nil || t.Kind() == reflect.Interface {
 		return nil
 	}
@@ -354,7 +396,7 @@ type ConditionError struct {
 }
 
 func (e *ConditionError) Error() string {
-	return fmt.Sprintf("%s: condition %q: %v", e.Where, e.Expression, e.Err)
+	return fmt.Sprintf("%s: condition %q: %v", e.Where, clip(e.Expression), e.Err)
 }
 
 func (e *ConditionError) Unwrap() error { return e.Err }
@@ -366,6 +408,15 @@ func (e *ConditionError) Unwrap() error { return e.Err }
 // not give a boolean. A missing value reads as nil: write
 // `steps.a.output.flag ?? false` to default it.
 func (w *Workflow) EdgeFires(e Edge, env Env) (bool, error) {
+	return w.EdgeFiresContext(context.Background(), e, env)
+}
+
+// EdgeFiresContext is EdgeFires stopped when ctx ends (cancelling the run
+// frees the worker at once), with an error matching ctx.Err(). Within
+// ctx, an evaluation is still bounded by EvalTimeout, MaxEvalOps,
+// MaxEvalItems and MaxEvalBytes; going past one gives an error matching
+// ErrEvalLimit.
+func (w *Workflow) EdgeFiresContext(ctx context.Context, e Edge, env Env) (bool, error) {
 	if e.Condition == "" {
 		return true, nil
 	}
@@ -374,7 +425,7 @@ func (w *Workflow) EdgeFires(e Edge, env Env) (bool, error) {
 	if err != nil {
 		return false, &ConditionError{Where: where, Expression: e.Condition, Err: err}
 	}
-	out, err := c.run(env)
+	out, err := c.run(ctx, env)
 	if err != nil {
 		return false, &ConditionError{Where: where, Expression: e.Condition, Err: err}
 	}
@@ -391,11 +442,25 @@ func (w *Workflow) EdgeFires(e Edge, env Env) (bool, error) {
 // map[string]any. The expression is compiled once and cached. It returns an
 // *ExprError when the expression does not compile or fails to run.
 func (w *Workflow) Eval(expression string, env Env) (any, error) {
+	return w.EvalContext(context.Background(), expression, env)
+}
+
+// EvalContext is Eval stopped when ctx ends, bounded as EdgeFiresContext
+// is; a result larger than MaxResultBytes as JSON is refused too.
+func (w *Workflow) EvalContext(ctx context.Context, expression string, env Env) (any, error) {
 	c, err := w.conds().get(expression)
 	if err != nil {
 		return nil, err
 	}
-	return c.run(env)
+	out, err := c.run(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	if jsonSize(out, MaxResultBytes, false) > MaxResultBytes {
+		return nil, &ExprError{Expression: expression, Err: ErrEvalLimit,
+			Message: fmt.Sprintf("%v: the result is over %d bytes as JSON", ErrEvalLimit, MaxResultBytes)}
+	}
+	return out, nil
 }
 
 func (w *Workflow) conds() *conditions {

@@ -145,6 +145,38 @@
 // deterministic: now, date and timezone are not available, and keys, values
 // and toPairs return object keys in sorted order.
 //
+// # Bounds
+//
+// A workflow comes from whoever may start a run, so what its expressions
+// and templates may cost is bounded (the constants are in limits.go):
+//
+//   - Parse refuses an expression longer than MaxExpressionBytes (4 KiB) or
+//     with (), [] or {} nested deeper than MaxExpressionDepth (64), before
+//     expr's recursive parser sees it; constant arguments past the
+//     evaluation budget (repeat("a", 999999999), 1..5000000); a string with
+//     placeholders over MaxTemplateBytes (256 KiB) or with more than
+//     MaxTemplatePlaceholders (1000); a JSON value holding templates nested
+//     deeper than MaxTemplateDepth (64); loop bodies and subagent workflows
+//     nested deeper than MaxWorkflowNesting (8).
+//   - One evaluation may create MaxEvalItems (1,000,000) array, map or range
+//     items and allocate MaxEvalBytes (16 MiB) in builtins: repeat, join,
+//     replace, toJSON, string, concat, flatten, split, upper, string +, and
+//     the others that allocate refuse a call that would go past it before
+//     making it. It may spend MaxEvalOps (200,000) operations, one per
+//     predicate iteration and len(text)×(pattern program size)/64 per
+//     match (at most a quarter of the budget, ~50 ms, for one match, which
+//     cannot be interrupted), and EvalTimeout (500 ms); EvalContext and EdgeFiresContext
+//     also stop when their context ends. Evaluation runs on the caller's
+//     goroutine, so a stopped evaluation leaves nothing running.
+//   - A condition node's result is at most MaxResultBytes (1 MiB) as JSON,
+//     and RenderString and RenderJSON produce at most MaxRenderBytes (1 MiB).
+//
+// Going past an evaluation or rendering bound gives an error matching
+// ErrEvalLimit:
+//
+//	edge start→a: condition "any(1..999990, {# < 0})": evaluation limit exceeded: more than 200000 operations at column 16
+//	workflow "w": edge start→a: condition: expression is 900104 bytes, longer than the 4096 allowed
+//
 // # Errors
 //
 // Parse reports every problem it finds in one *ValidationError, which

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -97,6 +98,7 @@ func FuzzRenderString(f *testing.F) {
 	} {
 		f.Add(s)
 	}
+	f.Add("{{input.text}}" + strings.Repeat("x", workflow.MaxTemplateBytes))
 	env := testEnv(f)
 	f.Fuzz(func(t *testing.T, s string) {
 		a, errA := workflow.RenderString(s, env)
@@ -107,5 +109,56 @@ func FuzzRenderString(f *testing.F) {
 			require.NoError(t, errA)
 			require.Equal(t, s, a)
 		}
+	})
+}
+
+// fuzzEnv is what FuzzExpression evaluates over: strings and arrays big
+// enough for a loop over them to cost something.
+func fuzzEnv() workflow.Env {
+	items := make([]any, 1000)
+	for i := range items {
+		items[i] = i
+	}
+	return workflow.Env{
+		Input: map[string]any{"s": strings.Repeat("a", 10_000), "n": 999_999, "one": "a", "items": items,
+			"user": map[string]any{"name": "Ada"}},
+		Steps: map[string]any{"a": map[string]any{"ok": true, "score": 0.5}},
+	}
+}
+
+// FuzzExpression compiles and evaluates expressions, as a condition node
+// and as an edge condition: whatever the expression, Parse refuses it with
+// a *ValidationError or the evaluation ends within its bounds, without a
+// panic, with an *ExprError or a *ConditionError.
+func FuzzExpression(f *testing.F) {
+	for _, s := range []string{
+		"true", "input.n > 3", `steps.a.output.ok && input.user.name == "Ada"`, `len(input.items) > 10`,
+		`any(input.items, # > 500)`, `input.s matches "^a+$"`, `repeat("ab", 3) == "ababab"`,
+		`reduce(1..10, #acc + #, 0) == 55`, `toJSON(keys(input.user))`, `(((((true)))))`,
+	} {
+		f.Add(s)
+	}
+	env := fuzzEnv()
+	base := mustParse(f, `{"name":"fuzz","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"t"}}],"edges":[{"from":"start","to":"a"}]}`)
+	f.Fuzz(func(t *testing.T, expr string) {
+		start := time.Now()
+		_, err := base.Eval(expr, env)
+		if err != nil {
+			var ee *workflow.ExprError
+			require.True(t, errors.As(err, &ee), "unexpected error type %T: %v", err, err)
+		}
+		w, err := workflow.Parse(edgeWorkflow(t, expr))
+		if err != nil {
+			var ve *workflow.ValidationError
+			require.True(t, errors.As(err, &ve), "unexpected error type %T: %v", err, err)
+		} else {
+			_, err := w.EdgeFires(w.Edges[0], env)
+			if err != nil {
+				var ce *workflow.ConditionError
+				require.True(t, errors.As(err, &ce), "unexpected error type %T: %v", err, err)
+			}
+		}
+		// Two evaluations, each stopped at EvalTimeout, plus slack.
+		require.Less(t, time.Since(start), 2*workflow.EvalTimeout+2*time.Second)
 	})
 }

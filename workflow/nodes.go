@@ -143,7 +143,11 @@ func (w *Workflow) ConditionalRouting(id string) bool {
 // checkNested parses a nested workflow document (loop body, subagent
 // workflow) and reports its problems under the node's field.
 func (w *Workflow) checkNested(n *Node, field string, raw json.RawMessage, ps *problems) *Workflow {
-	sub, err := Parse(raw)
+	if w.depth >= MaxWorkflowNesting {
+		ps.node(n.ID, field, "workflows nested deeper than %d levels", MaxWorkflowNesting)
+		return nil
+	}
+	sub, err := parseAt(raw, w.depth+1)
 	if err != nil {
 		ve, ok := err.(*ValidationError)
 		if !ok {

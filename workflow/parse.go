@@ -28,7 +28,10 @@ import (
 // A bad workflow gives a *ValidationError (matching ErrInvalid) listing
 // every problem found; schema problems are reported before the graph is
 // looked at. Any other error means the embedded schema is broken.
-func Parse(raw []byte) (*Workflow, error) {
+func Parse(raw []byte) (*Workflow, error) { return parseAt(raw, 0) }
+
+// parseAt parses a workflow nested depth levels deep in its document.
+func parseAt(raw []byte, depth int) (*Workflow, error) {
 	doc, err := decodeDocument(raw)
 	if err != nil {
 		return nil, &ValidationError{unnamed: true, Problems: []Problem{{Edge: -1, Message: err.Error()}}}
@@ -54,6 +57,7 @@ func Parse(raw []byte) (*Workflow, error) {
 	sum := sha256.Sum256(w.raw)
 	w.hash = hex.EncodeToString(sum[:])
 	w.exprs = &conditions{}
+	w.depth = depth
 
 	if ps := w.check(); len(ps) > 0 {
 		return nil, &ValidationError{Workflow: w.Name, Problems: ps}
@@ -336,10 +340,13 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 		if len(v) == 0 {
 			return
 		}
-		_ = walkJSON(v, func(loc, s string) ([]byte, error) {
+		err := walkJSON(v, func(loc, s string) ([]byte, error) {
 			tmpl(joinLoc(field, loc), s)
 			return nil, nil
 		}, &bytes.Buffer{})
+		if err != nil {
+			ps.node(n.ID, field, "%v", err)
+		}
 	}
 	decodeProblem := func(err error) {
 		field, msg := decodeErrorField(err)

@@ -23,7 +23,7 @@ func readFile(t *testing.T, path string) []byte {
 	return raw
 }
 
-func mustParse(t *testing.T, raw string) *workflow.Workflow {
+func mustParse(t testing.TB, raw string) *workflow.Workflow {
 	t.Helper()
 	w, err := workflow.Parse([]byte(raw))
 	require.NoError(t, err)

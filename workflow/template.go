@@ -52,20 +52,33 @@ func (t *template) single() bool {
 	return len(t.phs) == 1 && t.lits[0] == "" && t.lits[1] == ""
 }
 
-// TemplateSyntaxError reports a malformed template.
+// TemplateSyntaxError reports a malformed template, or one past
+// MaxTemplateBytes or MaxTemplatePlaceholders.
 type TemplateSyntaxError struct {
-	// Offset is the byte offset of the problem in the template.
+	// Offset is the byte offset of the problem in the template; -1 when
+	// the problem is the whole template.
 	Offset  int
 	Message string
 }
 
 func (e *TemplateSyntaxError) Error() string {
+	if e.Offset < 0 {
+		return "template: " + e.Message
+	}
 	return fmt.Sprintf("template: %s at character %d", e.Message, e.Offset+1)
 }
+
+// errRenderSize is the error of a rendering that would produce more than
+// MaxRenderBytes.
+var errRenderSize = fmt.Errorf("%w: the rendered text is over %d bytes", ErrEvalLimit, MaxRenderBytes)
 
 // parseTemplate parses s. A placeholder is "{{", a path, "}}", with spaces
 // allowed inside the braces; `\{{` is a literal "{{".
 func parseTemplate(s string) (*template, error) {
+	if len(s) > MaxTemplateBytes {
+		return nil, &TemplateSyntaxError{Offset: -1,
+			Message: fmt.Sprintf("%d bytes, longer than the %d allowed for a string with placeholders", len(s), MaxTemplateBytes)}
+	}
 	t := &template{}
 	var lit strings.Builder
 	i := 0
@@ -91,6 +104,9 @@ func parseTemplate(s string) (*template, error) {
 		path, err := parsePath(inner)
 		if err != nil {
 			return nil, &TemplateSyntaxError{Offset: j, Message: fmt.Sprintf("invalid placeholder %q: %v", s[j:j+4+k], err)}
+		}
+		if len(t.phs) == MaxTemplatePlaceholders {
+			return nil, &TemplateSyntaxError{Offset: j, Message: fmt.Sprintf("more than %d placeholders", MaxTemplatePlaceholders)}
 		}
 		t.lits = append(t.lits, lit.String())
 		lit.Reset()
@@ -405,6 +421,11 @@ func (t *template) render(r *resolver) (string, error) {
 		if err != nil {
 			return "", &TemplateError{Placeholder: ph.String(), Err: err}
 		}
+		// Checked as the text grows, so that many placeholders of one
+		// big value stop at the first that goes past the limit.
+		if b.Len()+len(s) > MaxRenderBytes {
+			return "", &TemplateError{Placeholder: ph.String(), Err: errRenderSize}
+		}
 		b.WriteString(s)
 	}
 	b.WriteString(t.lits[len(t.lits)-1])
@@ -445,6 +466,9 @@ func RenderJSON(v json.RawMessage, env Env) (json.RawMessage, error) {
 	r := newResolver(env)
 	err := walkJSON(v, func(loc string, s string) ([]byte, error) {
 		raw, err := renderJSONString(s, r)
+		if err == nil && out.Len()+len(raw) > MaxRenderBytes {
+			err = errRenderSize
+		}
 		if err != nil && loc != "" {
 			return nil, fmt.Errorf("%s: %w", loc, err)
 		}
@@ -501,11 +525,12 @@ func walkJSON(v []byte, fn func(loc, s string) ([]byte, error), out *bytes.Buffe
 	return nil
 }
 
+// maxDepth bounds the nesting of a workflow document.
 const maxDepth = 1000
 
 func walkValue(dec *json.Decoder, loc string, fn func(loc, s string) ([]byte, error), out *bytes.Buffer, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("JSON nested deeper than %d levels", maxDepth)
+	if depth > MaxTemplateDepth {
+		return fmt.Errorf("nested deeper than %d levels (the limit for a value holding templates)", MaxTemplateDepth)
 	}
 	tok, err := dec.Token()
 	if err != nil {

@@ -34,6 +34,7 @@ type Workflow struct {
 	hash     string
 	exprs    *conditions          // compiled conditions, by expression
 	subs     map[string]*Workflow // nested workflows by node id (loop bodies, subagents)
+	depth    int                  // how deeply this workflow is nested in its document
 	inEdges  map[string][]Edge    // Incoming, precomputed
 }
 
