@@ -25,6 +25,10 @@ test: ## Run the whole test suite with the race detector (needs PostgreSQL binar
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
+.PHONY: imports
+imports: ## Check the import rule: no import runs upward; api and runs do not depend on workers
+	$(GO) run ./internal/importcheck
+
 # The stock nats CLI the README's replay commands are checked with.
 NATSCLI_VERSION := v0.5.0
 
