@@ -207,7 +207,8 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	// worker releases the lease and hands the work back.
 	p := setupProc(t, 30*time.Second)
 	runID := event.NewRunID()
-	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s2", 1)))
+	s2 := key(runID, "s2", 1)
+	hold := p.LLM.Hold(providertest.ByKey(s2))
 	w1 := p.palWorker(t, "w1")
 	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"term"}`)})
@@ -215,18 +216,27 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
 	p.palWorker(t, "w2")
-	hold.Release()
+
+	// SIGTERM while w1's call for s2 is still held: w1 cannot finish the
+	// step, so the only way forward is the hand-off.
 	sent := time.Now()
 	require.NoError(t, w1.Term())
 	require.NoError(t, w1.Wait(ctxFor(t, 30*time.Second)), "w1 exits cleanly on SIGTERM:\n%s", w1.Output())
 	require.Contains(t, w1.Output(), "handed run back")
 
+	// The hold still matches, so w2's re-sent call for s2 arrives here.
+	_, err = hold.Wait(ctxFor(t, 30*time.Second))
+	require.NoError(t, err, "w2 never re-sent s2")
+	require.Less(t, time.Since(sent), 20*time.Second, "w2 resumed without waiting out w1's 30 s lease")
+	hold.Release()
+
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
-	evs := p.Events(t, runID)
-	rs := find(evs, event.RunResumed, "")
+	require.Equal(t, map[string]int{key(runID, "s1", 1): 1, s2: 2, key(runID, "s3", 1): 1}, p.LLM.Keys())
+	rs := resumesOf(t, p.Events(t, runID))
 	require.Len(t, rs, 2)
-	require.Equal(t, "w2", rs[1].WorkerID)
-	require.Less(t, rs[1].TS.Sub(sent), 20*time.Second, "w2 resumed without waiting out w1's 30 s lease")
+	require.Equal(t, "w1", rs[0].Worker)
+	require.Equal(t, "w2", rs[1].Worker)
+	require.True(t, rs[1].Crashed, "w1's drive ended without finishing or parking the run")
 }
 
 // TestBrokerKill9MidRun kills the NATS server process with kill -9 while

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/palrun/pal/internal/retry"
 )
@@ -124,6 +125,7 @@ type Cluster struct {
 	user      serverUser
 
 	mu        sync.Mutex
+	password  string // the postgres password; "" for a cluster made with trust
 	port      int
 	portFixed bool // given, or kept since the first start
 	running   bool
@@ -181,6 +183,9 @@ func newCluster(opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("starting PostgreSQL: %w", err)
 		}
 	}
+	if c.password, err = readPassword(c.dataDir); err != nil {
+		return nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
 	c.logFile = filepath.Join(c.dataDir, "postgres.log")
 	if opts.LogFile != "" {
 		if c.logFile, err = filepath.Abs(opts.LogFile); err != nil {
@@ -198,12 +203,24 @@ func newCluster(opts Options) (*Cluster, error) {
 }
 
 // DSN returns the URL of database db on the cluster, as the postgres
-// superuser over TCP on 127.0.0.1 (trust authentication, no TLS).
+// superuser with its password (from PasswordFile) over TCP on 127.0.0.1,
+// without TLS.
 func (c *Cluster) DSN(db string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dsn(db)
+}
+
+// dsn is DSN with c.mu held.
+func (c *Cluster) dsn(db string) string {
+	user := url.User("postgres")
+	if c.password != "" {
+		user = url.UserPassword("postgres", c.password)
+	}
 	u := url.URL{
 		Scheme:   "postgres",
-		User:     url.User("postgres"),
-		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port())),
+		User:     user,
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
 		Path:     "/" + db,
 		RawQuery: "sslmode=disable",
 	}
@@ -403,13 +420,20 @@ func (c *Cluster) startOnce(ctx context.Context) error {
 }
 
 // waitReady polls until the server accepts a connection on 127.0.0.1. It
-// fails if the server's postmaster goes away or ctx ends first.
+// fails if the server refuses the password, its postmaster goes away or ctx
+// ends first. c.mu is held.
 func (c *Cluster) waitReady(ctx context.Context) error {
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", c.port)
+	dsn := c.dsn("postgres") + "&connect_timeout=5"
 	return retry.Do(ctx, readyRetry, func() error {
 		conn, err := pgx.Connect(ctx, dsn)
 		if err == nil {
 			return retry.Permanent(conn.Close(ctx))
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
+			// invalid_password, invalid_authorization_specification
+			return retry.Permanent(fmt.Errorf("the server refuses the postgres login (password in %s): %w",
+				filepath.Join(c.dataDir, PasswordFile), err))
 		}
 		if state, _, _ := inspectServer(c.dataDir); state != stateRunning {
 			return retry.Permanent(fmt.Errorf("the server went away before accepting connections: %w", err))

@@ -2,6 +2,7 @@ package pgcluster_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -90,6 +91,11 @@ func TestStartWithSocketDirAndSettings(t *testing.T) {
 	require.Equal(t, "42", query(t, c, "postgres", `SHOW max_connections`))
 	require.FileExists(t, filepath.Join(sock, ".s.PGSQL."+strconv.Itoa(c.Port())))
 	require.FileExists(t, c.LogFile())
+
+	// The Unix socket wants the password too.
+	viaSocket := fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sock, c.Port())
+	requireRefused(t, connectErr(t, viaSocket))
+	require.NoError(t, connectErr(t, viaSocket+" password="+passwordOf(t, c.DSN("postgres"))))
 }
 
 func TestStartOnATakenPort(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -27,8 +28,13 @@ const DevDatabase = "pal"
 // in dataDir (e.g. ./.pal/pg), initialised on first use, listening on
 // 127.0.0.1:DevPort, or on a free port (logged) when another program has
 // DevPort, without a Unix socket, with database DevDatabase created if
-// missing. Its DSN is c.DSN(DevDatabase). Stop it with StopFast when pal dev
-// exits: the data directory is then clean for the next run.
+// missing. Its DSN is c.DSN(DevDatabase), which carries the postgres
+// password from PasswordFile in the data directory: the same password for
+// every run over the same data. Stop it with StopFast when pal dev exits:
+// the data directory is then clean for the next run.
+//
+// A cluster made before PAL set passwords (trust authentication) gets a
+// password and PAL's pg_hba.conf, and is restarted, before Dev returns.
 //
 // A server left running in the data directory by an earlier pal dev that was
 // killed is used as it is (logged); Stop stops it as if Dev had started it.
@@ -99,15 +105,33 @@ func Dev(ctx context.Context, dataDir string, log *slog.Logger) (*Cluster, error
 	if err != nil {
 		return nil, err
 	}
-	if err := createDatabase(ctx, c, DevDatabase); err != nil {
+	if err := c.devReady(ctx, log); err != nil {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		_ = c.Stop(stopCtx, StopFast)
 		return nil, err
 	}
-	log.Info("PostgreSQL ready", "dsn", c.DSN(DevDatabase), "data", dir, "log", c.LogFile(),
+	// The log gets the address, not the password.
+	dsn, _ := url.Parse(c.DSN(DevDatabase))
+	log.Info("PostgreSQL ready", "dsn", dsn.Redacted(), "data", dir, "log", c.LogFile(),
 		"took", time.Since(begin).Round(time.Millisecond))
 	return c, nil
+}
+
+// devReady secures a cluster from before PAL set passwords and creates
+// DevDatabase.
+func (c *Cluster) devReady(ctx context.Context, log *slog.Logger) error {
+	c.mu.Lock()
+	trusted := c.password == ""
+	c.mu.Unlock()
+	if trusted {
+		log.Warn("the dev PostgreSQL let any local user in (trust authentication); setting a password and restarting it",
+			"password_file", filepath.Join(c.dataDir, PasswordFile))
+		if err := c.secure(ctx); err != nil {
+			return fmt.Errorf("securing the dev PostgreSQL in %s: %w", c.dataDir, err)
+		}
+	}
+	return createDatabase(ctx, c, DevDatabase)
 }
 
 // attach returns a Cluster for the server that already runs in

@@ -12,8 +12,9 @@
 //
 // # Lifecycle
 //
-// Init runs initdb once (the postgres superuser, trust authentication, UTF8,
-// the C locale) and leaves an existing cluster alone. Start runs pg_ctl start
+// Init runs initdb once (the postgres superuser with a generated password,
+// scram-sha-256 authentication, UTF8, the C locale) and leaves an existing
+// cluster alone. Start runs pg_ctl start
 // and returns a *Cluster once the server accepts connections; Stop runs
 // pg_ctl stop in the mode asked for, and Cluster.Start starts it again on
 // the same port. Readiness is polled (pg_ctl -w, then a connection), never
@@ -30,7 +31,11 @@
 //
 //   - The server listens on 127.0.0.1 only, and on a Unix socket only if
 //     Options.SocketDir names a directory for it.
-//   - Authentication is trust: any local user may connect as postgres. The
+//   - Every connection, over TCP or the Unix socket, authenticates with
+//     scram-sha-256; no user is trusted. The postgres password is generated
+//     by Init and kept in PasswordFile in the data directory (mode 0600),
+//     so it lasts as long as the cluster; DSN carries it. Dev gives a
+//     cluster made before this (trust) a password before it returns. The
 //     clusters are for development and tests, never for production data.
 //   - When PAL runs as root, initdb and the server run as user postgres
 //     (else nobody), because PostgreSQL refuses to run as root; the data

@@ -27,7 +27,9 @@ func NoSync() InitOption { return func(c *initConfig) { c.noSync = true } }
 func WithBinDir(dir string) InitOption { return func(c *initConfig) { c.binDir = dir } }
 
 // Init makes dataDir a PostgreSQL data directory: initdb with the postgres
-// superuser, trust authentication, UTF8 and the C locale. When PAL runs as
+// superuser, UTF8 and the C locale, and scram-sha-256 authentication for
+// every connection with a generated password, which Init keeps in
+// PasswordFile in dataDir (mode 0600) and DSN puts in the URL. When PAL runs as
 // root the directory belongs to the user the server will run as (postgres,
 // else nobody), which must be able to reach it.
 //
@@ -86,11 +88,28 @@ func Init(ctx context.Context, dataDir string, opts ...InitOption) error {
 		return err
 	}
 	built := filepath.Join(tmp, "data")
-	args := []string{"-D", built, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"}
+	pw, err := newPassword()
+	if err != nil {
+		return err
+	}
+	pwFile := filepath.Join(tmp, PasswordFile)
+	if err := writeSecret(u, pwFile, pw+"\n"); err != nil {
+		return err
+	}
+	args := []string{"-D", built, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwFile,
+		"-E", "UTF8", "--no-locale"}
 	if cfg.noSync {
 		args = append(args, "--no-sync")
 	}
 	if err := u.run(ctx, binDir, tmp, "initdb", args...); err != nil {
+		return fmt.Errorf("initialising PostgreSQL data directory %s: %w", dataDir, err)
+	}
+	// initdb's pg_hba.conf is close; PAL's says why, and secure writes the
+	// same one.
+	if err := os.WriteFile(filepath.Join(built, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
+		return fmt.Errorf("initialising PostgreSQL data directory %s: writing pg_hba.conf: %w", dataDir, err)
+	}
+	if err := os.Rename(pwFile, filepath.Join(built, PasswordFile)); err != nil {
 		return fmt.Errorf("initialising PostgreSQL data directory %s: %w", dataDir, err)
 	}
 	// rename(2) replaces an empty directory, but not on every platform.

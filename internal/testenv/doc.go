@@ -15,7 +15,8 @@
 // in t.TempDir(), listening on 127.0.0.1 on a random port, silent unless
 // Logging is given. Strict makes it fsync every write before acknowledging
 // (PAL_DURABILITY=strict). Restart stops it and starts a new one on the same
-// port and store directory; connections from Conn reconnect by themselves.
+// port and store directory; connections from Conn reconnect by themselves,
+// and Restart returns once they have.
 //
 // NATSProcess runs nats-server as a separate process, for tests that kill -9
 // the broker: Kill sends SIGKILL, Start brings it back on the same port and

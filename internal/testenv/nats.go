@@ -3,6 +3,7 @@ package testenv
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -47,9 +48,10 @@ type NATSServer struct {
 	opts   server.Options
 	logger server.Logger // nil: no logging
 
-	mu  sync.Mutex
-	srv *server.Server
-	url string
+	mu    sync.Mutex
+	srv   *server.Server
+	url   string
+	conns []*nats.Conn // from Conn; Restart waits for them to reconnect
 }
 
 // NATS starts a JetStream server inside the test process: file storage in a
@@ -139,17 +141,45 @@ func (n *NATSServer) Server() *server.Server {
 // The test's cleanup closes it.
 func (n *NATSServer) Conn(tb testing.TB, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
-	return connect(tb, n.URL(), opts)
+	nc := connect(tb, n.URL(), opts)
+	n.mu.Lock()
+	n.conns = append(n.conns, nc)
+	n.mu.Unlock()
+	return nc
 }
 
 // Restart shuts the server down, waits until it has stopped and starts a new
 // one on the same port with the same store directory, so everything
-// JetStream acknowledged is there again.
+// JetStream acknowledged is there again. It returns once every open
+// connection from Conn has reconnected to the new server.
+//
+// The wait matters: an embedded restart takes about a millisecond, less
+// than a client needs to read the EOF, so without it the next request goes
+// out on the dead socket and is lost, and the caller waits for a reply that
+// never comes.
 func (n *NATSServer) Restart(tb testing.TB) {
 	tb.Helper()
+	n.mu.Lock()
+	conns := slices.DeleteFunc(slices.Clone(n.conns), (*nats.Conn).IsClosed)
+	n.mu.Unlock()
+	// Listen before the shutdown so no status change is missed. A
+	// connection reports CONNECTED again only after a reconnect.
+	watches := make([]chan nats.Status, len(conns))
+	for i, nc := range conns {
+		watches[i] = nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+		defer nc.RemoveStatusListener(watches[i])
+	}
 	n.Shutdown()
 	if err := n.start(); err != nil {
 		tb.Fatalf("testenv: restarting: %v", err)
+	}
+	timeout := time.After(30 * time.Second)
+	for i, nc := range conns {
+		select {
+		case <-watches[i]: // CONNECTED, or CLOSED by its owner
+		case <-timeout:
+			tb.Fatalf("testenv: connection %q did not reconnect to the restarted server in 30s (status %v)", nc.Opts.Name, nc.Status())
+		}
 	}
 }
 

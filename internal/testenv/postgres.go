@@ -359,7 +359,7 @@ var templates sync.Mutex
 
 // templateKind names how pgTemplate initialises a template; it is part of
 // the cache key.
-const templateKind = "pgcluster.Init NoSync: initdb -U postgres -A trust -E UTF8 --no-locale --no-sync"
+const templateKind = "pgcluster.Init NoSync: initdb -U postgres -A scram-sha-256 --pwfile -E UTF8 --no-locale --no-sync"
 
 // pgTemplate returns a data directory made by initdb, cached under
 // os.TempDir() and keyed by the PostgreSQL build, its directory and the
