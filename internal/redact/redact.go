@@ -58,8 +58,8 @@ func URL(raw string) string {
 }
 
 // urlPattern finds URLs in text: a scheme, "://", and everything up to
-// white space or a quote.
-var urlPattern = regexp.MustCompile("[A-Za-z][A-Za-z0-9+.-]*://[^\\s\"'`<>]+")
+// white space or a quote, less trailing punctuation ("…?k=v: HTTP 403").
+var urlPattern = regexp.MustCompile("[A-Za-z][A-Za-z0-9+.-]*://[^\\s\"'`<>]*[^\\s\"'`<>.,:;)]")
 
 // String masks every URL in s (see URL), and every occurrence of each
 // of values (secrets the caller knows it used). Error messages from

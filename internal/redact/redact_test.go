@@ -44,8 +44,9 @@ func TestStringAndError(t *testing.T) {
 	var ue *url.Error
 	require.ErrorAs(t, red, &ue, "the original error stays reachable")
 
-	require.Equal(t, `GET "https://h/x?k=REDACTED": dial: refused; then 'ftp://REDACTED@f/' and https://h2/y?z=REDACTED`, // the full stop goes with the value
+	require.Equal(t, `GET "https://h/x?k=REDACTED": dial: refused; then 'ftp://REDACTED@f/' and https://h2/y?z=REDACTED.`,
 		redact.String(`GET "https://h/x?k=SECRET": dial: refused; then 'ftp://a:SECRET@f/' and https://h2/y?z=SECRET.`))
+	require.Equal(t, "GET https://h/x?k=REDACTED: HTTP 403", redact.String("GET https://h/x?k=SECRET: HTTP 403"))
 	require.Equal(t, "token REDACTED in https://h/REDACTED/x?a=REDACTED",
 		redact.Error(errors.New("token SECRET in https://h/SECRET/x?a=b"), "SECRET", "").Error())
 	plain := errors.New("no url here")
