@@ -45,6 +45,7 @@ func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.
 		"PAL_NATS_URL=" + p.natsURL,
 		"PAL_WORKER_ID=" + id,
 		"PAL_LOG_LEVEL=debug",
+		"PAL_EGRESS_ALLOW=127.0.0.0/8", // the receivers listen on loopback
 	}, env...)
 	if p.ttl != "" {
 		env = append(env, "PAL_LEASE_TTL="+p.ttl)

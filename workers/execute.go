@@ -10,6 +10,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/provider"
 )
 
@@ -90,16 +91,17 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	}
 	f := classify(p.NodeType, err)
 	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.unknown)
+	msg := redact.String(err.Error()) // what is journaled and logged keeps no URL's secrets
 	if retry {
 		delay := retryDelay(p.Node.Retry(), p.Tries+1)
-		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", err, "delay", delay)
+		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", msg, "delay", delay)
 		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
-			Attempt: attempt, Of: of, Error: err.Error(), Class: f.classes[0], DelayMs: delay.Milliseconds()})
+			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds()})
 		return d.flush()
 	}
-	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", err)
+	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
 	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
-		Error: err.Error(), Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown})
+		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown})
 	return nil
 }
 
@@ -233,9 +235,10 @@ func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
 	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultToolTimeout))
 	defer cancel()
 	ctx = context.WithValue(ctx, stepInfoKey{}, StepInfo{RunID: d.runID, StepID: p.StepID, Attempt: p.Attempt, IdempotencyKey: p.Key})
-	out, err := fn(ctx, in.Input)
+	sec := d.w.secretsFor(p.Node)
+	out, err := fn(context.WithValue(ctx, secretsKey{}, sec), in.Input)
 	if err != nil {
-		return stepResult{}, err
+		return stepResult{}, redact.Error(err, sec.used...)
 	}
 	if len(out) == 0 {
 		out = json.RawMessage("null")
@@ -266,8 +269,13 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
+	sec := d.w.secretsFor(p.Node)
+	url, headers, err := sec.expandAll(in.URL, in.Headers)
+	if err != nil {
+		return stepResult{}, fmt.Errorf("step %s: %w", p.StepID, err)
+	}
 	d.emit(event.SideEffectClaimed, p.StepID, p.Attempt, event.SideEffectClaimedData{
-		IdempotencyKey: p.Key, Connector: in.Kind, Target: in.URL})
+		IdempotencyKey: p.Key, Connector: in.Kind, Target: redact.URL(in.URL)})
 	if err := d.flush(); err != nil {
 		return stepResult{}, err
 	}
@@ -276,9 +284,9 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(p.TimeoutMs, defaultConnectorTimeout))
 	defer cancel()
 	rec, err := conn.Deliver(ctx, connector.Delivery{RunID: d.runID, StepID: p.StepID, IdempotencyKey: p.Key,
-		URL: in.URL, Method: in.Method, Headers: in.Headers, Body: in.Body})
+		URL: url, Method: in.Method, Headers: headers, Body: in.Body})
 	if err != nil {
-		return stepResult{}, err
+		return stepResult{}, redact.Error(err, sec.used...)
 	}
 	d.emit(event.SideEffectDelivered, p.StepID, p.Attempt, event.SideEffectDeliveredData{
 		IdempotencyKey: p.Key, Status: rec.Status})

@@ -9,8 +9,12 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
+
+	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/redact"
 )
 
 // Tool is a Go function callable from tool nodes. It receives the rendered
@@ -91,7 +95,10 @@ const maxHTTPToolBody = 256 << 10
 
 // httpTool is the built-in "http" tool: it sends one HTTP request and
 // returns {"status","headers","body"}; a JSON response body is kept as
-// JSON. It sends the step's idempotency key as Idempotency-Key.
+// JSON. It sends the step's idempotency key as Idempotency-Key. client
+// passes the worker's egress policy: a refused address fails the step,
+// not retryable. Errors name the URL as rendered (secret references, not
+// values) with its userinfo and query values masked.
 func httpTool(client *http.Client) Tool {
 	return func(ctx context.Context, input json.RawMessage) (json.RawMessage, error) {
 		var in httpToolInput
@@ -103,21 +110,27 @@ func httpTool(client *http.Client) Tool {
 		if in.Method == "" {
 			in.Method = http.MethodGet
 		}
+		shown := redact.URL(in.URL)
 		if !strings.HasPrefix(in.URL, "http://") && !strings.HasPrefix(in.URL, "https://") {
-			return nil, &ToolError{Err: fmt.Errorf("http tool: url %q: want http:// or https://", in.URL)}
+			return nil, &ToolError{Err: fmt.Errorf("http tool: url %q: want http:// or https://", shown)}
+		}
+		sec := secretsFromContext(ctx)
+		target, sendHeaders, err := sec.expandAll(in.URL, in.Headers)
+		if err != nil {
+			return nil, fmt.Errorf("http tool: %w", err)
 		}
 		var body io.Reader
 		if len(in.Body) > 0 && string(in.Body) != "null" {
 			body = bytes.NewReader(in.Body)
 		}
-		req, err := http.NewRequestWithContext(ctx, strings.ToUpper(in.Method), in.URL, body)
+		req, err := http.NewRequestWithContext(ctx, strings.ToUpper(in.Method), target, body)
 		if err != nil {
-			return nil, &ToolError{Err: fmt.Errorf("http tool: %w", err)}
+			return nil, &ToolError{Err: fmt.Errorf("http tool: url %q: %w", shown, unwrapURLError(err))}
 		}
 		if body != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		for k, v := range in.Headers {
+		for k, v := range sendHeaders {
 			req.Header.Set(k, v)
 		}
 		if si, ok := StepFromContext(ctx); ok {
@@ -126,7 +139,12 @@ func httpTool(client *http.Client) Tool {
 		start := time.Now()
 		resp, err := client.Do(req)
 		if err != nil {
-			return nil, fmt.Errorf("http tool: %s %s: %w", req.Method, in.URL, err)
+			// *url.Error quotes the URL it was sent to, secrets included.
+			err = fmt.Errorf("http tool: %s %s: %w", req.Method, shown, unwrapURLError(err))
+			if de := (*egress.DeniedError)(nil); errors.As(err, &de) {
+				return nil, &ToolError{Err: err}
+			}
+			return nil, err
 		}
 		defer resp.Body.Close()
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxHTTPToolBody))
@@ -147,10 +165,19 @@ func httpTool(client *http.Client) Tool {
 		}
 		if resp.StatusCode >= 400 {
 			retry := resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout
-			return nil, &ToolError{Err: fmt.Errorf("http tool: %s %s: HTTP %d", req.Method, in.URL, resp.StatusCode), Retryable: retry}
+			return nil, &ToolError{Err: fmt.Errorf("http tool: %s %s: HTTP %d", req.Method, shown, resp.StatusCode), Retryable: retry}
 		}
 		return json.Marshal(out)
 	}
+}
+
+// unwrapURLError drops the *url.Error wrapper, whose message quotes the
+// whole URL, and keeps what went wrong.
+func unwrapURLError(err error) error {
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // errPermanent marks configuration errors that no retry can fix.

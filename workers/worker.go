@@ -18,6 +18,7 @@ import (
 
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
@@ -36,7 +37,14 @@ type Config struct {
 	// Logger receives the worker's logs (default slog.Default()).
 	Logger *slog.Logger
 	// HTTPClient is used by the built-in http tool (default: 30s timeout).
+	// The worker uses a copy made to pass Egress (see egress.Policy.Secure).
 	HTTPClient *http.Client
+	// Egress is what the built-in http tool may call. Nil refuses loopback,
+	// link-local, private and the other non-public addresses.
+	Egress *egress.Policy
+	// Secrets resolves {{secrets.NAME}} in the url and headers of the http
+	// tool and of connectors (default: the variable PAL_SECRET_NAME).
+	Secrets func(name string) (string, bool)
 }
 
 func (c Config) withDefaults() Config {
@@ -56,8 +64,14 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+	client := &http.Client{Timeout: 30 * time.Second}
+	if c.HTTPClient != nil {
+		cp := *c.HTTPClient
+		client = &cp
+	}
+	c.HTTPClient = c.Egress.Secure(client)
+	if c.Secrets == nil {
+		c.Secrets = envSecret
 	}
 	return c
 }

@@ -127,6 +127,12 @@
 // result, which is what lets a re-driven run rebuild a step's input
 // exactly.
 //
+// {{secrets.NAME}} is not rendered: the placeholder stays as it is, so the
+// rendered input (journaled in step_started) holds the reference and never
+// the value. The worker replaces it as it sends, in the url and header
+// values of the http tool and of connectors only, with its variable
+// PAL_SECRET_NAME.
+//
 // # Conditions
 //
 // Edge conditions and condition nodes are expressions in the expr language

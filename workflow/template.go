@@ -197,15 +197,22 @@ func pathString(path []segment) string {
 
 // Template roots.
 const (
-	rootInput = "input"
-	rootSteps = "steps"
-	fieldOut  = "output"
+	rootInput   = "input"
+	rootSteps   = "steps"
+	rootSecrets = "secrets"
+	fieldOut    = "output"
 )
 
-// checkPathShape checks that a path starts with input or steps.<id>.output.
+// checkPathShape checks that a path starts with input or steps.<id>.output,
+// or is secrets.<name>.
 func checkPathShape(path []segment) error {
 	switch path[0].field {
 	case rootInput:
+		return nil
+	case rootSecrets:
+		if len(path) != 2 || path[1].isIndex {
+			return errors.New("want secrets.<name>")
+		}
 		return nil
 	case rootSteps:
 		if len(path) < 2 || path[1].isIndex {
@@ -223,7 +230,7 @@ func checkPathShape(path []segment) error {
 		}
 		return nil
 	default:
-		return fmt.Errorf("unknown name %q (a template starts with input or steps)", path[0].field)
+		return fmt.Errorf("unknown name %q (a template starts with input, steps or secrets)", path[0].field)
 	}
 }
 
@@ -265,6 +272,11 @@ func (r *resolver) root(key string, v any) (any, error) {
 func (r *resolver) resolve(path []segment) (any, error) {
 	if err := checkPathShape(path); err != nil {
 		return nil, err
+	}
+	if path[0].field == rootSecrets {
+		// A secret is not rendered: the reference stays, so the journal
+		// never holds the value. The worker resolves it as it sends.
+		return placeholder{path: path}.String(), nil
 	}
 	key, raw, k := "", r.env.Input, 1 // k: how many segments of path cur stands for
 	if path[0].field == rootSteps {

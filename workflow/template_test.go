@@ -56,6 +56,7 @@ func TestRenderString(t *testing.T) {
 		{"escaped braces", `literal \{{input.text}} and {{input.n}}`, "literal {{input.text}} and 3"},
 		{"lone closing braces", "a }} b", "a }} b"},
 		{"unicode around", "→ {{input.user.name}} ←", "→ Ada ←"},
+		{"a secret stays a reference", "https://h/?key={{ secrets.API_KEY }}&q={{input.n}}", "https://h/?key={{secrets.API_KEY}}&q=3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,7 +86,10 @@ func TestRenderStringErrors(t *testing.T) {
 		{"{{steps.draft}}", `template {{steps.draft}}: steps.draft has no field nothing (want steps.draft.output…)`},
 		{"{{steps.draft.text}}", `template {{steps.draft.text}}: steps.draft has no field "text" (want steps.draft.output…)`},
 		{"{{steps}}", `template {{steps}}: want steps.<node id>.output…`},
-		{"{{env.HOME}}", `template {{env.HOME}}: unknown name "env" (a template starts with input or steps)`},
+		{"{{secrets}}", `template {{secrets}}: want secrets.<name>`},
+		{"{{secrets.a.b}}", `template {{secrets.a.b}}: want secrets.<name>`},
+		{"{{secrets[0]}}", `template {{secrets[0]}}: want secrets.<name>`},
+		{"{{env.HOME}}", `template {{env.HOME}}: unknown name "env" (a template starts with input, steps or secrets)`},
 		{"Hi {{input.text", `template: unclosed "{{" at character 4`},
 		{"{{}}", `template: invalid placeholder "{{}}": empty path at character 1`},
 		{"x {{input..a}}", `template: invalid placeholder "{{input..a}}": empty name in path at character 3`},

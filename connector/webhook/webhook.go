@@ -29,6 +29,12 @@
 //
 // Error messages name the method and the URL's host but never its path or
 // query, which often hold a receiver's secret token.
+//
+// Every connection passes an egress policy (WithEgress): by default a
+// webhook cannot reach loopback, link-local, private or other non-public
+// addresses, checked on the resolved address as it connects. A refusal is
+// a permanent *connector.Error wrapping an *egress.DeniedError, and nothing
+// is sent.
 package webhook
 
 import (
@@ -48,6 +54,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/internal/egress"
 )
 
 // Kind is the connector kind used in workflows.
@@ -70,14 +77,17 @@ const snippetLen = 256
 type Webhook struct {
 	client  *http.Client
 	timeout time.Duration
+	egress  *egress.Policy
 }
 
 // Option configures a Webhook.
 type Option func(*Webhook)
 
-// WithClient sends with a copy of c (its transport, proxy and TLS settings,
-// and its Timeout if set). Redirects stay disabled whatever c.CheckRedirect
-// says. A nil c keeps the default client.
+// WithClient sends with a copy of c (its transport, TLS settings, and its
+// Timeout if set). Redirects stay disabled whatever c.CheckRedirect says.
+// An *http.Transport (or none) is cloned to pass the egress policy, with
+// proxies off; another RoundTripper is used as it is and answers for its
+// own egress. A nil c keeps the default client.
 func WithClient(c *http.Client) Option {
 	return func(w *Webhook) {
 		if c != nil {
@@ -96,12 +106,19 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
+// WithEgress sets what the webhook may call. Nil (the default) refuses
+// every non-public address; see the egress package.
+func WithEgress(p *egress.Policy) Option {
+	return func(w *Webhook) { w.egress = p }
+}
+
 // New returns a webhook connector.
 func New(opts ...Option) *Webhook {
 	w := &Webhook{client: &http.Client{}, timeout: DefaultTimeout}
 	for _, opt := range opts {
 		opt(w)
 	}
+	w.egress.Secure(w.client)
 	w.client.CheckRedirect = func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}
@@ -218,6 +235,9 @@ func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
 
 // sendError classifies a failure to get an answer.
 func sendError(ctx context.Context, where string, err error, connected bool) *connector.Error {
+	if de := (*egress.DeniedError)(nil); errors.As(err, &de) {
+		return &connector.Error{Connector: Kind, Err: fmt.Errorf("%s: %w", where, de)}
+	}
 	if ctxErr := ctx.Err(); errors.Is(ctxErr, context.Canceled) {
 		cause := ctxErr
 		if c := context.Cause(ctx); c != nil && !errors.Is(c, ctxErr) {

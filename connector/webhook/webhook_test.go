@@ -20,6 +20,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/connectortest"
 	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/internal/egress"
 )
 
 func TestMain(m *testing.M) {
@@ -35,9 +36,13 @@ func setup(t *testing.T, opts ...webhook.Option) *testBundle {
 	t.Helper()
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
-	opts = append([]webhook.Option{webhook.WithClient(&http.Client{Transport: tr})}, opts...)
+	opts = append([]webhook.Option{webhook.WithClient(&http.Client{Transport: tr}), loopbackOK}, opts...)
 	return &testBundle{recv: connectortest.NewReceiver(t), hook: webhook.New(opts...)}
 }
+
+// loopbackOK lets a webhook reach the tests' local receivers, which the
+// default egress policy refuses.
+var loopbackOK = webhook.WithEgress((*egress.Policy)(nil).With(egress.Loopback...))
 
 // key is the idempotency key PAL derives for a step attempt.
 func key(runID, stepID string, attempt int) string {
@@ -163,7 +168,7 @@ func TestStatusClassification(t *testing.T) {
 		_, _ = w.Write([]byte(`{"detail":"answer ` + strconv.Itoa(code) + `"}`))
 	}))
 	t.Cleanup(srv.Close)
-	hook := webhook.New()
+	hook := webhook.New(loopbackOK)
 
 	tests := []struct {
 		status    int
@@ -224,7 +229,7 @@ func TestRedirectNotFollowed(t *testing.T) {
 
 	// Even a client configured to follow redirects does not follow them.
 	following := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
-	for _, hook := range []*webhook.Webhook{webhook.New(), webhook.New(webhook.WithClient(following))} {
+	for _, hook := range []*webhook.Webhook{webhook.New(loopbackOK), webhook.New(webhook.WithClient(following), loopbackOK)} {
 		_, err := hook.Deliver(t.Context(), delivery(redirector.URL+"/hook"))
 		ce := requireConnectorError(t, err)
 		require.Equal(t, http.StatusTemporaryRedirect, ce.Status)
@@ -245,7 +250,7 @@ func TestReceiptBodyIsCapped(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 
-	receipt, err := webhook.New().Deliver(t.Context(), delivery(srv.URL))
+	receipt, err := webhook.New(loopbackOK).Deliver(t.Context(), delivery(srv.URL))
 	require.NoError(t, err)
 	require.Len(t, receipt.Body, connector.MaxReceiptBody)
 	require.Equal(t, big[:connector.MaxReceiptBody], string(receipt.Body))
@@ -312,7 +317,7 @@ func TestClientTimeoutIsATimeout(t *testing.T) {
 
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
-	hook := webhook.New(webhook.WithClient(&http.Client{Transport: tr, Timeout: 100 * time.Millisecond}))
+	hook := webhook.New(webhook.WithClient(&http.Client{Transport: tr, Timeout: 100 * time.Millisecond}), loopbackOK)
 	_, err := hook.Deliver(t.Context(), delivery(b.recv.URL()))
 	ce := requireConnectorError(t, err)
 	require.True(t, ce.Timeout)
@@ -406,7 +411,7 @@ func refusedURL(t *testing.T) string {
 func TestRefusedIsRetryableNotUnknown(t *testing.T) {
 	t.Parallel()
 
-	_, err := webhook.New().Deliver(t.Context(), delivery(refusedURL(t)))
+	_, err := webhook.New(loopbackOK).Deliver(t.Context(), delivery(refusedURL(t)))
 	ce := requireConnectorError(t, err)
 	require.True(t, ce.Retryable)
 	require.False(t, ce.Unknown, "nothing was sent")
@@ -485,4 +490,38 @@ func TestWithTimeoutIgnoresNonPositive(t *testing.T) {
 	_, err := b.hook.Deliver(t.Context(), delivery(b.recv.URL()))
 	require.NoError(t, err, "a zero timeout would have failed at once")
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
+}
+
+// With the default policy a webhook to a private, loopback or metadata
+// address is refused before anything is sent, and may not be retried.
+func TestEgressRefusedByDefault(t *testing.T) {
+	t.Parallel()
+	recv := connectortest.NewReceiver(t)
+	for _, tc := range []struct {
+		hook  *webhook.Webhook
+		url   string
+		class string
+	}{
+		{webhook.New(), recv.URL() + "/hook", egress.ClassLoopback},
+		{webhook.New(), "http://10.0.0.7:9/hook", egress.ClassPrivate},
+		{webhook.New(), "http://[::ffff:192.168.1.1]:9/hook", egress.ClassPrivate},
+		{webhook.New(), "http://169.254.169.254/latest/meta-data/", egress.ClassMetadata},
+		// WithClient keeps the policy: its transport is cloned to pass it.
+		{webhook.New(webhook.WithClient(&http.Client{Transport: &http.Transport{}})), recv.URL(), egress.ClassLoopback},
+	} {
+		_, err := tc.hook.Deliver(t.Context(), delivery(tc.url))
+		ce := requireConnectorError(t, err)
+		var de *egress.DeniedError
+		require.ErrorAs(t, err, &de, tc.url)
+		require.Equal(t, tc.class, de.Class)
+		require.False(t, ce.Retryable, tc.url)
+		require.False(t, ce.Unknown, tc.url)
+		require.ErrorContains(t, err, egress.EnvAllow)
+	}
+	require.Empty(t, recv.Requests(), "nothing reached the receiver")
+
+	p, err := egress.Parse("10.0.0.0/8")
+	require.NoError(t, err)
+	_, err = webhook.New(webhook.WithEgress(p)).Deliver(t.Context(), delivery(recv.URL()))
+	require.ErrorContains(t, err, "127.0.0.1 is a loopback address", "an exception for one range opens no other")
 }

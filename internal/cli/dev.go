@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/eventstore"
-
+	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/pgcluster"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
@@ -67,6 +67,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	wc.egress = wc.egress.With(egress.Loopback...) // the tour calls local receivers
 	rc, err := e.restSettings(cmd, true)
 	if err != nil {
 		return err

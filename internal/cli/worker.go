@@ -16,6 +16,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
@@ -74,6 +75,7 @@ type workerConfig struct {
 	concurrency int
 	durability  string
 	replicas    int
+	egress      *egress.Policy // PAL_EGRESS_ALLOW
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -94,6 +96,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	if wc.replicas, err = e.replicas(cmd); err != nil {
 		return wc, err
+	}
+	if wc.egress, err = egress.Parse(e.getenv(egress.EnvAllow)); err != nil {
+		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
 }
@@ -127,8 +132,8 @@ func providerWarnings(getenv func(string) string) []string {
 	return out
 }
 
-func connectors() connector.Registry {
-	wh := webhook.New()
+func connectors(p *egress.Policy) connector.Registry {
+	wh := webhook.New(webhook.WithEgress(p))
 	return connector.Registry{wh.Kind(): wh}
 }
 
@@ -178,7 +183,8 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log}, store, leases, providers, connectors())
+	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
+		store, leases, providers, connectors(wc.egress))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
@@ -211,7 +217,8 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	} else {
 		log.Info("recovery sweep off: it reads the runs table, set DATABASE_URL to enable it")
 	}
-	log.Info("worker ready", "id", w.ID(), "nats", wc.natsURL, "durability", wc.durability, "lease_ttl", wc.leaseTTL)
+	log.Info("worker ready", "id", w.ID(), "nats", wc.natsURL, "durability", wc.durability, "lease_ttl", wc.leaseTTL,
+		"egress_allow", wc.egress.String())
 	return &writeSide{store: store, stop: func(sctx context.Context) error {
 		_ = svc.Stop()
 		var errs []error

@@ -34,6 +34,7 @@ import (
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
@@ -124,6 +125,9 @@ type workerConfig struct {
 	tools       map[string]workers.Tool
 	concurrency int
 	logger      *slog.Logger
+	egress      *egress.Policy
+	egressSet   bool
+	secrets     map[string]string
 }
 
 // WorkerOption configures Stack.Worker.
@@ -140,6 +144,19 @@ func Concurrency(n int) WorkerOption { return func(c *workerConfig) { c.concurre
 // WorkerLogger sets the worker's logger (default Logger(tb)).
 func WorkerLogger(l *slog.Logger) WorkerOption { return func(c *workerConfig) { c.logger = l } }
 
+// Egress sets what the worker's http tool and webhook may call (default:
+// public addresses and loopback, where the tests' receivers listen). Pass
+// nil for PAL's own default, which refuses loopback too.
+func Egress(p *egress.Policy) WorkerOption {
+	return func(c *workerConfig) { c.egress, c.egressSet = p, true }
+}
+
+// Secrets sets the worker's secrets, read by {{secrets.NAME}} (default:
+// none).
+func Secrets(m map[string]string) WorkerOption {
+	return func(c *workerConfig) { c.secrets = m }
+}
+
 // Worker starts an in-process worker with the stack's providers and the
 // webhook connector; it stops when the test ends.
 func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.Worker {
@@ -151,9 +168,13 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	if cfg.logger == nil {
 		cfg.logger = Logger(tb)
 	}
-	wh := webhook.New()
-	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger}, s.Store, s.Leases,
-		s.Providers(), connector.Registry{wh.Kind(): wh})
+	if !cfg.egressSet {
+		cfg.egress = (*egress.Policy)(nil).With(egress.Loopback...)
+	}
+	wh := webhook.New(webhook.WithEgress(cfg.egress))
+	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
+	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress, Secrets: secret},
+		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)
 	}
