@@ -200,10 +200,11 @@ func TestReplySubjectsOnlyWherePALMayAnswer(t *testing.T) {
 		if err != nil {
 			break
 		}
-		switch {
-		case strings.HasPrefix(m.Subject, "pal.events."), strings.HasPrefix(m.Subject, "$KV."),
-			strings.HasPrefix(m.Subject, "pal.work."), strings.HasPrefix(m.Subject, "$JS.API.STREAM.DELETE"):
-			t.Errorf("PAL published on %s: %s", m.Subject, m.Data)
+		// The worker's own lease and journal traffic is expected; an
+		// answer of the command processor is not.
+		var ans runs.Answer
+		if json.Unmarshal(m.Data, &ans) == nil && (ans.OK || ans.Code != "") && !strings.HasPrefix(m.Subject, "_INBOX.") {
+			t.Errorf("PAL answered on %s: %s", m.Subject, m.Data)
 		}
 	}
 	require.Equal(t, before, b.Events(t, victim), "the victim's journal is unchanged")
