@@ -88,9 +88,7 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Input json.RawMessage `json:"input"`
-	}
+	var in engine.SubagentInput
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return permanent("step %s: bad input: %v", p.StepID, err)
 	}

@@ -36,6 +36,13 @@ type Config struct {
 	Logger *slog.Logger
 	// HTTPClient is used by the built-in http tool (default: 30s timeout).
 	HTTPClient *http.Client
+	// Clock tells the time for every decision a replay must repeat: the
+	// now given to engine.Next (an approval's deadline), the deadline a
+	// new wait journals, when a retry may start, and the ts of the events
+	// the worker writes. Default: time.Now. Lease renewal and the
+	// durable wake-up timers keep the real clock: they are agreed with
+	// NATS.
+	Clock func() time.Time
 }
 
 func (c Config) withDefaults() Config {
@@ -57,6 +64,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	return c
 }
@@ -106,6 +116,9 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 	w.tools["echo"] = echoTool
 	return w
 }
+
+// now is the worker's clock (Config.Clock), in UTC.
+func (w *Worker) now() time.Time { return w.cfg.Clock().UTC() }
 
 // ID returns the worker id.
 func (w *Worker) ID() string { return w.cfg.ID }
