@@ -96,6 +96,29 @@ func TestApprovalTimeoutIsDecidedByNow(t *testing.T) {
 	require.True(t, rs.Plan.Wait.Waiting)
 }
 
+// TestChildTriggerMetaCarriesTheChain: what a parent writes into its
+// child's run_created is what Chain reads back in the child.
+func TestChildTriggerMetaCarriesTheChain(t *testing.T) {
+	t.Parallel()
+	parent := newHistory(t, testRun, wfApproval, `{}`)
+	parent.st.Created.TriggerMeta = map[string]any{"chain": []any{"run_root"}}
+	meta := engine.ChildTriggerMeta(parent.st, "kid")
+	require.Equal(t, testRun, meta["parent_run_id"])
+	require.Equal(t, "kid", meta["parent_step_id"])
+
+	childID := event.ChildRunID(testRun, "kid")
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Input: json.RawMessage(`{}`),
+		ParentRunID: testRun, ParentStepID: "kid", Depth: 1, TriggerMeta: meta})
+	ev.RunID, ev.Seq, ev.TS = childID, 1, baseTS
+	body, err := event.Encode(ev)
+	require.NoError(t, err)
+	evs, err := event.Decode(body) // through the wire, as the child reads it
+	require.NoError(t, err)
+	child, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, []string{"run_root", testRun, childID}, engine.Chain(child))
+}
+
 const approvalNoTimeout = `{"name":"forever","nodes":[{"id":"start","type":"trigger"},{"id":"ok","type":"approval"}],
 	"edges":[{"from":"start","to":"ok"}]}`
 

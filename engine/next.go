@@ -341,6 +341,13 @@ func Chain(st *RunState) []string {
 	return append(out, st.RunID)
 }
 
+// ChildTriggerMeta is the trigger_meta of the child run that step stepID
+// of st starts: its parent, and the chain that Chain reads back in the
+// child.
+func ChildTriggerMeta(st *RunState, stepID string) map[string]any {
+	return map[string]any{"parent_run_id": st.RunID, "parent_step_id": stepID, "chain": Chain(st)}
+}
+
 func chainString(st *RunState) string {
 	c := Chain(st)
 	s := ""

@@ -10,6 +10,11 @@
 // successful renewal, the drive's context is cancelled at once and nothing
 // more is appended. The work message is acked when the run ends or parks.
 //
+// The worker reads the time from Config.Clock for everything a replay must
+// decide the same way: the now it gives engine.Next (which decides whether
+// an approval timed out), the deadline a new wait journals, when a retry
+// may start, and the ts of its events.
+//
 // Crash safety:
 //
 //   - step_started is durable before a step acts; step_completed carries
