@@ -61,7 +61,7 @@ const MaxDepth = 5
 type StepPlan struct {
 	// StepID is stable across replays: the node id, with the iteration
 	// inside loops (each[3].fetch) and the turn and call inside agents
-	// (ask.turn[2].tool[0]).
+	// (ask.turn[2].tool[0]): the String of a StepID.
 	StepID string
 	NodeID string
 	// NodeType is the type of the node the step belongs to (journaled in
