@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -41,6 +42,85 @@ func TestApprovalWaitsThenApplies(t *testing.T) {
 	h.resume("w2").pure("ok")
 	h.start("ship")
 }
+
+// TestApprovalTimeoutIsDecidedByNow: whether a wait has timed out is
+// Next's decision, at the time it is given; the journal alone does not
+// change when the deadline passes.
+func TestApprovalTimeoutIsDecidedByNow(t *testing.T) {
+	t.Parallel()
+	h := newHistory(t, testRun, wfRelease, inputRelease).resume("w")
+	planned := h.plan("ok")
+	require.Equal(t, h.now.Add(time.Hour), planned.Wait.TimeoutAt, "a new wait's deadline is now plus timeoutMs")
+	h.waitFor("ok")
+	deadline := h.st.Steps["ok"].TimeoutAt
+	require.Equal(t, planned.Wait.TimeoutAt, deadline)
+	timedOut := `{"approved":false,"decision":"timeout","timed_out":true}`
+	tests := []struct {
+		name    string
+		now     time.Time
+		waiting bool
+	}{
+		{"long before", baseTS, true},
+		{"a nanosecond before", deadline.Add(-time.Nanosecond), true},
+		{"at the deadline", deadline, false},
+		{"after", deadline.Add(24 * time.Hour), false},
+		{"in another zone", deadline.In(time.FixedZone("X", 5*3600)), false},
+	}
+	for _, tt := range tests {
+		rs, ok := engine.Next(h.st.Workflow, h.st, tt.now).(engine.RunStep)
+		require.True(t, ok, tt.name)
+		p := rs.Plan
+		require.Equal(t, "ok", p.StepID, tt.name)
+		if tt.waiting {
+			require.NotNil(t, p.Wait, tt.name)
+			require.True(t, p.Wait.Waiting, tt.name)
+			require.Equal(t, deadline, p.Wait.TimeoutAt, tt.name)
+			require.False(t, p.Pure, tt.name)
+			continue
+		}
+		require.Nil(t, p.Wait, tt.name)
+		require.True(t, p.Pure, tt.name)
+		require.True(t, p.Started, tt.name)
+		require.JSONEq(t, timedOut, string(p.Output), tt.name)
+	}
+
+	// A decision in the journal wins over a deadline that passed since.
+	h.append(event.ApprovalReceived, "ok", 0, event.ApprovalReceivedData{Decision: event.DecisionApprove, Approver: "ana"})
+	rs := engine.Next(h.st.Workflow, h.st, deadline.Add(time.Hour)).(engine.RunStep)
+	require.JSONEq(t, `{"approved":true,"decision":"approve","approver":"ana","timed_out":false}`, string(rs.Plan.Output))
+
+	// Without timeoutMs a wait never times out.
+	h = newHistory(t, testRun, approvalNoTimeout, `{}`).resume("w").waitFor("ok")
+	require.True(t, h.st.Steps["ok"].TimeoutAt.IsZero())
+	rs = engine.Next(h.st.Workflow, h.st, baseTS.Add(1000*24*time.Hour)).(engine.RunStep)
+	require.True(t, rs.Plan.Wait.Waiting)
+}
+
+// TestChildTriggerMetaCarriesTheChain: what a parent writes into its
+// child's run_created is what Chain reads back in the child.
+func TestChildTriggerMetaCarriesTheChain(t *testing.T) {
+	t.Parallel()
+	parent := newHistory(t, testRun, wfApproval, `{}`)
+	parent.st.Created.TriggerMeta = map[string]any{"chain": []any{"run_root"}}
+	meta := engine.ChildTriggerMeta(parent.st, "kid")
+	require.Equal(t, testRun, meta["parent_run_id"])
+	require.Equal(t, "kid", meta["parent_step_id"])
+
+	childID := event.ChildRunID(testRun, "kid")
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Input: json.RawMessage(`{}`),
+		ParentRunID: testRun, ParentStepID: "kid", Depth: 1, TriggerMeta: meta})
+	ev.RunID, ev.Seq, ev.TS = childID, 1, baseTS
+	body, err := event.Encode(ev)
+	require.NoError(t, err)
+	evs, err := event.Decode(body) // through the wire, as the child reads it
+	require.NoError(t, err)
+	child, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, []string{"run_root", testRun, childID}, engine.Chain(child))
+}
+
+const approvalNoTimeout = `{"name":"forever","nodes":[{"id":"start","type":"trigger"},{"id":"ok","type":"approval"}],
+	"edges":[{"from":"start","to":"ok"}]}`
 
 func TestEarlyApprovalIsKeptUntilTheStep(t *testing.T) {
 	t.Parallel()
@@ -142,7 +222,7 @@ func TestSubagentChildIDAndDepthLimit(t *testing.T) {
 	deep := newHistory(t, testRun, wf, `{"q":"why"}`)
 	deep.st.Created.Depth = 5
 	deep.st.Created.TriggerMeta = map[string]any{"chain": []any{"run_a", "run_b", "run_c", "run_d", "run_e"}}
-	f, ok := engine.Next(deep.st.Workflow, deep.st).(engine.Fail)
+	f, ok := engine.Next(deep.st.Workflow, deep.st, deep.now).(engine.Fail)
 	require.True(t, ok)
 	require.Equal(t, event.CodeDepthExceeded, f.Code)
 	require.Equal(t, "step kid would start a subagent at depth 6, over the limit of 5 (chain: run_a → run_b → run_c → run_d → run_e → "+testRun+")", f.Error)

@@ -94,7 +94,7 @@ func (h *history) resume(worker string) *history {
 // plan returns what Next plans now, which must be a step: stepID.
 func (h *history) plan(stepID string) engine.StepPlan {
 	h.t.Helper()
-	a := engine.Next(h.st.Workflow, h.st)
+	a := engine.Next(h.st.Workflow, h.st, h.now)
 	rs, ok := a.(engine.RunStep)
 	require.True(h.t, ok, "want step %s next, Next says %#v", stepID, a)
 	require.Equal(h.t, stepID, rs.Plan.StepID)
@@ -157,6 +157,25 @@ func (h *history) pure(stepID string) *history {
 	return h
 }
 
+// waitFor journals an approval's wait as the worker does: step_started,
+// then step_waiting with the deadline Next gave it.
+func (h *history) waitFor(stepID string) *history {
+	h.t.Helper()
+	p := h.plan(stepID)
+	require.NotNil(h.t, p.Wait, "step %s does not wait", stepID)
+	require.False(h.t, p.Wait.Waiting, "step %s waits already", stepID)
+	if !p.Started {
+		h.append(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	}
+	d := event.StepWaitingData{Reason: p.Wait.Reason}
+	if !p.Wait.TimeoutAt.IsZero() {
+		d.TimeoutAt = p.Wait.TimeoutAt.Format(time.RFC3339Nano)
+	}
+	h.append(event.StepWaiting, p.StepID, p.Attempt, d)
+	return h
+}
+
 // failTry journals a failed try of the running step: step_retrying when
 // the policy allows another try, else step_failed. It reports which.
 func (h *history) failTry(stepID, msg, class string, retryable, unknown bool, delay time.Duration) bool {
@@ -213,7 +232,7 @@ func (h *history) deliveryDone(stepID string) *history {
 // finish ends the run the way Next says: run_succeeded or run_failed.
 func (h *history) finish() *history {
 	h.t.Helper()
-	switch a := engine.Next(h.st.Workflow, h.st).(type) {
+	switch a := engine.Next(h.st.Workflow, h.st, h.now).(type) {
 	case engine.Complete:
 		h.append(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
 	case engine.Fail:

@@ -1,7 +1,14 @@
 // Package engine is PAL's pure core: Fold turns a run's journal into its
 // state, and Next decides what the run does next. Nothing here does I/O or
-// reads a clock; the worker (package workers) does the I/O, the projector
+// reads a clock: Next is given the time, so a deadline (an approval's
+// timeout) is decided here, once, and a replay given the same time decides
+// the same. The worker (package workers) does the I/O, the projector
 // (package projections) uses the same fold to compute status and step rows.
+//
+// What crosses between the engine and the worker is typed: the step inputs
+// the engine renders and the outputs the worker journals are the types of
+// contract.go, and step ids are StepID values (stepid.go), built by its
+// constructors and read back by ParseStepID.
 //
 // The fold is strict: seq must be gapless from 1 and run_created must come
 // first. Every step transition is a journal event, so the state is only a

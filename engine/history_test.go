@@ -44,6 +44,9 @@ const (
 	runCrashLoop    = "run_01JNB6W2G8Z4K0S1C5V7X9D3AC"
 	runCrashFinish  = "run_01JNB6W2G8Z4K0S1C5V7X9D3AD"
 	runWebhookFinal = "run_01JNB6W2G8Z4K0S1C5V7X9D3AE"
+	runApprovalWait = "run_01JNB6W2G8Z4K0S1C5V7X9D3AF"
+	runApprovalFail = "run_01JNB6W2G8Z4K0S1C5V7X9D3AG"
+	runApprovalLate = "run_01JNB6W2G8Z4K0S1C5V7X9D3AH"
 )
 
 func scenarios() []scenario {
@@ -66,6 +69,10 @@ func scenarios() []scenario {
 		{name: "conditional_dead_branch", build: buildDeadBranch},
 		{name: "condition_node", build: buildConditionNode},
 		{name: "invalid_workflow", build: buildInvalidWorkflow},
+		// Approval deadlines, decided by Next at the clock it is given.
+		{name: "approval_waiting", build: buildApprovalWaiting},
+		{name: "approval_timeout_failed", build: buildApprovalTimeoutFailed},
+		{name: "approval_timeout_routed", build: buildApprovalTimeoutRouted},
 	}
 }
 
@@ -204,6 +211,40 @@ func buildInvalidWorkflow(t testing.TB) []event.Event {
 	return h.finish().events()
 }
 
+// releaseWait starts a release run and parks it on its approval, which
+// times out an hour after it was planned.
+func releaseWait(t testing.TB, runID, wf string) *history {
+	h := newHistory(t, runID, wf, inputRelease).resume("worker-a").waitFor("ok")
+	require.Equal(t, engine.StatusWaiting, h.st.Status)
+	return h
+}
+
+// timeOut is a drive after the deadline: the worker's clock has passed
+// it, so Next completes the approval as timed out.
+func (h *history) timeOut(worker, stepID string) *history {
+	h.t.Helper()
+	// Before the deadline Next still says wait.
+	h.now = h.st.Steps[stepID].TimeoutAt.Add(-time.Millisecond)
+	require.True(h.t, h.plan(stepID).Wait.Waiting)
+	h.now = h.st.Steps[stepID].TimeoutAt.Add(2 * time.Second) // the durable timer's slack
+	return h.resume(worker).pure(stepID)
+}
+
+func buildApprovalWaiting(t testing.TB) []event.Event {
+	return releaseWait(t, runApprovalWait, wfRelease).events()
+}
+
+func buildApprovalTimeoutFailed(t testing.TB) []event.Event {
+	h := releaseWait(t, runApprovalFail, wfRelease).timeOut("worker-b", "ok")
+	return h.finish().events() // nothing routes on it: the run fails
+}
+
+func buildApprovalTimeoutRouted(t testing.TB) []event.Event {
+	h := releaseWait(t, runApprovalLate, wfReleaseRouted).timeOut("worker-b", "ok")
+	h.start("page").complete("page", `{"paged":"oncall-7"}`, nil)
+	return h.finish().events()
+}
+
 // encodeHistory writes events as message bodies, one per line.
 func encodeHistory(t testing.TB, evs []event.Event, pack []int) []byte {
 	t.Helper()
@@ -339,13 +380,33 @@ func TestHistoriesFollowNext(t *testing.T) {
 func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
 	t.Helper()
 	at := fmt.Sprintf("seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
-	next := engine.Next(st.Workflow, st)
+	next := engine.Next(st.Workflow, st, ev.TS)
 	if rs, ok := next.(engine.RunStep); ok {
 		s, seen := st.Steps[rs.Plan.StepID]
 		require.False(t, seen && s.Status == engine.StepCompleted, "%s: Next plans completed step %s", at, rs.Plan.StepID)
 		require.Equal(t, event.IdempotencyKey(st.RunID, rs.Plan.StepID, rs.Plan.Attempt), rs.Plan.Key, at)
 	}
 	switch ev.Kind {
+	case event.StepWaiting:
+		var d event.StepWaitingData
+		require.NoError(t, ev.DecodeData(&d))
+		if d.Reason != event.WaitApproval {
+			return // a subagent waits for its child: the worker's finding
+		}
+		rs, ok := next.(engine.RunStep)
+		require.True(t, ok, "%s: Next says %#v", at, next)
+		p := rs.Plan
+		require.Equal(t, ev.StepID, p.StepID, at)
+		require.NotNil(t, p.Wait, "%s: Next planned no wait", at)
+		require.False(t, p.Wait.Waiting, "%s: waiting twice", at)
+		require.Equal(t, p.Wait.TimeoutMs > 0, d.TimeoutAt != "", at)
+		if d.TimeoutAt != "" {
+			// The deadline was planned before this event, so not after
+			// the one Next gives now.
+			ts, err := time.Parse(time.RFC3339Nano, d.TimeoutAt)
+			require.NoError(t, err)
+			require.False(t, ts.After(p.Wait.TimeoutAt), "%s: deadline %s later than planned %s", at, ts, p.Wait.TimeoutAt)
+		}
 	case event.StepStarted, event.StepCompleted, event.StepRetrying, event.StepFailed,
 		event.SideEffectClaimed, event.SideEffectDelivered:
 		rs, ok := next.(engine.RunStep)

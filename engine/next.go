@@ -61,7 +61,7 @@ const MaxDepth = 5
 type StepPlan struct {
 	// StepID is stable across replays: the node id, with the iteration
 	// inside loops (each[3].fetch) and the turn and call inside agents
-	// (ask.turn[2].tool[0]).
+	// (ask.turn[2].tool[0]): the String of a StepID.
 	StepID string
 	NodeID string
 	// NodeType is the type of the node the step belongs to (journaled in
@@ -99,22 +99,27 @@ type StepPlan struct {
 	ChildRunID string
 }
 
-// WaitPlan describes a step that waits.
+// WaitPlan describes a step that waits. A wait whose time is up is not
+// planned as a wait: Next plans the step's timed-out completion instead.
 type WaitPlan struct {
 	Reason string
 	// Waiting is true when step_waiting is already journaled.
 	Waiting bool
 	// TimeoutMs is how long to wait (0: forever).
 	TimeoutMs int
-	// TimeoutAt is when a journaled wait times out (zero: never).
+	// TimeoutAt is when the wait times out (zero: never): the journaled
+	// deadline, or for a new wait now plus TimeoutMs, which the worker
+	// journals in step_waiting.
 	TimeoutAt time.Time
 }
 
-// Next decides the run's next action from its workflow and folded state.
-// It is pure: the same inputs always give the same action. A waiting run
-// gets the same answer as a running one: a RunStep whose Wait says it is
-// still waiting, or the step that its new input (a decision) unblocks.
-func Next(wf *workflow.Workflow, st *RunState) Action {
+// Next decides the run's next action from its workflow and folded state at
+// time now. It is pure: the same inputs always give the same action. now
+// decides only waits: an approval whose deadline is not after now has
+// timed out. A waiting run gets the same answer as a running one: a
+// RunStep whose Wait says it is still waiting, or the step that its new
+// input (a decision, or the passing of its deadline) unblocks.
+func Next(wf *workflow.Workflow, st *RunState, now time.Time) Action {
 	if st.Status.Terminal() {
 		return Done{Status: st.Status}
 	}
@@ -125,23 +130,23 @@ func Next(wf *workflow.Workflow, st *RunState) Action {
 		}
 		return Fail{Code: event.CodeInvalidWorkflow, Error: msg}
 	}
-	a, out := walk(wf, st, "", st.Input())
+	a, out := walk(wf, st, nil, st.Input(), now)
 	if a != nil {
 		return a
 	}
 	return Complete{Output: out}
 }
 
-// walk walks one graph: the run's workflow (prefix "") or one iteration
-// of a loop body (prefix "each[3]."). It returns the action to take, or a
-// nil action and the scope's output (that of its last completed step, or
-// its input when nothing ran) when every node is resolved.
-func walk(wf *workflow.Workflow, st *RunState, prefix string, input any) (Action, json.RawMessage) {
+// walk walks one graph: the run's workflow (scope nil) or one iteration of
+// a loop body (scope each[3]). It returns the action to take, or a nil
+// action and the scope's output (that of its last completed step, or its
+// input when nothing ran) when every node is resolved.
+func walk(wf *workflow.Workflow, st *RunState, scope []Iteration, input any, now time.Time) (Action, json.RawMessage) {
 	var env workflow.Env
-	if prefix == "" && wf == st.Workflow && st.outputs != nil {
+	if len(scope) == 0 && wf == st.Workflow && st.outputs != nil {
 		env = workflow.Env{Input: input, Steps: st.outputs}
 	} else {
-		env = scopeEnv(st, wf, prefix, input)
+		env = scopeEnv(st, wf, scope, input)
 	}
 	// state holds, per node index, 1 for resolved (dead) and 2 for
 	// completed.
@@ -161,10 +166,7 @@ nodes:
 			state[idx] = isCompleted
 			continue
 		}
-		sid := id
-		if prefix != "" {
-			sid = prefix + id
-		}
+		stepID := StepID{Loops: scope, Node: id}
 		fired := false
 		for _, e := range wf.IncomingShared(id) {
 			if !resolved(e.From) {
@@ -173,7 +175,7 @@ nodes:
 			if completed(e.From) && !fired {
 				ok, err := wf.EdgeFires(e, env)
 				if err != nil {
-					return Fail{Code: event.CodeStepFailed, StepID: sid, Error: err.Error()}, nil
+					return Fail{Code: event.CodeStepFailed, StepID: stepID.String(), Error: err.Error()}, nil
 				}
 				fired = ok
 			}
@@ -182,11 +184,11 @@ nodes:
 			state[idx] = isResolved // dead: no incoming edge fired
 			continue
 		}
-		if s, ok := st.Steps[sid]; ok {
+		if s, ok := st.stepAt(scope, id); ok {
 			switch s.Status {
 			case StepCompleted:
 				if node.Type == workflow.TypeApproval && !wf.ConditionalRouting(id) {
-					if f, failed := rejected(s, sid); failed {
+					if f, failed := rejected(s, stepID.String()); failed {
 						return f, nil
 					}
 				}
@@ -196,17 +198,18 @@ nodes:
 				}
 				continue
 			case StepFailed:
+				sid := stepID.String()
 				return Fail{Code: event.CodeStepFailed, StepID: sid,
 					Error: fmt.Sprintf("step %s failed: %s", sid, s.Error)}, nil
 			}
 		}
 		switch node.Type {
 		case workflow.TypeLoop:
-			return planLoop(wf, st, node, sid, env), nil
+			return planLoop(wf, st, node, stepID, env, now), nil
 		case workflow.TypeAgent:
-			return planAgent(st, node, sid, env), nil
+			return planAgent(st, node, stepID, env), nil
 		default:
-			return planStep(wf, st, node, sid, env), nil
+			return planStep(wf, st, node, stepID.String(), env, now), nil
 		}
 	}
 	if last != nil && len(last.Output) > 0 {
@@ -259,7 +262,7 @@ func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 	return p
 }
 
-func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env) Action {
+func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
 	exec := map[string]string{workflow.TypeAIStep: ExecLLM, workflow.TypeTool: ExecTool, workflow.TypeConnector: ExecConnector,
 		workflow.TypeCondition: ExecPure, workflow.TypeApproval: ExecApproval, workflow.TypeSubagent: ExecSubagent}[node.Type]
 	p := basePlan(st, node, sid, exec)
@@ -285,7 +288,7 @@ func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 		if err != nil {
 			return fail("expression %q: %v", d.Expression, err)
 		}
-		out, err := json.Marshal(map[string]any{"result": v})
+		out, err := json.Marshal(ConditionOutput{Result: v})
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -304,6 +307,14 @@ func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 		p.Wait = &WaitPlan{Reason: event.WaitApproval, TimeoutMs: d.TimeoutMs}
 		if s, ok := st.Steps[sid]; ok && s.Status == StepWaiting {
 			p.Wait.Waiting, p.Wait.TimeoutAt = true, s.TimeoutAt
+		} else if d.TimeoutMs > 0 {
+			p.Wait.TimeoutAt = now.Add(time.Duration(d.TimeoutMs) * time.Millisecond).UTC()
+		}
+		if p.Wait.Waiting && !p.Wait.TimeoutAt.IsZero() && !now.Before(p.Wait.TimeoutAt) {
+			// The deadline has passed: the step completes as timed out,
+			// which routes along an edge on timed_out or fails the run.
+			out, _ := json.Marshal(event.ApprovalOutput{Decision: event.DecisionTimeout, TimedOut: true})
+			p.Wait, p.Output, p.Pure = nil, out, true
 		}
 	case workflow.TypeSubagent:
 		depth := st.Created.Depth + 1
@@ -330,6 +341,13 @@ func Chain(st *RunState) []string {
 	return append(out, st.RunID)
 }
 
+// ChildTriggerMeta is the trigger_meta of the child run that step stepID
+// of st starts: its parent, and the chain that Chain reads back in the
+// child.
+func ChildTriggerMeta(st *RunState, stepID string) map[string]any {
+	return map[string]any{"parent_run_id": st.RunID, "parent_step_id": stepID, "chain": Chain(st)}
+}
+
 func chainString(st *RunState) string {
 	c := Chain(st)
 	s := ""
@@ -353,7 +371,8 @@ func nodeTimeout(node *workflow.Node) int {
 // planLoop walks the loop's iterations in order: the first unfinished
 // one decides the next step; when all are done (or until is met) the loop
 // step completes with {"iterations","results","stopped"}.
-func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env) Action {
+func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepID, env workflow.Env, now time.Time) Action {
+	sid := id.String()
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: CodeLoop, StepID: sid, Error: fmt.Sprintf("loop %s: ", sid) + fmt.Sprintf(format, args...)}
 	}
@@ -367,7 +386,7 @@ func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 	}
 	n := d.Iterations()
 	var items []any
-	stopped := "max_iterations"
+	stopped := LoopStoppedMax
 	if d.Over != "" {
 		raw, err := workflow.RenderJSON(json.RawMessage(strconv.Quote(d.Over)), env)
 		if err != nil {
@@ -381,7 +400,7 @@ func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 		if len(arr) > n {
 			return fail("over gave %d items, more than maxIterations (%d)", len(arr), n)
 		}
-		items, n, stopped = arr, len(arr), "items"
+		items, n, stopped = arr, len(arr), LoopStoppedItems
 	}
 	var with any
 	if len(d.With) > 0 {
@@ -398,40 +417,35 @@ func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 			item = items[i]
 		}
 		in := map[string]any{"item": item, "index": i, "with": with}
-		prefix := sid + "[" + strconv.Itoa(i) + "]."
-		a, out := walk(body, st, prefix, in)
+		scope := id.iteration(i)
+		a, out := walk(body, st, scope, in, now)
 		if a != nil {
 			return a
 		}
 		results = append(results, out)
 		if d.Until != "" {
-			v, err := body.Eval(d.Until, scopeEnv(st, body, prefix, in))
+			v, err := body.Eval(d.Until, scopeEnv(st, body, scope, in))
 			if err != nil {
 				return fail("until: %v", err)
 			}
 			if b, _ := v.(bool); b {
-				stopped = "until"
+				stopped = LoopStoppedUntil
 				break
 			}
 		}
 	}
 	p := basePlan(st, node, sid, ExecPure)
-	p.Input, _ = json.Marshal(map[string]any{"iterations": len(results)})
-	p.Output, _ = json.Marshal(map[string]any{"iterations": len(results), "results": results, "stopped": stopped})
+	p.Input, _ = json.Marshal(LoopInput{Iterations: len(results)})
+	p.Output, _ = json.Marshal(LoopOutput{Iterations: len(results), Results: results, Stopped: stopped})
 	p.Pure = true
 	return RunStep{Plan: p}
-}
-
-// agentTurnOutput is what a model turn's step_completed holds.
-type agentTurnOutput struct {
-	Text      string              `json:"text"`
-	ToolCalls []provider.ToolCall `json:"tool_calls"`
 }
 
 // planAgent replays the agent's turns from the journal: every completed
 // model turn and tool call is reused, so a resumed agent sends only the
 // turn it was in. Each turn's request is the whole conversation so far.
-func planAgent(st *RunState, node *workflow.Node, sid string, env workflow.Env) Action {
+func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) Action {
+	sid := id.String()
 	d, err := node.Agent()
 	if err != nil {
 		return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
@@ -453,7 +467,8 @@ func planAgent(st *RunState, node *workflow.Node, sid string, env workflow.Env) 
 		if k >= d.Turns() {
 			return Fail{Code: CodeMaxTurns, StepID: sid, Error: fmt.Sprintf("agent %s used all %d turns without a final answer", sid, d.Turns())}
 		}
-		tid := sid + ".turn[" + strconv.Itoa(k) + "]"
+		turn := id.AgentTurn(k)
+		tid := turn.String()
 		ts := st.Steps[tid]
 		if ts == nil || ts.Status != StepCompleted {
 			if ts != nil && ts.Status == StepFailed {
@@ -467,20 +482,20 @@ func planAgent(st *RunState, node *workflow.Node, sid string, env workflow.Env) 
 			}
 			return RunStep{Plan: p}
 		}
-		var out agentTurnOutput
+		var out LLMOutput
 		if err := json.Unmarshal(ts.Output, &out); err != nil {
 			return Fail{Code: event.CodeStepFailed, StepID: tid, Error: fmt.Sprintf("step %s: output: %v", tid, err)}
 		}
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
-			p.Input, _ = json.Marshal(map[string]any{"turns": k + 1})
-			p.Output, _ = json.Marshal(map[string]any{"text": out.Text, "turns": k + 1})
+			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
+			p.Output, _ = json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1})
 			p.Pure = true
 			return RunStep{Plan: p}
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
 		for j, call := range out.ToolCalls {
-			cid := tid + ".tool[" + strconv.Itoa(j) + "]"
+			cid := turn.ToolCall(j).String()
 			cs := st.Steps[cid]
 			if cs == nil || (cs.Status != StepCompleted && cs.Status != StepFailed) {
 				p := basePlan(st, node, cid, ExecTool)
@@ -490,7 +505,7 @@ func planAgent(st *RunState, node *workflow.Node, sid string, env workflow.Env) 
 					if len(args) == 0 {
 						args = json.RawMessage("{}")
 					}
-					p.Input, _ = json.Marshal(map[string]any{"tool": call.Name, "input": args, "tool_call_id": call.ID})
+					p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID})
 				}
 				return RunStep{Plan: p}
 			}
@@ -505,19 +520,9 @@ func planAgent(st *RunState, node *workflow.Node, sid string, env workflow.Env) 
 	}
 }
 
-// Env returns the template and condition environment of a run: its input
-// and the outputs of its completed top-level steps (the trigger's output
-// is the input).
-func Env(st *RunState) workflow.Env {
-	if st.Workflow == nil {
-		return workflow.Env{Input: st.Input(), Steps: map[string]any{}}
-	}
-	return scopeEnv(st, st.Workflow, "", st.Input())
-}
-
 // scopeEnv is the environment of one scope: input, and the outputs of the
-// completed steps of wf under prefix, by node id.
-func scopeEnv(st *RunState, wf *workflow.Workflow, prefix string, input any) workflow.Env {
+// completed steps of wf in the loop iterations scope, by node id.
+func scopeEnv(st *RunState, wf *workflow.Workflow, scope []Iteration, input any) workflow.Env {
 	steps := make(map[string]any, len(wf.Nodes))
 	for i := range wf.Nodes {
 		n := &wf.Nodes[i]
@@ -525,11 +530,24 @@ func scopeEnv(st *RunState, wf *workflow.Workflow, prefix string, input any) wor
 			steps[n.ID] = input
 			continue
 		}
-		if s, ok := st.Steps[prefix+n.ID]; ok && s.Status == StepCompleted {
+		if s, ok := st.stepAt(scope, n.ID); ok && s.Status == StepCompleted {
 			steps[n.ID] = s.OutputValue()
 		}
 	}
 	return workflow.Env{Input: input, Steps: steps}
+}
+
+// stepAt finds the step of node in the loop iterations scope. Next looks
+// up every node of every iteration it walks, most of them completed: the
+// id is built in a stack buffer, so finding them allocates nothing.
+func (st *RunState) stepAt(scope []Iteration, node string) (*Step, bool) {
+	if len(scope) == 0 {
+		s, ok := st.Steps[node]
+		return s, ok
+	}
+	var buf [96]byte
+	s, ok := st.Steps[string(StepID{Loops: scope, Node: node}.appendTo(buf[:0]))]
+	return s, ok
 }
 
 // RetryDecision says whether a failed try of plan is retried under its
@@ -551,64 +569,4 @@ func RetryDecision(plan StepPlan, classes []string, retryable, unknown bool) (re
 		return true, plan.Attempt, of
 	}
 	return true, plan.Attempt + 1, of
-}
-
-// NodeForStep finds the node a step id belongs to: "ok", or a node inside
-// loop iterations ("each[2].ok", "outer[0].inner[3].ok"). Agent turns and
-// tool calls have no node of their own; they return false.
-func NodeForStep(wf *workflow.Workflow, stepID string) (*workflow.Node, bool) {
-	cur := wf
-	rest := stepID
-	for cur != nil {
-		seg, tail, more := cutSegment(rest)
-		name, indexed := seg, false
-		if i := indexOfBracket(seg); i >= 0 {
-			if seg[len(seg)-1] != ']' {
-				return nil, false
-			}
-			if _, err := strconv.Atoi(seg[i+1 : len(seg)-1]); err != nil {
-				return nil, false
-			}
-			name, indexed = seg[:i], true
-		}
-		n, ok := cur.Node(name)
-		if !ok {
-			return nil, false
-		}
-		if !more {
-			return n, !indexed
-		}
-		if !indexed || n.Type != workflow.TypeLoop {
-			return nil, false
-		}
-		cur, _ = cur.Sub(name)
-		rest = tail
-	}
-	return nil, false
-}
-
-func cutSegment(s string) (seg, rest string, more bool) {
-	depth := 0
-	for i, r := range s {
-		switch r {
-		case '[':
-			depth++
-		case ']':
-			depth--
-		case '.':
-			if depth == 0 {
-				return s[:i], s[i+1:], true
-			}
-		}
-	}
-	return s, "", false
-}
-
-func indexOfBracket(s string) int {
-	for i, r := range s {
-		if r == '[' {
-			return i
-		}
-	}
-	return -1
 }

@@ -37,10 +37,36 @@ func BenchmarkNextDeepInChain(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				if _, ok := engine.Next(h.st.Workflow, h.st).(engine.RunStep); !ok {
+				if _, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.RunStep); !ok {
 					b.Fatal("want a step")
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkNextInLoop measures Next late in a loop over many items: every
+// iteration's step ids are built and looked up on each call.
+func BenchmarkNextInLoop(b *testing.B) {
+	const n = 100
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprint(i)
+	}
+	in, _ := json.Marshal(map[string]any{"urls": items, "tag": "t"})
+	h := newHistory(b, testRun, wfLoop, string(in)).resume("w")
+	for i := 0; i < n-1; i++ {
+		for _, node := range []string{"fetch", "sum"} {
+			id := engine.NodeStep("each").InIteration(i, node).String()
+			h.start(id)
+			h.append(event.StepCompleted, id, 1, event.StepCompletedData{Output: json.RawMessage(`{"n":1}`)})
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.RunStep); !ok {
+			b.Fatal("want a step")
+		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 const testRun = "run_01JNB6W2G8Z4K0S1C5V7X9D3T0"
 
-func next(h *history) engine.Action { return engine.Next(h.st.Workflow, h.st) }
+func next(h *history) engine.Action { return engine.Next(h.st.Workflow, h.st, h.now) }
 
 // driveAll runs h to its end the way a worker would, completing each
 // planned step with outputs[step] (condition nodes compute their own),
@@ -206,7 +206,7 @@ func TestNextDoneWhenEnded(t *testing.T) {
 			tt.end(h)
 			// A re-drive of an ended run is a no-op.
 			require.Equal(t, engine.Done{Status: tt.want}, next(h))
-			require.Equal(t, engine.Done{Status: tt.want}, engine.Next(nil, h.st), "no workflow needed to know")
+			require.Equal(t, engine.Done{Status: tt.want}, engine.Next(nil, h.st, h.now), "no workflow needed to know")
 		})
 	}
 }
@@ -268,7 +268,7 @@ func TestNextConditionalEdges(t *testing.T) {
 			require.JSONEq(t, tt.output, string(c.Output))
 			for _, id := range h.st.Workflow.Order() {
 				if !contains(ran, id) {
-					_, ok := h.st.Step(id)
+					_, ok := h.st.Steps[id]
 					require.False(t, ok, "dead step %s has no journal entries", id)
 				}
 			}
@@ -419,7 +419,7 @@ func TestNextUsesGivenWorkflow(t *testing.T) {
 	h := newHistoryRaw(t, testRun, nil, "", `{"n":2}`).resume("worker-a")
 	require.Nil(t, h.st.Workflow)
 
-	a := engine.Next(wf, h.st)
+	a := engine.Next(wf, h.st, h.now)
 	rs, ok := a.(engine.RunStep)
 	require.True(t, ok, "%#v", a)
 	require.True(t, rs.Plan.Pure)
@@ -428,43 +428,28 @@ func TestNextUsesGivenWorkflow(t *testing.T) {
 		Input: rs.Plan.Input, IdempotencyKey: rs.Plan.Key})
 	h.append(event.StepCompleted, "check", 1, event.StepCompletedData{Output: rs.Plan.Output})
 
-	a = engine.Next(wf, h.st)
+	a = engine.Next(wf, h.st, h.now)
 	rs, ok = a.(engine.RunStep)
 	require.True(t, ok, "%#v", a)
 	require.Equal(t, "draft", rs.Plan.StepID)
 	require.Contains(t, string(rs.Plan.Input), `"content":"n is 2"`)
 }
 
-func TestEnv(t *testing.T) {
+// TestTemplateEnv: a step's templates see the run input, the trigger's
+// output (the input) and the outputs of completed steps, as decoded JSON.
+func TestTemplateEnv(t *testing.T) {
 	t.Parallel()
-	h := newHistory(t, testRun, wfSummarise, `{"text":"hello","n":1.5}`).resume("worker-a")
+	const wf = `{"name":"env","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"draft","type":"tool","data":{"tool":"echo"}},
+	  {"id":"use","type":"tool","data":{"tool":"echo","input":{"s":"{{steps.draft.output.text}}/{{steps.start.output.text}}/{{input.n}}","tokens":"{{steps.draft.output.tokens}}"}}}],
+	  "edges":[{"from":"start","to":"draft"},{"from":"draft","to":"use"}]}`
+	h := newHistory(t, testRun, wf, `{"text":"hello","n":1.5}`).resume("worker-a")
 	h.start("draft").complete("draft", `{"text":"hi","tokens":12}`, nil)
-	h.start("review")
-	env := engine.Env(h.st)
+	require.JSONEq(t, `{"tool":"echo","input":{"s":"hi/hello/1.5","tokens":12}}`, string(h.plan("use").Input))
 
-	in := map[string]any{"text": "hello", "n": json.Number("1.5")}
-	require.Equal(t, in, env.Input)
-	require.Equal(t, map[string]any{
-		"start": in, // the trigger's output is the input
-		"draft": map[string]any{"text": "hi", "tokens": json.Number("12")},
-	}, env.Steps, "only completed steps have outputs")
-
-	// Outputs render through templates as a worker sees them.
-	s, err := workflow.RenderString("{{steps.draft.output.text}}/{{steps.start.output.text}}/{{input.n}}", env)
-	require.NoError(t, err)
-	require.Equal(t, "hi/hello/1.5", s)
-
-	// A step's output is re-read when a later attempt completes it.
+	// A step's output is re-read when the journal is folded again.
 	st, err := engine.Fold(h.events())
 	require.NoError(t, err)
-	d, _ := st.Step("draft")
-	require.Equal(t, map[string]any{"text": "hi", "tokens": json.Number("12")}, d.OutputValue())
-}
-
-func TestEnvWithoutWorkflow(t *testing.T) {
-	t.Parallel()
-	h := newHistoryRaw(t, testRun, nil, "", `[1,2]`)
-	env := engine.Env(h.st)
-	require.Equal(t, []any{json.Number("1"), json.Number("2")}, env.Input)
-	require.Empty(t, env.Steps)
+	require.Equal(t, map[string]any{"text": "hi", "tokens": json.Number("12")}, st.Steps["draft"].OutputValue())
+	require.Equal(t, map[string]any{"text": "hello", "n": json.Number("1.5")}, st.Input())
 }

@@ -9,12 +9,9 @@ import (
 )
 
 // RenderInput renders a node's templates against env and returns the
-// step's input as journaled in step_started:
-//
-//	ai-step:   {"provider","model","system"?,"messages":[{"role","content"}],"maxTokens"?,"temperature"?}
-//	tool:      {"tool","input"}
-//	connector: {"kind","url","method","headers"?,"body"?}
-//	condition: {"expression"}
+// step's input as journaled in step_started: an AIInput (ai-step),
+// ToolInput, ConnectorInput, ConditionInput, ApprovalInput or
+// SubagentInput.
 func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error) {
 	switch node.Type {
 	case workflow.TypeAIStep:
@@ -34,10 +31,7 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 				return nil, err
 			}
 		}
-		return json.Marshal(struct {
-			Tool  string          `json:"tool"`
-			Input json.RawMessage `json:"input"`
-		}{d.Tool, in})
+		return json.Marshal(ToolInput{Tool: d.Tool, Input: in})
 	case workflow.TypeConnector:
 		d, err := node.Connector()
 		if err != nil {
@@ -49,7 +43,7 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 		if err != nil {
 			return nil, err
 		}
-		return json.Marshal(map[string]string{"expression": d.Expression})
+		return json.Marshal(ConditionInput{Expression: d.Expression})
 	case workflow.TypeApproval:
 		d, err := node.Approval()
 		if err != nil {
@@ -59,10 +53,7 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 		if err != nil {
 			return nil, fmt.Errorf("prompt: %w", err)
 		}
-		return json.Marshal(struct {
-			Prompt    string   `json:"prompt,omitempty"`
-			Approvers []string `json:"approvers,omitempty"`
-		}{prompt, d.Approvers})
+		return json.Marshal(ApprovalInput{Prompt: prompt, Approvers: d.Approvers})
 	case workflow.TypeSubagent:
 		d, err := node.Subagent()
 		if err != nil {
@@ -74,23 +65,10 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 				return nil, fmt.Errorf("input: %w", err)
 			}
 		}
-		return json.Marshal(struct {
-			Input json.RawMessage `json:"input"`
-		}{in})
+		return json.Marshal(SubagentInput{Input: in})
 	default:
 		return nil, fmt.Errorf("node type %q cannot run here", node.Type)
 	}
-}
-
-// AIInput is the rendered input of an ai-step or an agent turn.
-type AIInput struct {
-	Provider    string             `json:"provider"`
-	Model       string             `json:"model"`
-	System      string             `json:"system,omitempty"`
-	Messages    []provider.Message `json:"messages"`
-	Tools       []provider.Tool    `json:"tools,omitempty"`
-	MaxTokens   int                `json:"maxTokens,omitempty"`
-	Temperature *float64           `json:"temperature,omitempty"`
 }
 
 func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, error) {
@@ -114,15 +92,6 @@ func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, er
 		in.Messages = append(in.Messages, provider.Message{Role: provider.RoleUser, Content: p})
 	}
 	return json.Marshal(in)
-}
-
-// ConnectorInput is the rendered input of a connector step.
-type ConnectorInput struct {
-	Kind    string            `json:"kind"`
-	URL     string            `json:"url"`
-	Method  string            `json:"method"`
-	Headers map[string]string `json:"headers,omitempty"`
-	Body    json.RawMessage   `json:"body,omitempty"`
 }
 
 func renderConnector(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, error) {

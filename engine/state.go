@@ -28,18 +28,6 @@ func (s Status) Terminal() bool {
 	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
 }
 
-// Rank orders statuses so projections only move forward.
-func (s Status) Rank() int {
-	switch s {
-	case StatusQueued:
-		return 0
-	case StatusRunning, StatusWaiting:
-		return 1
-	default:
-		return 2
-	}
-}
-
 // StepStatus is a step's status.
 type StepStatus string
 
@@ -217,12 +205,6 @@ func (st *RunState) Input() any {
 		st.decoded = true
 	}
 	return st.input
-}
-
-// Step returns a step's state.
-func (st *RunState) Step(id string) (*Step, bool) {
-	s, ok := st.Steps[id]
-	return s, ok
 }
 
 // Fold replays events into a fresh state. It fails on a malformed history:

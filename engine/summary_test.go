@@ -33,7 +33,11 @@ type summary struct {
 	CreatedAt     string          `json:"created_at"`
 	UpdatedAt     string          `json:"updated_at"`
 	EndedAt       string          `json:"ended_at,omitempty"`
-	Next          nextSummary     `json:"next"`
+	// Next is Next's action at the time of the last event.
+	Next nextSummary `json:"next"`
+	// NextAtDeadline is Next's action at the deadline of a waiting step,
+	// when a step waits with one.
+	NextAtDeadline *nextSummary `json:"next_at_deadline,omitempty"`
 }
 
 type stepSummary struct {
@@ -91,6 +95,15 @@ type nextSummary struct {
 	Output    json.RawMessage `json:"output,omitempty"`
 	Code      string          `json:"code,omitempty"`
 	Error     string          `json:"error,omitempty"`
+	Wait      *waitSummary    `json:"wait,omitempty"`
+}
+
+// waitSummary is a planned wait.
+type waitSummary struct {
+	Reason    string `json:"reason"`
+	Waiting   bool   `json:"waiting"`
+	TimeoutMs int    `json:"timeout_ms,omitempty"`
+	TimeoutAt string `json:"timeout_at,omitempty"`
 }
 
 func timeString(ts time.Time) string {
@@ -141,21 +154,40 @@ func summariseAction(a engine.Action) nextSummary {
 		return nextSummary{Type: "fail", Code: a.Code, StepID: a.StepID, Error: a.Error}
 	case engine.RunStep:
 		p := a.Plan
-		return nextSummary{Type: "run_step", StepID: p.StepID, NodeType: p.NodeType, Attempt: p.Attempt,
+		n := nextSummary{Type: "run_step", StepID: p.StepID, NodeType: p.NodeType, Attempt: p.Attempt,
 			Tries: p.Tries, Started: p.Started, Key: p.Key, Input: p.Input, Claimed: p.Claimed,
 			Delivered: p.Delivered, NotBefore: timeString(p.NotBefore), Pure: p.Pure, Output: p.Output}
+		if w := p.Wait; w != nil {
+			n.Wait = &waitSummary{Reason: w.Reason, Waiting: w.Waiting, TimeoutMs: w.TimeoutMs, TimeoutAt: timeString(w.TimeoutAt)}
+		}
+		return n
 	default:
 		return nextSummary{Type: "unknown"}
 	}
 }
 
-// foldSummary folds evs and summarises the state with its next action, as
+// foldSummary folds evs and summarises the state with its next action at
+// the time of the last event (and at a waiting step's deadline), as
 // indented JSON.
 func foldSummary(t testing.TB, evs []event.Event) []byte {
 	t.Helper()
 	st, err := engine.Fold(evs)
 	require.NoError(t, err)
-	b, err := json.MarshalIndent(summarise(st, engine.Next(st.Workflow, st)), "", "  ")
+	return stateSummary(t, st)
+}
+
+// stateSummary summarises st as foldSummary does.
+func stateSummary(t testing.TB, st *engine.RunState) []byte {
+	t.Helper()
+	s := summarise(st, engine.Next(st.Workflow, st, st.UpdatedAt))
+	for _, id := range st.Order {
+		if x := st.Steps[id]; x.Status == engine.StepWaiting && !x.TimeoutAt.IsZero() && !st.Status.Terminal() {
+			n := summariseAction(engine.Next(st.Workflow, st, x.TimeoutAt))
+			s.NextAtDeadline = &n
+			break
+		}
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
 	require.NoError(t, err)
 	return append(b, '\n')
 }

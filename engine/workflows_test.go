@@ -112,3 +112,36 @@ const wfInvalid = `{"name":"needs-approval","nodes":[{"id":"start","type":"trigg
 	`{"id":"ok","type":"approval","data":{}},` +
 	`{"id":"review","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"{{steps.nope.output}}"}}],` +
 	`"edges":[{"from":"start","to":"ok"},{"from":"ok","to":"review"}]}`
+
+// wfRelease asks for an approval that times out after an hour; nothing
+// routes on the decision, so a timeout fails the run.
+const wfRelease = `{
+  "name": "release",
+  "nodes": [
+    {"id": "start", "type": "trigger"},
+    {"id": "ok", "type": "approval",
+     "data": {"prompt": "Release {{input.version}}?", "approvers": ["ana", "bo"], "timeoutMs": 3600000}},
+    {"id": "ship", "type": "tool", "data": {"tool": "deploy", "input": {"version": "{{input.version}}"}}}
+  ],
+  "edges": [{"from": "start", "to": "ok"}, {"from": "ok", "to": "ship"}]
+}`
+
+// wfReleaseRouted is wfRelease with the decision routed: a timeout goes
+// to page.
+const wfReleaseRouted = `{
+  "name": "release-routed",
+  "nodes": [
+    {"id": "start", "type": "trigger"},
+    {"id": "ok", "type": "approval",
+     "data": {"prompt": "Release {{input.version}}?", "timeoutMs": 3600000}},
+    {"id": "ship", "type": "tool", "data": {"tool": "deploy", "input": {"version": "{{input.version}}"}}},
+    {"id": "page", "type": "tool", "data": {"tool": "page_oncall", "input": {"why": "release {{input.version}} not approved in time"}}}
+  ],
+  "edges": [
+    {"from": "start", "to": "ok"},
+    {"from": "ok", "to": "ship", "condition": "steps.ok.output.approved"},
+    {"from": "ok", "to": "page", "condition": "steps.ok.output.timed_out"}
+  ]
+}`
+
+const inputRelease = `{"version":"2.4.0"}`

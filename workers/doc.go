@@ -17,6 +17,11 @@
 // on the head it last saw, and appends nothing once the lease may have
 // expired (docs/architecture.md §10).
 //
+// The worker reads the time from Config.Clock for everything a replay must
+// decide the same way: the now it gives engine.Next (which decides whether
+// an approval timed out), the deadline a new wait journals, when a retry
+// may start, and the ts of its events.
+//
 // Crash safety (docs/architecture.md §11):
 //
 //   - step_started is durable before a step acts; step_completed carries

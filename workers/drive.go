@@ -207,7 +207,7 @@ func (d *drive) run() error {
 		if err := d.ctx.Err(); err != nil {
 			return context.Cause(d.ctx)
 		}
-		switch a := engine.Next(d.st.Workflow, d.st).(type) {
+		switch a := engine.Next(d.st.Workflow, d.st, d.w.now()).(type) {
 		case engine.Done:
 			return d.flush()
 		case engine.Complete:
@@ -313,7 +313,7 @@ func (d *drive) emit(kind event.Kind, stepID string, attempt int, payload any) {
 	ev.RunID = d.runID
 	ev.WorkerID = d.w.cfg.ID
 	ev.Seq = d.st.LastSeq + 1
-	ev.TS = time.Now().UTC()
+	ev.TS = d.w.now()
 	if err := d.st.Apply(ev); err != nil {
 		// The engine produced an event its own fold rejects: a bug. Stop
 		// the drive before anything is appended.
@@ -394,17 +394,17 @@ func (d *drive) onConflict(cerr error) error {
 }
 
 // wakeable reports whether a waiting run has something to do now: a
-// decision arrived, its wait timed out, or the child it waits for can go
-// on or has ended.
+// decision arrived, its wait timed out (Next decides that, at the
+// worker's clock), or the child it waits for can go on or has ended.
 func (d *drive) wakeable() bool {
-	rs, ok := engine.Next(d.st.Workflow, d.st).(engine.RunStep)
+	rs, ok := engine.Next(d.st.Workflow, d.st, d.w.now()).(engine.RunStep)
 	if !ok {
 		return true
 	}
 	p := rs.Plan
 	switch {
 	case p.Wait != nil && p.Wait.Waiting:
-		return !p.Wait.TimeoutAt.IsZero() && !time.Now().Before(p.Wait.TimeoutAt)
+		return false
 	case p.Exec == engine.ExecSubagent:
 		if s := d.st.Steps[p.StepID]; s != nil && s.Status == engine.StepWaiting {
 			return d.w.childMayProceed(d.ctx, p.ChildRunID)

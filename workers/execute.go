@@ -30,7 +30,7 @@ type stepResult struct {
 
 // runStep executes one planned step and journals its outcome.
 func (d *drive) runStep(p engine.StepPlan) error {
-	if wait := time.Until(p.NotBefore); wait > 0 {
+	if wait := p.NotBefore.Sub(d.w.now()); wait > 0 {
 		// A retry's backoff; flush first so nothing waits in memory.
 		if err := d.flush(); err != nil {
 			return err
@@ -105,45 +105,40 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	return nil
 }
 
-// runWait journals a waiting step (an approval) and parks the run, or ends
-// the wait when it has timed out. A wait with a timeout schedules a
-// durable wake-up before it is journaled.
+// runWait journals a waiting step (an approval) with the deadline Next
+// gave it, or parks the run on a journaled wait. A wait with a deadline
+// schedules a durable wake-up before it is journaled. A wait that timed
+// out is not a wait: Next plans its timed-out completion instead.
 func (d *drive) runWait(p engine.StepPlan) error {
 	if !p.Started {
 		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
 			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
 	}
-	if !p.Wait.Waiting {
-		// Flush what came before: a conflict with a decision that already
-		// arrived folds it in, and the step need not wait at all.
+	if p.Wait.Waiting {
 		if err := d.flush(); err != nil {
 			return err
 		}
-		if _, ok := d.st.Decisions[p.StepID]; ok {
-			return nil
-		}
-		data := event.StepWaitingData{Reason: p.Wait.Reason}
-		if p.Wait.TimeoutMs > 0 {
-			at := time.Now().Add(time.Duration(p.Wait.TimeoutMs) * time.Millisecond).UTC()
-			data.TimeoutAt = at.Format(time.RFC3339Nano)
-			// A wake-up that fires for a run that never parked is harmless;
-			// a parked run without one would wait forever.
-			if err := d.w.store.ScheduleWake(d.ctx, d.runID, d.st.LastSeq+1, at.Add(time.Second)); err != nil {
-				return err
-			}
-		}
-		d.emit(event.StepWaiting, p.StepID, p.Attempt, data)
-		return d.flush() // Next decides: park, or a decision already came
+		return errParked
 	}
-	if !p.Wait.TimeoutAt.IsZero() && !time.Now().Before(p.Wait.TimeoutAt) {
-		out, _ := json.Marshal(event.ApprovalOutput{Decision: event.DecisionTimeout, TimedOut: true})
-		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: out})
-		return nil
-	}
+	// Flush what came before: a conflict with a decision that already
+	// arrived folds it in, and the step need not wait at all.
 	if err := d.flush(); err != nil {
 		return err
 	}
-	return errParked
+	if _, ok := d.st.Decisions[p.StepID]; ok {
+		return nil
+	}
+	data := event.StepWaitingData{Reason: p.Wait.Reason}
+	if at := p.Wait.TimeoutAt; !at.IsZero() {
+		data.TimeoutAt = at.UTC().Format(time.RFC3339Nano)
+		// A wake-up that fires for a run that never parked is harmless;
+		// a parked run without one would wait forever.
+		if err := d.w.store.ScheduleWake(d.ctx, d.runID, d.st.LastSeq+1, at.Add(time.Second)); err != nil {
+			return err
+		}
+	}
+	d.emit(event.StepWaiting, p.StepID, p.Attempt, data)
+	return d.flush() // Next decides: park, or a decision already came
 }
 
 // fits checks that a step's input or output can be journaled: an event
@@ -195,13 +190,8 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, err
 	}
-	out, err := json.Marshal(struct {
-		Text         string              `json:"text"`
-		Model        string              `json:"model"`
-		FinishReason string              `json:"finish_reason,omitempty"`
-		ToolCalls    []provider.ToolCall `json:"tool_calls,omitempty"`
-		ID           string              `json:"id,omitempty"`
-	}{resp.Text, resp.Model, resp.FinishReason, resp.ToolCalls, resp.ID})
+	out, err := json.Marshal(engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
+		ToolCalls: resp.ToolCalls, ID: resp.ID})
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -215,11 +205,7 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 }
 
 func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
-	var in struct {
-		Tool       string          `json:"tool"`
-		Input      json.RawMessage `json:"input"`
-		ToolCallID string          `json:"tool_call_id"`
-	}
+	var in engine.ToolInput
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
 	}
@@ -294,11 +280,7 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 }
 
 func deliveryResult(delivery string, status int) (stepResult, error) {
-	out := map[string]any{"delivery": delivery}
-	if status != 0 {
-		out["status"] = status
-	}
-	b, err := json.Marshal(out)
+	b, err := json.Marshal(engine.ConnectorOutput{Delivery: delivery, Status: status})
 	if err != nil {
 		return stepResult{}, err
 	}

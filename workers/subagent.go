@@ -88,17 +88,14 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Input json.RawMessage `json:"input"`
-	}
+	var in engine.SubagentInput
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return permanent("step %s: bad input: %v", p.StepID, err)
 	}
-	chain := engine.Chain(d.st)
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name, Input: in.Input,
 		ParentRunID: d.runID, ParentStepID: p.StepID, Depth: d.st.Created.Depth + 1,
-		TriggerMeta: map[string]any{"parent_run_id": d.runID, "parent_step_id": p.StepID, "chain": chain}})
+		TriggerMeta: engine.ChildTriggerMeta(d.st, p.StepID)})
 	ev.WorkerID = d.w.cfg.ID
 	_, err = d.w.store.Append(d.ctx, p.ChildRunID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {

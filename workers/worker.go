@@ -45,6 +45,13 @@ type Config struct {
 	// Secrets resolves {{secrets.NAME}} in the url and headers of the http
 	// tool and of connectors (default: the variable PAL_SECRET_NAME).
 	Secrets func(name string) (string, bool)
+	// Clock tells the time for every decision a replay must repeat: the
+	// now given to engine.Next (an approval's deadline), the deadline a
+	// new wait journals, when a retry may start, and the ts of the events
+	// the worker writes. Default: time.Now. Lease renewal and the
+	// durable wake-up timers keep the real clock: they are agreed with
+	// NATS.
+	Clock func() time.Time
 }
 
 func (c Config) withDefaults() Config {
@@ -72,6 +79,9 @@ func (c Config) withDefaults() Config {
 	c.HTTPClient = c.Egress.Secure(client)
 	if c.Secrets == nil {
 		c.Secrets = envSecret
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	return c
 }
@@ -122,6 +132,9 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 	w.tools["sleep"] = sleepTool
 	return w
 }
+
+// now is the worker's clock (Config.Clock), in UTC.
+func (w *Worker) now() time.Time { return w.cfg.Clock().UTC() }
 
 // ID returns the worker id.
 func (w *Worker) ID() string { return w.cfg.ID }

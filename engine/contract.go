@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"encoding/json"
+
+	"github.com/palrun/pal/provider"
+)
+
+// The step inputs and outputs that cross between the engine and the
+// worker. The engine encodes a step's input (StepPlan.Input, journaled in
+// step_started) and the worker decodes it; the worker encodes an
+// executor's output (journaled in step_completed) and the engine decodes
+// it when it replays. Both sides use these types, so the journal's shapes
+// are written down once. Changing a JSON tag changes the journal: saved
+// journals must still decode (engine/testdata).
+// event.ApprovalOutput, the output of an approval step, belongs to the
+// same contract.
+
+// AIInput is the rendered input of an ai-step or an agent turn.
+type AIInput struct {
+	Provider    string             `json:"provider"`
+	Model       string             `json:"model"`
+	System      string             `json:"system,omitempty"`
+	Messages    []provider.Message `json:"messages"`
+	Tools       []provider.Tool    `json:"tools,omitempty"`
+	MaxTokens   int                `json:"maxTokens,omitempty"`
+	Temperature *float64           `json:"temperature,omitempty"`
+}
+
+// ConnectorInput is the rendered input of a connector step.
+type ConnectorInput struct {
+	Kind    string            `json:"kind"`
+	URL     string            `json:"url"`
+	Method  string            `json:"method"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    json.RawMessage   `json:"body,omitempty"`
+}
+
+// ToolInput is the input of a tool step: a tool node's, or a tool call of
+// an agent (which carries the model's call id).
+type ToolInput struct {
+	Tool       string          `json:"tool"`
+	Input      json.RawMessage `json:"input"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+}
+
+// LLMOutput is the output of an LLM step (an ai-step or an agent turn):
+// the model's answer.
+type LLMOutput struct {
+	Text         string              `json:"text"`
+	Model        string              `json:"model"`
+	FinishReason string              `json:"finish_reason,omitempty"`
+	ToolCalls    []provider.ToolCall `json:"tool_calls,omitempty"`
+	ID           string              `json:"id,omitempty"`
+}
+
+// ConnectorOutput is the output of a connector step: how the delivery
+// ended (event.DeliveryDelivered or event.DeliveryUnconfirmed) and the
+// receiver's HTTP status when it answered.
+type ConnectorOutput struct {
+	Delivery string `json:"delivery"`
+	Status   int    `json:"status,omitempty"`
+}
+
+// ApprovalInput is the input of an approval step: the rendered prompt and
+// who may decide.
+type ApprovalInput struct {
+	Prompt    string   `json:"prompt,omitempty"`
+	Approvers []string `json:"approvers,omitempty"`
+}
+
+// SubagentInput is the input of a subagent step: the child run's input.
+type SubagentInput struct {
+	Input json.RawMessage `json:"input"`
+}
+
+// ConditionInput is the input of a condition step.
+type ConditionInput struct {
+	Expression string `json:"expression"`
+}
+
+// ConditionOutput is the output of a condition step: what its
+// expression gave.
+type ConditionOutput struct {
+	Result any `json:"result"`
+}
+
+// LoopInput is the input of a loop step, journaled when it completes.
+type LoopInput struct {
+	Iterations int `json:"iterations"`
+}
+
+// Why a loop stopped (LoopOutput.Stopped).
+const (
+	LoopStoppedItems = "items"          // every item of over ran
+	LoopStoppedMax   = "max_iterations" // maxIterations ran
+	LoopStoppedUntil = "until"          // until became true
+)
+
+// LoopOutput is the output of a loop step: the output of each iteration
+// (that of its last completed step).
+type LoopOutput struct {
+	Iterations int               `json:"iterations"`
+	Results    []json.RawMessage `json:"results"`
+	Stopped    string            `json:"stopped"`
+}
+
+// AgentInput is the input of an agent step, journaled when it completes.
+type AgentInput struct {
+	Turns int `json:"turns"`
+}
+
+// AgentOutput is the output of an agent step: the final answer.
+type AgentOutput struct {
+	Text  string `json:"text"`
+	Turns int    `json:"turns"`
+}
