@@ -8,7 +8,17 @@
 // A background keeper renews the lease and keeps the work message alive
 // (InProgress); if either fails, or the lease's TTL runs out without a
 // successful renewal, the drive's context is cancelled at once and nothing
-// more is appended. The work message is acked when the run ends or parks.
+// more is appended.
+//
+// Every drive, top-level or a child driven inline in its parent's drive,
+// runs inside withLease (acquire, keeper, drive, release). How it ended is
+// classified once (classifyDrive) into a driveOutcome, and the dispositions
+// table maps each outcome to the work message's fate and whether the lease
+// is given up: the message is acked when the run ends or parks, termed
+// when its journal does not fold, handed back (nak) at once on a graceful
+// stop, handed back after a lease TTL when another worker holds the lease or
+// the drive failed otherwise, and left to the new owner when the lease or
+// the journal was lost.
 //
 // Invariant: only the holder of a run's lease appends the run's
 // run_resumed, step and side-effect events and its run_succeeded or

@@ -65,91 +65,247 @@ func (w *Worker) Drive(ctx context.Context, runID string) error {
 }
 
 func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) error {
-	log := w.log.With("run_id", runID)
-	lease, err := w.acquire(ctx, runID, msg)
+	d := &drive{w: w, runID: runID, log: w.log.With("run_id", runID)}
+	end := w.withLease(ctx, d, msg)
+	if end.outcome.over() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		w.afterDrive(actx, d, end.outcome == driveParked)
+	}
+	return end.failure()
+}
+
+// withLease takes the run's lease (waiting out a crashed holder's), drives
+// d under a keeper that renews the lease and keeps msg alive, with a
+// context cancelled the moment the lease is lost, and then settles msg and
+// the lease by the outcome's disposition. msg is nil for a drive outside
+// the work queue (Drive, an inline child). Every drive, top-level or
+// inline, goes through here.
+func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) driveEnd {
+	lease, err := w.acquire(ctx, d.runID, msg)
 	if err != nil {
-		if ctx.Err() != nil {
-			if msg != nil {
-				_ = msg.Nak()
-			}
-			return ctx.Err()
-		}
-		log.Info("run is leased by another worker; retrying later", "err", err)
-		if msg != nil {
-			_ = msg.NakWithDelay(w.leases.TTL())
-		}
-		return err
+		end := driveEnd{err: err, stopped: ctx.Err()}
+		end.outcome = classifyDrive(end)
+		w.dispose(ctx, d, msg, end, nil)
+		return end
 	}
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	defer w.track(runID, cancel)()
-	d := &drive{w: w, runID: runID, ctx: dctx, cancel: cancel, log: log}
+	defer w.track(d.runID, cancel)()
+	d.ctx, d.cancel = dctx, cancel
 	d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
-
 	err = d.run()
 	held := d.keeper.stop()
-	cause := context.Cause(dctx)
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer rcancel()
-	if errors.Is(cause, errRunEnded) {
-		err = errRunEnded
+	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err()}
+	end.outcome = classifyDrive(end)
+	w.dispose(ctx, d, msg, end, &held)
+	return end
+}
+
+// driveOutcome is how a drive ended. classifyDrive decides it once; the
+// dispositions table says what each one does with the work message and
+// the lease.
+type driveOutcome int
+
+const (
+	// driveDone: the run is terminal, or became so in this drive (a crash
+	// loop fails it when resumed).
+	driveDone driveOutcome = iota
+	// driveParked: the run waits for an outside input (an approval, a child).
+	driveParked
+	// driveEnded: another writer ended the run (run_cancelled) meanwhile.
+	driveEnded
+	// driveNoJournal: work for a run that has no journal.
+	driveNoJournal
+	// driveBroken: the journal does not fold (the run is failed with code
+	// internal if it can be); driving it again would not help.
+	driveBroken
+	// driveStopping: the worker stops, or the caller's context ended:
+	// hand the run to another worker at once.
+	driveStopping
+	// driveLeaseLost: the lease was lost or expired before it was renewed.
+	driveLeaseLost
+	// driveFenced: another worker resumed the run (a journal conflict).
+	driveFenced
+	// driveBusy: the lease could not be taken; another worker drives the run.
+	driveBusy
+	// driveRetryLater: anything else (NATS unavailable for longer than the
+	// retries, a bug): let go and have the run driven again after a TTL.
+	driveRetryLater
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"done", "parked", "ended", "no_journal", "broken",
+	"stopping", "lease_lost", "fenced", "busy", "retry_later"}
+
+func (o driveOutcome) String() string {
+	if o < 0 || o >= numOutcomes {
+		return fmt.Sprintf("driveOutcome(%d)", int(o))
 	}
+	return outcomeNames[o]
+}
+
+// over reports whether the drive is done with the run's work: nothing
+// to retry, the caller may look at the run.
+func (o driveOutcome) over() bool {
+	return dispositions[o].msg == ackMsg
+}
+
+// driveEnd is what is known when a drive ends.
+type driveEnd struct {
+	acquired bool  // the lease was taken and the run driven
+	err      error // from acquire, or returned by the drive
+	cause    error // why the drive's context was cancelled, if it was
+	stopped  error // the caller's context's error, if it ended
+	outcome  driveOutcome
+}
+
+// classifyDrive is the one place a drive's end becomes an outcome. The order
+// matters: a drive that finished its work counts as finished even if a
+// stop came just after.
+func classifyDrive(e driveEnd) driveOutcome {
+	if !e.acquired {
+		if e.stopped != nil {
+			return driveStopping
+		}
+		return driveBusy
+	}
+	err := e.err
 	switch {
-	case err == nil || errors.Is(err, errRunEnded) || errors.Is(err, errParked) || errors.Is(err, eventstore.ErrRunNotFound):
-		switch {
-		case errors.Is(err, eventstore.ErrRunNotFound):
-			log.Warn("work for a run with no journal; dropping it")
-		case errors.Is(err, errRunEnded):
-			log.Info("run ended by another writer; letting it go", "seq", d.head.Seq)
-		case errors.Is(err, errParked):
-			log.Info("run parked", "seq", d.head.Seq)
-		}
-		if msg != nil {
-			if aerr := msg.DoubleAck(rctx); aerr != nil {
-				log.Warn("acking work", "err", aerr)
-			}
-		}
-		if rerr := w.leases.Release(rctx, &held); rerr != nil {
-			log.Warn("releasing lease", "err", rerr)
-		}
-		w.afterDrive(rctx, d, errors.Is(err, errParked))
-		return nil
+	case errors.Is(e.cause, errRunEnded), errors.Is(err, errRunEnded):
+		return driveEnded
+	case errors.Is(err, eventstore.ErrRunNotFound):
+		return driveNoJournal
+	case errors.Is(err, errParked):
+		return driveParked
+	case err == nil:
+		return driveDone
 	case errors.Is(err, errJournal):
-		log.Error("cannot drive the run", "err", err)
-		if msg != nil {
-			_ = msg.Term()
-		}
-		_ = w.leases.Release(rctx, &held)
-		return err
-	case errors.Is(cause, errShutdown) || ctx.Err() != nil:
-		// Graceful hand-off: free the lease, then put the work back so
-		// another worker resumes at once.
-		if rerr := w.leases.Release(rctx, &held); rerr != nil {
-			log.Warn("releasing lease", "err", rerr)
-		}
-		if msg != nil {
-			_ = msg.Nak()
-		}
-		log.Info("handed run back", "seq", d.head.Seq)
-		return errShutdown
-	case errors.Is(cause, errLeaseLost), errors.Is(cause, errLeaseExpired), errors.Is(cause, errOwnership),
-		errors.Is(err, errOwnership), errors.Is(err, errLeaseExpired):
-		// Lost the lease or the journal: someone else owns the run now.
-		// Leave the work message alone; its owner settles it.
-		if cause != nil {
-			err = cause
-		}
-		log.Warn("drive interrupted", "err", err, "seq", d.head.Seq)
-		return err
+		return driveBroken
+	case errors.Is(e.cause, errShutdown), e.stopped != nil:
+		return driveStopping
+	case errors.Is(e.cause, errLeaseLost), errors.Is(e.cause, errLeaseExpired):
+		return driveLeaseLost
+	case errors.Is(e.cause, errOwnership), errors.Is(err, errOwnership):
+		return driveFenced
+	case errors.Is(err, errLeaseExpired):
+		return driveLeaseLost
 	default:
-		// Anything else (NATS unavailable for longer than the retries, a
-		// bug): let go of the run and have it driven again later.
-		log.Warn("drive interrupted", "err", err, "seq", d.head.Seq)
-		_ = w.leases.Release(rctx, &held)
-		if msg != nil {
-			_ = msg.NakWithDelay(w.leases.TTL())
+		return driveRetryLater
+	}
+}
+
+// failure is the error the drive reports: nil when its work is over.
+func (e driveEnd) failure() error {
+	if e.outcome.over() {
+		return nil
+	}
+	switch e.outcome {
+	case driveStopping:
+		if !e.acquired {
+			return e.stopped
 		}
-		return err
+		return errShutdown
+	case driveLeaseLost, driveFenced:
+		if e.cause != nil {
+			return e.cause
+		}
+	}
+	return e.err
+}
+
+// fate is what becomes of a drive's work message.
+type fate int
+
+const (
+	// leaveMsg: leave it alone; the run's new owner settles it.
+	leaveMsg fate = iota
+	ackMsg
+	// nakMsg: redeliver at once.
+	nakMsg
+	// nakLaterMsg: redeliver after one lease TTL.
+	nakLaterMsg
+	// termMsg: never redeliver.
+	termMsg
+)
+
+var fateNames = [...]string{"leave", "ack", "nak", "nak_later", "term"}
+
+func (f fate) String() string { return fateNames[f] }
+
+// disposition is what a drive's outcome does with its work message and
+// the run's lease, and how it is logged.
+type disposition struct {
+	msg     fate
+	release bool // give the lease up (a lease lost or never taken is not ours)
+	level   slog.Level
+	note    string // log message; none when empty
+}
+
+var dispositions = map[driveOutcome]disposition{
+	driveDone:       {msg: ackMsg, release: true},
+	driveParked:     {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run parked"},
+	driveEnded:      {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run ended by another writer; letting it go"},
+	driveNoJournal:  {msg: ackMsg, release: true, level: slog.LevelWarn, note: "work for a run with no journal; dropping it"},
+	driveBroken:     {msg: termMsg, release: true, level: slog.LevelError, note: "cannot drive the run"},
+	driveStopping:   {msg: nakMsg, release: true, level: slog.LevelInfo, note: "handed run back"},
+	driveLeaseLost:  {msg: leaveMsg, level: slog.LevelWarn, note: "drive interrupted"},
+	driveFenced:     {msg: leaveMsg, level: slog.LevelWarn, note: "drive interrupted"},
+	driveBusy:       {msg: nakLaterMsg, level: slog.LevelInfo, note: "run is leased by another worker; retrying later"},
+	driveRetryLater: {msg: nakLaterMsg, release: true, level: slog.LevelWarn, note: "drive interrupted"},
+}
+
+// dispose settles the work message and the lease (held, nil if none was
+// taken) as the outcome's disposition says. A nak frees the lease first,
+// so the worker the work goes to finds it free; an ack or a term settles
+// the message first.
+func (w *Worker) dispose(ctx context.Context, d *drive, msg jetstream.Msg, end driveEnd, held *eventstore.Lease) {
+	disp := dispositions[end.outcome]
+	if disp.note != "" {
+		args := []any{"outcome", end.outcome, "seq", d.head.Seq}
+		if err := end.failure(); err != nil {
+			args = append(args, "err", err)
+		}
+		d.log.Log(ctx, disp.level, disp.note, args...)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	release := func() {
+		if held == nil || !disp.release {
+			return
+		}
+		if err := w.leases.Release(rctx, held); err != nil {
+			d.log.Warn("releasing lease", "err", err)
+		}
+	}
+	if disp.msg == nakMsg || disp.msg == nakLaterMsg {
+		release()
+		w.settle(rctx, d.log, msg, disp.msg)
+		return
+	}
+	w.settle(rctx, d.log, msg, disp.msg)
+	release()
+}
+
+// settle gives the work message its fate; a nil message (a drive outside
+// the work queue) has none.
+func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg, f fate) {
+	if msg == nil {
+		return
+	}
+	var err error
+	switch f {
+	case ackMsg:
+		err = msg.DoubleAck(ctx)
+	case nakMsg:
+		err = msg.Nak()
+	case nakLaterMsg:
+		err = msg.NakWithDelay(w.leases.TTL())
+	case termMsg:
+		err = msg.Term()
+	}
+	if err != nil {
+		log.Warn("settling work", "fate", f, "err", err)
 	}
 }
 

@@ -107,36 +107,23 @@ func (d *drive) createChild(p engine.StepPlan) error {
 
 // driveInline drives a child run within its parent's drive: it takes the
 // child's lease (waiting at most a TTL for a crashed holder's to expire)
-// and runs the same loop as any drive. It returns the child's state when the drive ends, or
-// eventstore.ErrLeaseHeld when another worker drives the child.
+// and runs the same loop, under the same withLease, as any drive. It
+// returns the child's state when the drive ends, or eventstore.ErrLeaseHeld
+// when another worker drives the child.
 func (w *Worker) driveInline(ctx context.Context, runID string) (*engine.RunState, error) {
-	// A lease left by a crashed driver expires within its TTL: wait that
-	// out rather than park waiting for a worker that is gone.
-	lease, err := w.acquire(ctx, runID, nil)
-	if err != nil {
-		return nil, err
-	}
-	dctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	defer w.track(runID, cancel)()
-	d := &drive{w: w, runID: runID, ctx: dctx, cancel: cancel, log: w.log.With("run_id", runID, "inline", true), inline: true}
-	d.keeper = startKeeper(dctx, w.leases, lease, nil, cancel)
-	err = d.run()
-	held := d.keeper.stop()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer rcancel()
-	_ = w.leases.Release(rctx, &held)
+	d := &drive{w: w, runID: runID, log: w.log.With("run_id", runID, "inline", true), inline: true}
+	end := w.withLease(ctx, d, nil)
 	if d.st == nil {
-		return nil, err
+		return nil, end.err
 	}
-	switch {
-	case err == nil, errors.Is(err, errParked), errors.Is(err, errRunEnded):
+	switch end.outcome {
+	case driveDone, driveParked, driveEnded:
 		return d.st, nil
-	case context.Cause(dctx) != nil && ctx.Err() == nil:
+	case driveLeaseLost, driveFenced:
 		// The child's own lease or journal was lost: someone else has it.
 		return nil, fmt.Errorf("driving child run %s: %w", runID, eventstore.ErrLeaseHeld)
 	default:
-		return nil, err
+		return nil, end.err
 	}
 }
 
