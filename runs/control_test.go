@@ -30,7 +30,7 @@ func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	require.NoError(t, runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: runID, Reason: "changed my mind", By: "alice"}))
 	// The driving worker drops the call and lets go of the run without
 	// waiting for its 30 s lease or the held call.
-	logs.wait(t, "run ended by another writer")
+	logs.Wait(t, "run ended by another writer")
 	require.Eventually(t, func() bool {
 		h, err := b.Leases.Holder(ctx, runID)
 		p, perr := b.Store.WorkPending(ctx, runID)

@@ -1,12 +1,8 @@
 package workers_test
 
 import (
-	"fmt"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,7 +15,7 @@ import (
 // when a test asks for them.
 type bundle struct {
 	*paltest.Stack
-	logs *logCapture
+	logs *paltest.LogCapture
 }
 
 func setup(t *testing.T, opts ...paltest.Option) *bundle {
@@ -70,63 +66,13 @@ func find(evs []event.Event, k event.Kind, step string) []event.Event {
 	return out
 }
 
-// seqWorkflow is a chain of n ai-steps s1..sn, each quoting the previous
-// step's output.
-func seqWorkflow(n int, prov string) string {
-	return paltest.Chain(fmt.Sprintf("seq-%d", n), n, func(i int, prev string) (string, string) {
-		id := fmt.Sprintf("s%d", i)
-		prompt := fmt.Sprintf("step %d of {{input.topic}}", i)
-		if i > 1 {
-			prompt = fmt.Sprintf("step %d after: {{steps.%s.output.text}}", i, prev)
-		}
-		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"gpt-4o-mini","prompt":%q}}`, id, prov, prompt)
-	})
-}
+func seqWorkflow(n int, prov string) string { return paltest.SeqWorkflow(n, prov) }
 
-// logCapture keeps the workers' log lines so tests can await them.
-type logCapture struct {
-	mu      sync.Mutex
-	buf     strings.Builder
-	changed chan struct{}
-}
+func echoChain(n int) string { return paltest.EchoChain(n) }
 
 // captureLogs makes the bundle's workers (started after this call) log
 // into the returned capture.
-func (b *bundle) captureLogs(t *testing.T) *logCapture {
-	b.logs = &logCapture{changed: make(chan struct{})}
+func (b *bundle) captureLogs(t *testing.T) *paltest.LogCapture {
+	b.logs = paltest.NewLogCapture()
 	return b.logs
-}
-
-func (l *logCapture) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf.Write(p)
-	close(l.changed)
-	l.changed = make(chan struct{})
-	return len(p), nil
-}
-
-func (l *logCapture) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// wait blocks until the logs contain s.
-func (l *logCapture) wait(t *testing.T, s string) {
-	t.Helper()
-	timeout := time.After(30 * time.Second)
-	for {
-		l.mu.Lock()
-		found, changed := strings.Contains(l.buf.String(), s), l.changed
-		l.mu.Unlock()
-		if found {
-			return
-		}
-		select {
-		case <-changed:
-		case <-timeout:
-			t.Fatalf("no log line with %q; logs:\n%s", s, l.String())
-		}
-	}
 }

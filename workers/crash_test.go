@@ -300,13 +300,6 @@ func TestBrokerKill9MidRun(t *testing.T) {
 	require.LessOrEqual(t, llm.Keys()[key(heldID, "s4", 1)], 2)
 }
 
-func echoChain(n int) string {
-	return paltest.Chain(fmt.Sprintf("echo-%d", n), n, func(i int, _ string) (string, string) {
-		id := fmt.Sprintf("t%d", i)
-		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d}}}`, id, i)
-	})
-}
-
 // observe reads stored events of all runs until it has seen at least n.
 func observe(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) []event.Event {
 	t.Helper()

@@ -445,7 +445,7 @@ func TestLostLeaseStopsTheDrive(t *testing.T) {
 	require.NoError(t, kv.Purge(ctx, runID))
 	_, err = kv.Create(ctx, runID, []byte("thief"))
 	require.NoError(t, err)
-	logs.wait(t, "drive interrupted")
+	logs.Wait(t, "drive interrupted")
 	require.Contains(t, logs.String(), "lease lost")
 	hold.Release()
 	require.Never(t, func() bool { return len(b.Events(t, runID)) != len(before) }, time.Second, 50*time.Millisecond)

@@ -278,3 +278,24 @@ func Chain(name string, n int, node func(i int, prev string) (id, js string)) st
 	}
 	return fmt.Sprintf(`{"name":%q,"nodes":[%s],"edges":[%s]}`, name, strings.Join(nodes, ","), strings.Join(edges, ","))
 }
+
+// SeqWorkflow is a chain of n ai-steps s1..sn on provider prov, each
+// quoting the previous step's output (the first quotes input.topic).
+func SeqWorkflow(n int, prov string) string {
+	return Chain(fmt.Sprintf("seq-%d", n), n, func(i int, prev string) (string, string) {
+		id := fmt.Sprintf("s%d", i)
+		prompt := fmt.Sprintf("step %d of {{input.topic}}", i)
+		if i > 1 {
+			prompt = fmt.Sprintf("step %d after: {{steps.%s.output.text}}", i, prev)
+		}
+		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":%q,"model":"gpt-4o-mini","prompt":%q}}`, id, prov, prompt)
+	})
+}
+
+// EchoChain is a chain of n built-in echo tool steps t1..tn.
+func EchoChain(n int) string {
+	return Chain(fmt.Sprintf("echo-%d", n), n, func(i int, _ string) (string, string) {
+		id := fmt.Sprintf("t%d", i)
+		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo","input":{"i":%d}}}`, id, i)
+	})
+}
