@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -120,6 +121,13 @@ type WaitPlan struct {
 // RunStep whose Wait says it is still waiting, or the step that its new
 // input (a decision, or the passing of its deadline) unblocks.
 func Next(wf *workflow.Workflow, st *RunState, now time.Time) Action {
+	return NextContext(context.Background(), wf, st, now)
+}
+
+// NextContext is Next with a context that interrupts the evaluation of
+// conditions (a cancelled run, a lost lease frees the worker at once).
+// The action it returns after ctx has ended is not to be acted on.
+func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now time.Time) Action {
 	if st.Status.Terminal() {
 		return Done{Status: st.Status}
 	}
@@ -130,7 +138,7 @@ func Next(wf *workflow.Workflow, st *RunState, now time.Time) Action {
 		}
 		return Fail{Code: event.CodeInvalidWorkflow, Error: msg}
 	}
-	a, out := walk(wf, st, nil, st.Input(), now)
+	a, out := walk(ctx, wf, st, nil, st.Input(), now)
 	if a != nil {
 		return a
 	}
@@ -141,7 +149,7 @@ func Next(wf *workflow.Workflow, st *RunState, now time.Time) Action {
 // a loop body (scope each[3]). It returns the action to take, or a nil
 // action and the scope's output (that of its last completed step, or its
 // input when nothing ran) when every node is resolved.
-func walk(wf *workflow.Workflow, st *RunState, scope []Iteration, input any, now time.Time) (Action, json.RawMessage) {
+func walk(ctx context.Context, wf *workflow.Workflow, st *RunState, scope []Iteration, input any, now time.Time) (Action, json.RawMessage) {
 	var env workflow.Env
 	if len(scope) == 0 && wf == st.Workflow && st.outputs != nil {
 		env = workflow.Env{Input: input, Steps: st.outputs}
@@ -173,7 +181,7 @@ nodes:
 				continue nodes // pending: a source has not run yet
 			}
 			if completed(e.From) && !fired {
-				ok, err := wf.EdgeFires(e, env)
+				ok, err := wf.EdgeFiresContext(ctx, e, env)
 				if err != nil {
 					return Fail{Code: event.CodeStepFailed, StepID: stepID.String(), Error: err.Error()}, nil
 				}
@@ -205,11 +213,11 @@ nodes:
 		}
 		switch node.Type {
 		case workflow.TypeLoop:
-			return planLoop(wf, st, node, stepID, env, now), nil
+			return planLoop(ctx, wf, st, node, stepID, env, now), nil
 		case workflow.TypeAgent:
 			return planAgent(st, node, stepID, env), nil
 		default:
-			return planStep(wf, st, node, stepID.String(), env, now), nil
+			return planStep(ctx, wf, st, node, stepID.String(), env, now), nil
 		}
 	}
 	if last != nil && len(last.Output) > 0 {
@@ -262,7 +270,7 @@ func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 	return p
 }
 
-func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
+func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
 	exec := map[string]string{workflow.TypeAIStep: ExecLLM, workflow.TypeTool: ExecTool, workflow.TypeConnector: ExecConnector,
 		workflow.TypeCondition: ExecPure, workflow.TypeApproval: ExecApproval, workflow.TypeSubagent: ExecSubagent}[node.Type]
 	p := basePlan(st, node, sid, exec)
@@ -284,7 +292,7 @@ func planStep(wf *workflow.Workflow, st *RunState, node *workflow.Node, sid stri
 		if err != nil {
 			return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
 		}
-		v, err := wf.Eval(d.Expression, env)
+		v, err := wf.EvalContext(ctx, d.Expression, env)
 		if err != nil {
 			return fail("expression %q: %v", d.Expression, err)
 		}
@@ -371,7 +379,7 @@ func nodeTimeout(node *workflow.Node) int {
 // planLoop walks the loop's iterations in order: the first unfinished
 // one decides the next step; when all are done (or until is met) the loop
 // step completes with {"iterations","results","stopped"}.
-func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepID, env workflow.Env, now time.Time) Action {
+func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepID, env workflow.Env, now time.Time) Action {
 	sid := id.String()
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: CodeLoop, StepID: sid, Error: fmt.Sprintf("loop %s: ", sid) + fmt.Sprintf(format, args...)}
@@ -418,13 +426,13 @@ func planLoop(wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepI
 		}
 		in := map[string]any{"item": item, "index": i, "with": with}
 		scope := id.iteration(i)
-		a, out := walk(body, st, scope, in, now)
+		a, out := walk(ctx, body, st, scope, in, now)
 		if a != nil {
 			return a
 		}
 		results = append(results, out)
 		if d.Until != "" {
-			v, err := body.Eval(d.Until, scopeEnv(st, body, scope, in))
+			v, err := body.EvalContext(ctx, d.Until, scopeEnv(st, body, scope, in))
 			if err != nil {
 				return fail("until: %v", err)
 			}

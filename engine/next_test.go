@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -452,4 +453,21 @@ func TestTemplateEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]any{"text": "hi", "tokens": json.Number("12")}, st.Steps["draft"].OutputValue())
 	require.Equal(t, map[string]any{"text": "hello", "n": json.Number("1.5")}, st.Input())
+}
+
+// TestNextContextInterruptsConditions: the context reaches every
+// condition Next evaluates, so an ended drive does not keep evaluating.
+func TestNextContextInterruptsConditions(t *testing.T) {
+	t.Parallel()
+	h := newHistory(t, "run_ctx", `{"name":"c","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"tool","data":{"tool":"echo","input":{}}}],
+		"edges":[{"from":"start","to":"a","condition":"1 in 1..3"}]}`, `{}`).resume("w1")
+	_, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.RunStep)
+	require.True(t, ok, "the condition holds")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f, ok := engine.NextContext(ctx, h.st.Workflow, h.st, h.now).(engine.Fail)
+	require.True(t, ok, "a cancelled context stops the evaluation")
+	require.Contains(t, f.Error, "context canceled")
 }

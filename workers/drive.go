@@ -363,7 +363,12 @@ func (d *drive) run() error {
 		if err := d.ctx.Err(); err != nil {
 			return context.Cause(d.ctx)
 		}
-		switch a := engine.Next(d.st.Workflow, d.st, d.w.now()).(type) {
+		a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
+		if err := d.ctx.Err(); err != nil {
+			// An evaluation cut short is no decision: act on none.
+			return context.Cause(d.ctx)
+		}
+		switch a := a.(type) {
 		case engine.Done:
 			return d.flush()
 		case engine.Complete:
@@ -553,7 +558,7 @@ func (d *drive) onConflict(cerr error) error {
 // decision arrived, its wait timed out (Next decides that, at the
 // worker's clock), or the child it waits for can go on or has ended.
 func (d *drive) wakeable() bool {
-	rs, ok := engine.Next(d.st.Workflow, d.st, d.w.now()).(engine.RunStep)
+	rs, ok := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now()).(engine.RunStep)
 	if !ok {
 		return true
 	}
