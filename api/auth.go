@@ -14,17 +14,80 @@ import (
 // DefaultTokenName is the identity of a token configured without a name.
 const DefaultTokenName = "api"
 
+// Scopes is what a token may do, a set of Scope bits.
+type Scopes uint8
+
+// The scopes of PAL_API_TOKENS. Each /v1 route needs one (NewHandler);
+// ScopeAdmin implies all of them and also lets a request name another
+// approver or canceller than the token's own name.
+const (
+	ScopeRead    Scopes = 1 << iota // GET /v1/runs, /v1/runs/{id}, /v1/runs/{id}/events
+	ScopeStart                      // POST /v1/runs
+	ScopeApprove                    // POST /v1/runs/{id}/approve
+	ScopeCancel                     // POST /v1/runs/{id}/cancel
+	ScopeAdmin                      // all of the above, and speaking for others
+
+	// DefaultScopes is what a token written without scopes gets: every
+	// route, as before scopes existed, but it acts only as itself.
+	DefaultScopes = ScopeRead | ScopeStart | ScopeApprove | ScopeCancel
+)
+
+// scopeNames lists the scopes in the order they are written.
+var scopeNames = []struct {
+	s    Scopes
+	name string
+}{{ScopeRead, "read"}, {ScopeStart, "start"}, {ScopeApprove, "approve"}, {ScopeCancel, "cancel"}, {ScopeAdmin, "admin"}}
+
+// Has reports whether ss grants s; admin grants everything.
+func (ss Scopes) Has(s Scopes) bool { return ss&ScopeAdmin != 0 || ss&s == s }
+
+// String writes ss as PAL_API_TOKENS does: "read+start".
+func (ss Scopes) String() string {
+	var parts []string
+	for _, n := range scopeNames {
+		if ss&n.s != 0 {
+			parts = append(parts, n.name)
+		}
+	}
+	return strings.Join(parts, "+")
+}
+
 // Token is one API bearer token and the identity it stands for: the name
-// becomes the canceller of run_cancelled and the default approver.
+// is the starter of run_created, the canceller of run_cancelled and the
+// approver of approval_received. Scopes zero means DefaultScopes.
 type Token struct {
 	Name   string
 	Secret string
+	Scopes Scopes
 }
 
-// ParseTokens parses PAL_API_TOKENS: comma-separated tokens, each either
-// a bare token (named "api") or name=token. Blank entries are ignored. A
-// token that itself contains '=' must be given with a name. Errors name
-// the entry at fault without quoting the secret.
+// Entry writes t as one PAL_API_TOKENS entry, name=secret:scopes, which
+// ParseTokens reads back as t. The scopes are always written, so a secret
+// holding ':' comes back whole.
+func (t Token) Entry() string {
+	ss := t.Scopes
+	if ss == 0 {
+		ss = DefaultScopes
+	}
+	return t.Name + "=" + t.Secret + ":" + ss.String()
+}
+
+// FormatTokens writes tokens as PAL_API_TOKENS (see Token.Entry).
+func FormatTokens(tokens []Token) string {
+	entries := make([]string, len(tokens))
+	for i, t := range tokens {
+		entries[i] = t.Entry()
+	}
+	return strings.Join(entries, ",")
+}
+
+// ParseTokens parses PAL_API_TOKENS: comma-separated entries, each
+// [name=]token[:scope+scope…]. Without a name the token is named "api";
+// without scopes it gets DefaultScopes. A token that itself contains '='
+// must be given with a name, and one that contains ':' with its scopes:
+// the scopes are what follows the last ':'. Blank entries are ignored.
+// Errors name the entry at fault by position and name, never quoting the
+// token or anything after it but a known scope.
 func ParseTokens(s string) ([]Token, error) {
 	var out []Token
 	seen := map[string]bool{}
@@ -40,6 +103,14 @@ func ParseTokens(s string) ([]Token, error) {
 		if !validTokenName(t.Name) {
 			return nil, fmt.Errorf("token %d: name %q: use letters, digits, '_', '-' and '.' (write name=token)", i+1, t.Name)
 		}
+		t.Scopes = DefaultScopes
+		if at := strings.LastIndexByte(t.Secret, ':'); at >= 0 {
+			ss, err := parseScopes(t.Secret[at+1:])
+			if err != nil {
+				return nil, fmt.Errorf("token %d (%s): %w", i+1, t.Name, err)
+			}
+			t.Secret, t.Scopes = strings.TrimSpace(t.Secret[:at]), ss
+		}
 		if t.Secret == "" {
 			return nil, fmt.Errorf("token %d (%s): empty token", i+1, t.Name)
 		}
@@ -53,6 +124,35 @@ func ParseTokens(s string) ([]Token, error) {
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// parseScopes reads "read+start". An unknown word is named by position
+// only: it may be the tail of a token that contains ':'.
+func parseScopes(list string) (Scopes, error) {
+	const want = "read, start, approve, cancel or admin, joined by '+'"
+	if strings.TrimSpace(list) == "" {
+		return 0, fmt.Errorf("no scopes after ':' (want %s; leave out the ':' for the default scopes)", want)
+	}
+	words := strings.Split(list, "+")
+	var ss Scopes
+	for i, w := range words {
+		w = strings.TrimSpace(w)
+		var s Scopes
+		for _, n := range scopeNames {
+			if w == n.name {
+				s = n.s
+			}
+		}
+		if s == 0 {
+			return 0, fmt.Errorf("scope %d of %d after the last ':' is not one of %s "+
+				"(a token that contains ':' must be followed by ':' and its scopes)", i+1, len(words), want)
+		}
+		if ss&s != 0 {
+			return 0, fmt.Errorf("scope %s is listed twice", w)
+		}
+		ss |= s
+	}
+	return ss, nil
 }
 
 func validTokenName(s string) bool {
@@ -86,21 +186,24 @@ func GenerateToken() (string, error) {
 // long a check takes says nothing about which token, or how much of one,
 // was right.
 type authenticator struct {
-	names   []string
+	who     []principal
 	digests [][sha256.Size]byte
 }
 
 func newAuthenticator(tokens []Token) *authenticator {
 	a := &authenticator{}
 	for _, t := range tokens {
-		a.names = append(a.names, t.Name)
+		if t.Scopes == 0 {
+			t.Scopes = DefaultScopes
+		}
+		a.who = append(a.who, principal{name: t.Name, scopes: t.Scopes})
 		a.digests = append(a.digests, sha256.Sum256([]byte(t.Secret)))
 	}
 	return a
 }
 
-// check returns the name of the token presented, or ok false.
-func (a *authenticator) check(presented string) (name string, ok bool) {
+// check returns who the presented token stands for, or ok false.
+func (a *authenticator) check(presented string) (who principal, ok bool) {
 	d := sha256.Sum256([]byte(presented))
 	match := -1
 	for i := range a.digests {
@@ -108,9 +211,9 @@ func (a *authenticator) check(presented string) (name string, ok bool) {
 		match = subtle.ConstantTimeSelect(eq, i, match)
 	}
 	if match < 0 {
-		return "", false
+		return principal{}, false
 	}
-	return a.names[match], true
+	return a.who[match], true
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header.
@@ -124,25 +227,38 @@ func bearer(r *http.Request) (string, bool) {
 	return tok, tok != ""
 }
 
-type identityKey struct{}
-
-// identity returns the name of the token that authenticated the request.
-func identity(ctx context.Context) string {
-	if s, ok := ctx.Value(identityKey{}).(string); ok && s != "" {
-		return s
-	}
-	return DefaultTokenName
+// principal is who a request authenticated as: its token's name and
+// scopes.
+type principal struct {
+	name   string
+	scopes Scopes
 }
 
+type principalKey struct{}
+
+// insecurePrincipal is every request of a handler built Insecure without
+// tokens: no one is authenticated, so no one's identity can be checked.
+var insecurePrincipal = principal{name: DefaultTokenName, scopes: ScopeAdmin}
+
+func principalOf(ctx context.Context) principal {
+	if p, ok := ctx.Value(principalKey{}).(principal); ok {
+		return p
+	}
+	return principal{name: DefaultTokenName} // no scopes: fails closed
+}
+
+// identity returns the name of the token that authenticated the request.
+func identity(ctx context.Context) string { return principalOf(ctx).name }
+
 // requireToken wraps next with bearer-token authentication. With insecure
-// set and no tokens, every request passes as "api". With no tokens and
-// insecure unset every request is refused: a handler built without tokens
-// by mistake fails closed.
+// set and no tokens, every request passes as "api" with scope admin. With
+// no tokens and insecure unset every request is refused: a handler built
+// without tokens by mistake fails closed.
 func (h *handler) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(h.auth.digests) == 0 {
 			if h.cfg.Insecure {
-				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, DefaultTokenName)))
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, insecurePrincipal)))
 				return
 			}
 			unauthorized(w, "", "this server has no API tokens configured (set PAL_API_TOKENS)")
@@ -153,13 +269,44 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 			unauthorized(w, "", "missing bearer token: send the header 'Authorization: Bearer <token>' with a token from PAL_API_TOKENS")
 			return
 		}
-		name, ok := h.auth.check(tok)
+		who, ok := h.auth.check(tok)
 		if !ok {
 			unauthorized(w, `, error="invalid_token"`, "invalid bearer token")
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, name)))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
 	})
+}
+
+// need wraps a route's handler: a request whose token lacks scope s is
+// answered 403 before the handler reads anything.
+func need(s Scopes, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if who := principalOf(r.Context()); !who.scopes.Has(s) {
+			writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("token %s lacks scope %s", who.name, s), "")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// actingAs returns the name a request acts as when its body names one
+// (approver, by): the token's own name when the body leaves it out or
+// repeats it. Naming anyone else needs scope admin; without it the
+// request is refused with 403 and field, and nothing is written.
+func actingAs(w http.ResponseWriter, r *http.Request, field, named string) (string, bool) {
+	who := principalOf(r.Context())
+	if named == "" || named == who.name {
+		return who.name, true
+	}
+	if who.scopes.Has(ScopeAdmin) {
+		return named, true
+	}
+	// The named value is not quoted: it is the client's, of any size.
+	writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
+		"token %s lacks scope %s, which naming another %s needs (leave %s out, or set it to %s)",
+		who.name, ScopeAdmin, field, field, who.name), field)
+	return "", false
 }
 
 func unauthorized(w http.ResponseWriter, extra, detail string) {

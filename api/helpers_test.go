@@ -21,8 +21,15 @@ import (
 	"github.com/palrun/pal/internal/testenv"
 )
 
-// testToken is the bearer token of the bundle's API (named "ci").
-const testToken = "test-token-0123456789"
+// testToken is the bearer token of the bundle's API (named "ci", with
+// the default scopes); adminToken (named "lead") has scope admin.
+const (
+	testToken  = "test-token-0123456789"
+	adminToken = "admin-token-0123456789"
+)
+
+// bearerOf is the headers argument of do, post and get that sends tok.
+func bearerOf(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 
 // bundle is one test's PAL (see paltest.Stack) behind the REST API: the
 // API on 127.0.0.1 and, when asked for, a worker whose LLM is the fake.
@@ -59,7 +66,7 @@ func withTokens(tokens []api.Token, insecure bool) bundleOpt {
 
 func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	t.Helper()
-	cfg := bundleCfg{tokens: []api.Token{{Name: "ci", Secret: testToken}}}
+	cfg := bundleCfg{tokens: []api.Token{{Name: "ci", Secret: testToken}, {Name: "lead", Secret: adminToken, Scopes: api.ScopeAdmin}}}
 	for _, o := range opts {
 		o(&cfg)
 	}

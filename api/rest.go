@@ -70,20 +70,22 @@ type handler struct {
 
 // NewHandler returns PAL's REST API:
 //
-//	POST /v1/runs                  start a run (201 created, 200 duplicate)
-//	GET  /v1/runs                  list runs (Postgres projection)
-//	GET  /v1/runs/{id}             a run, folded from its journal
-//	GET  /v1/runs/{id}/events      the journal as server-sent events
-//	POST /v1/runs/{id}/approve     decide an approval step
-//	POST /v1/runs/{id}/cancel      cancel a run
+//	POST /v1/runs                  start a run (201 created, 200 duplicate)   scope start
+//	GET  /v1/runs                  list runs (Postgres projection)            scope read
+//	GET  /v1/runs/{id}             a run, folded from its journal             scope read
+//	GET  /v1/runs/{id}/events      the journal as server-sent events          scope read
+//	POST /v1/runs/{id}/approve     decide an approval step                    scope approve
+//	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //
-// Every /v1 request needs "Authorization: Bearer <token>". Bodies are
-// JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
+// Every /v1 request needs "Authorization: Bearer <token>" of a token with
+// the route's scope. The token's name is who starts, approves or cancels;
+// a body naming another approver or canceller needs scope admin. Bodies
+// are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
 // message} with code one of bad_input (400), unauthorized (401),
-// not_found (404), method_not_allowed (405), conflict (409), too_large
-// (413), unavailable (503).
+// forbidden (403), not_found (404), method_not_allowed (405), conflict
+// (409), too_large (413), unavailable (503).
 func NewHandler(cfg HandlerConfig) http.Handler {
 	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
 	if h.log == nil {
@@ -98,12 +100,12 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	}
 	h.feeds = newFeeds(cfg.Store, h.log)
 	v1 := http.NewServeMux()
-	v1.HandleFunc("POST /v1/runs", h.startRun)
-	v1.HandleFunc("GET /v1/runs", h.listRuns)
-	v1.HandleFunc("GET /v1/runs/{id}", h.getRun)
-	v1.HandleFunc("GET /v1/runs/{id}/events", h.streamEvents)
-	v1.HandleFunc("POST /v1/runs/{id}/approve", h.approve)
-	v1.HandleFunc("POST /v1/runs/{id}/cancel", h.cancel)
+	v1.HandleFunc("POST /v1/runs", need(ScopeStart, h.startRun))
+	v1.HandleFunc("GET /v1/runs", need(ScopeRead, h.listRuns))
+	v1.HandleFunc("GET /v1/runs/{id}", need(ScopeRead, h.getRun))
+	v1.HandleFunc("GET /v1/runs/{id}/events", need(ScopeRead, h.streamEvents))
+	v1.HandleFunc("POST /v1/runs/{id}/approve", need(ScopeApprove, h.approve))
+	v1.HandleFunc("POST /v1/runs/{id}/cancel", need(ScopeCancel, h.cancel))
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -330,7 +332,8 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 }
 
 // approveBody is POST /v1/runs/{id}/approve: the durable approve command
-// without reply_to; run_id may be left out (it is in the path).
+// without reply_to; run_id may be left out (it is in the path), and so
+// may approver (the token's name; another needs scope admin).
 type approveBody struct {
 	RunID    string `json:"run_id,omitempty"`
 	StepID   string `json:"step_id"`
@@ -360,8 +363,9 @@ func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if b.Approver == "" {
-		b.Approver = identity(r.Context())
+	var ok bool
+	if b.Approver, ok = actingAs(w, r, "approver", b.Approver); !ok {
+		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
@@ -375,7 +379,8 @@ func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
 }
 
 // cancelBody is POST /v1/runs/{id}/cancel: the durable cancel command
-// without reply_to. The body may be empty.
+// without reply_to. The body may be empty; by is the token's name
+// (another needs scope admin).
 type cancelBody struct {
 	RunID  string `json:"run_id,omitempty"`
 	Reason string `json:"reason,omitempty"`
@@ -404,8 +409,9 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if b.By == "" {
-		b.By = identity(r.Context())
+	var ok bool
+	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
+		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()

@@ -65,7 +65,7 @@ func TestBadInput(t *testing.T) {
 		{name: "events of *", method: "GET", path: "/v1/runs/%2A/events", status: 400, code: "bad_input", field: "run_id"},
 		{name: "cancel a.>", method: "POST", path: "/v1/runs/run_done.%3E/cancel", status: 400, code: "bad_input", field: "run_id"},
 		{name: "approve with a slash", method: "POST", path: "/v1/runs/run_queued%2Fx/approve", body: `{"step_id":"s1","decision":"approve"}`, status: 400, code: "bad_input", field: "run_id"},
-		{name: "approve a step that is not waiting", method: "POST", path: "/v1/runs/run_queued/approve", body: `{"step_id":"s1","decision":"approve","approver":"ann"}`, status: 409, code: "conflict", detail: "not waiting"},
+		{name: "approve a step that is not waiting", method: "POST", path: "/v1/runs/run_queued/approve", body: `{"step_id":"s1","decision":"approve","approver":"ci"}`, status: 409, code: "conflict", detail: "not waiting"},
 		{name: "approve an unknown step", method: "POST", path: "/v1/runs/run_queued/approve", body: `{"step_id":"nope","decision":"reject"}`, status: 409, code: "conflict", detail: "not waiting"},
 		{name: "approve in a finished run", method: "POST", path: "/v1/runs/run_done/approve", body: `{"step_id":"a","decision":"approve"}`, status: 409, code: "conflict", detail: "already finished"},
 		{name: "approve another run's id", method: "POST", path: "/v1/runs/run_queued/approve", body: `{"run_id":"run_done","step_id":"s1","decision":"approve"}`, status: 400, code: "bad_input", field: "run_id", detail: "does not match"},
@@ -177,9 +177,10 @@ func TestStartGetCancel(t *testing.T) {
 	res = b.get(t, "/v1/runs/"+runID)
 	require.Equal(t, "cancelled", res.json(t)["status"])
 
-	// A body may name the canceller and repeat the run id.
+	// A body may repeat the run id, and an admin token may name the
+	// canceller.
 	other := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`,"input":{"topic":"x"}}`).json(t)["run_id"].(string)
-	res = b.post(t, "/v1/runs/"+other+"/cancel", fmt.Sprintf(`{"run_id":%q,"reason":"test","by":"ops"}`, other))
+	res = b.post(t, "/v1/runs/"+other+"/cancel", fmt.Sprintf(`{"run_id":%q,"reason":"test","by":"ops"}`, other), bearerOf(adminToken)...)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	final = b.WaitEnd(t, other)
 	require.Equal(t, "ops", final.WorkerID)
@@ -213,16 +214,23 @@ func TestAuth(t *testing.T) {
 	// No tokens and not insecure: every /v1 request is refused.
 	closed := setup(t, withTokens(nil, false))
 	requireError(t, closed.get(t, "/v1/runs/run_a"), 401, "unauthorized")
-	// Insecure on purpose: no token needed.
+	// Insecure on purpose: no token needed, and with no one authenticated
+	// there is no identity to hold a body to: it names the canceller.
 	open := setup(t, withTokens(nil, true))
 	requireError(t, open.get(t, "/v1/runs/run_a", "Authorization", ""), 404, "not_found")
+	_, err = runs.New(open.Store).Start(context.Background(), runs.StartCommand{RunID: "run_o", Workflow: json.RawMessage(echoWorkflow)})
+	require.NoError(t, err)
+	res = open.post(t, "/v1/runs/run_o/cancel", `{"by":"ops"}`, "Authorization", "")
+	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
+	require.Equal(t, "ops", open.Events(t, "run_o")[1].WorkerID)
 }
 
 func TestParseTokens(t *testing.T) {
 	t.Parallel()
 	toks, err := api.ParseTokens(" alice=tok-a , tok-b,, ci.bot=tok=c ")
 	require.NoError(t, err)
-	require.Equal(t, []api.Token{{Name: "alice", Secret: "tok-a"}, {Name: "api", Secret: "tok-b"}, {Name: "ci.bot", Secret: "tok=c"}}, toks)
+	d := api.DefaultScopes
+	require.Equal(t, []api.Token{{Name: "alice", Secret: "tok-a", Scopes: d}, {Name: "api", Secret: "tok-b", Scopes: d}, {Name: "ci.bot", Secret: "tok=c", Scopes: d}}, toks)
 	toks, err = api.ParseTokens("")
 	require.NoError(t, err)
 	require.Empty(t, toks)
@@ -348,7 +356,8 @@ func TestApprove(t *testing.T) {
 	id := start()
 	require.Equal(t, "waiting", b.get(t, "/v1/runs/"+id).json(t)["status"])
 	before := b.journalState(t)
-	m := requireError(t, b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"approve","approver":"bob"}`), 400, "bad_input")
+	// An admin token may name an approver, but not one the step refuses.
+	m := requireError(t, b.post(t, "/v1/runs/"+id+"/approve", `{"step_id":"ok","decision":"approve","approver":"bob"}`, bearerOf(adminToken)...), 400, "bad_input")
 	require.Equal(t, "approver", m["field"])
 	require.Equal(t, before, b.journalState(t))
 	// No approver in the body: the token's name decides.
@@ -364,7 +373,7 @@ func TestApprove(t *testing.T) {
 
 	// A rejection fails the run (no edge routes on it).
 	id = start()
-	res = b.post(t, "/v1/runs/"+id+"/approve", fmt.Sprintf(`{"run_id":%q,"step_id":"ok","decision":"reject","approver":"ann"}`, id))
+	res = b.post(t, "/v1/runs/"+id+"/approve", fmt.Sprintf(`{"run_id":%q,"step_id":"ok","decision":"reject","approver":"ann"}`, id), bearerOf(adminToken)...)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 	require.Equal(t, event.RunFailed, b.WaitEnd(t, id).Kind)
 }

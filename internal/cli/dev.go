@@ -208,11 +208,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
 	}
 	if len(rc.tokens) > 0 {
-		pairs := make([]string, len(rc.tokens))
-		for i, t := range rc.tokens {
-			pairs[i] = t.Name + "=" + t.Secret
-		}
-		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = strings.Join(pairs, ","), rc.tokens[0].Secret
+		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = rc.tokensEnv(), rc.tokens[0].Secret
 	}
 	maps.Copy(vars, llmVars)
 	if err := writeDevEnv(envPath, devEnvKeys, vars); err != nil {

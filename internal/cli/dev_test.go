@@ -51,7 +51,7 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	require.Equal(t, []string{natsURL, pg.DSN(), "1s", "pal-dev"}, got[:4])
 	require.Regexp(t, `^http://127\.0\.0\.1:\d+/v1$`, got[4])
 	require.Regexp(t, `^pal_`, got[5])
-	require.Equal(t, "dev="+got[5], got[6])
+	require.Equal(t, "dev="+got[5]+":admin", got[6])
 
 	// A second worker, with no NATS URL and no provider settings of its own,
 	// takes pal dev's: no warning, and its LLM steps reach the fake.

@@ -37,8 +37,10 @@ and registers the NATS micro service pal (pal.api.runs.*). It drives no
 runs: start pal worker for that.
 
 Every /v1 request needs 'Authorization: Bearer <token>' with a token from
-PAL_API_TOKENS: comma-separated tokens, each optionally name=token (the name
-is who cancels or approves; default "api"). Without tokens pal server still
+PAL_API_TOKENS: comma-separated tokens, each [name=]token[:scope+scope] (the
+name, default "api", is who starts, approves or cancels; scopes read, start,
+approve, cancel, admin; without scopes all but admin, which a token needs to
+name another approver or canceller). Without tokens pal server still
 serves, but every /v1 request answers 401 (health checks still answer);
 --insecure-no-auth serves the API to anyone instead.
 
@@ -100,7 +102,8 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 		if err != nil {
 			return rc, err
 		}
-		rc.tokens, rc.generated = []api.Token{{Name: "dev", Secret: tok}}, tok
+		// pal dev's own token may do everything, naming an approver too.
+		rc.tokens, rc.generated = []api.Token{{Name: "dev", Secret: tok, Scopes: api.ScopeAdmin}}, tok
 	default:
 		// No tokens: serve, but refuse every /v1 request (401). Health
 		// checks still answer.
@@ -108,6 +111,9 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	return rc, nil
 }
+
+// tokensEnv writes rc's tokens as PAL_API_TOKENS, scopes included.
+func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 
 // startREST serves the REST API on rc.addr over store; pool, when not nil,
 // is the Postgres projection (GET /v1/runs and /readyz).
@@ -135,7 +141,7 @@ func printREST(w io.Writer, srv *api.Server, rc restConfig) {
 	fmt.Fprintf(w, "  REST     %s/v1/runs   (events: %s/v1/runs/<run_id>/events; health: %s/healthz, %s/readyz)\n", u, u, u, u)
 	switch {
 	case rc.generated != "":
-		fmt.Fprintf(w, "  token    %s   (generated because PAL_API_TOKENS is unset)\n", rc.generated)
+		fmt.Fprintf(w, "  token    %s   (scope admin; generated because PAL_API_TOKENS is unset)\n", rc.generated)
 		fmt.Fprintf(w, "           curl -H 'Authorization: Bearer %s' %s/v1/runs\n", rc.generated, u)
 	case rc.insecure:
 		fmt.Fprintf(w, "  token    none: authentication is OFF (--insecure-no-auth)\n")
