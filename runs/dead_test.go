@@ -3,8 +3,8 @@ package runs_test
 import (
 	"context"
 	"encoding/json"
-	"strconv"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
