@@ -16,6 +16,11 @@ const (
 	TimerConsumer   = "pal-timers"
 	timerAtPrefix   = "pal.timer.at."
 	timerFirePrefix = "pal.timer.fire."
+	// DeadStream keeps messages whose handling kept failing, copied
+	// from their stream with the reason (dead.go).
+	DeadStream = "PAL_DEAD"
+	// DeadPrefix is PAL_DEAD's subject prefix: pal.dead.<source>.
+	DeadPrefix = "pal.dead."
 	// CommandConsumer is the durable consumer workers take commands from.
 	CommandConsumer = "pal-commands"
 	// RejectedSubject is the core NATS subject on which a refused command

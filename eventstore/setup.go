@@ -100,6 +100,21 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			MaxMsgSize:  cfg.MaxEventBytes,
 			Duplicates:  2 * time.Minute,
 		},
+		{
+			// Bounded so that a flood of bad messages cannot fill the
+			// disk: the oldest dead letters go first.
+			Name:        DeadStream,
+			Description: "PAL dead letters: messages whose handling kept failing",
+			Subjects:    []string{DeadPrefix + "*"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+			MaxMsgs:     DeadMaxMsgs,
+			MaxBytes:    DeadMaxBytes,
+			Discard:     jetstream.DiscardOld,
+			Duplicates:  deadDuplicatesWindow,
+			AllowDirect: true,
+		},
 	}
 	for _, sc := range streams {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {

@@ -26,7 +26,7 @@ func readLayout(t *testing.T, js jetstream.JetStream) layout {
 	t.Helper()
 	ctx := t.Context()
 	l := layout{streams: map[string]jetstream.StreamConfig{}, created: map[string]time.Time{}}
-	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, "KV_" + eventstore.LeaseBucket} {
+	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, eventstore.DeadStream, "KV_" + eventstore.LeaseBucket} {
 		s, err := js.Stream(ctx, name)
 		require.NoError(t, err, "stream %s", name)
 		info, err := s.Info(ctx)
@@ -76,6 +76,14 @@ func TestSetupLayout(t *testing.T) {
 	require.Equal(t, []string{"pal.cmd.runs.>"}, cmds.Subjects)
 	require.Equal(t, jetstream.WorkQueuePolicy, cmds.Retention)
 	require.Equal(t, jetstream.FileStorage, cmds.Storage)
+
+	dead := l.streams[eventstore.DeadStream]
+	require.Equal(t, []string{"pal.dead.*"}, dead.Subjects)
+	require.Equal(t, jetstream.LimitsPolicy, dead.Retention)
+	require.Equal(t, jetstream.FileStorage, dead.Storage)
+	require.Equal(t, jetstream.DiscardOld, dead.Discard, "a flood of dead letters drops the oldest")
+	require.Equal(t, int64(eventstore.DeadMaxMsgs), dead.MaxMsgs)
+	require.Positive(t, dead.Duplicates, "a copy made again after a lost term is stored once")
 
 	leases := l.streams["KV_"+eventstore.LeaseBucket]
 	require.True(t, leases.AllowMsgTTL, "leases need per-message TTLs")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"sync/atomic"
 
@@ -85,6 +87,9 @@ type folder struct {
 	load  func(ctx context.Context, runID string) ([]event.Event, error)
 	log   *slog.Logger
 	stats *counters
+	// hook, when set (tests), runs before a run's events are folded
+	// (not for a run already broken).
+	hook func(runID string)
 }
 
 // fold adds msgs to pb. It fails only when ctx ends (while reading a
@@ -92,6 +97,7 @@ type folder struct {
 // journal rows, is logged and counted, and gets no more derived rows.
 func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
 	byRun := map[string][]event.Event{}
+	lastSeq := map[string]uint64{} // a run's last stream seq, to log
 	var order []string
 	for _, m := range msgs {
 		pb.lastStreamSeq = max(pb.lastStreamSeq, m.streamSeq)
@@ -106,14 +112,38 @@ func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
 				order = append(order, ev.RunID)
 			}
 			byRun[ev.RunID] = append(byRun[ev.RunID], ev)
+			lastSeq[ev.RunID] = m.streamSeq
 		}
 	}
 	for _, run := range order {
-		if err := f.foldRun(ctx, pb, run, byRun[run]); err != nil {
+		if err := f.foldRunSafe(ctx, pb, run, byRun[run], lastSeq[run]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// foldRunSafe is foldRun with a panic recovered: the run is recorded as
+// broken (its journal rows are written, no derived rows from now on),
+// logged with the stream sequence, and the projector goes on. Its
+// messages are not redelivered: the checkpoint moves past them, as for a
+// journal that does not fold, so nothing loops.
+func (f *folder) foldRunSafe(ctx context.Context, pb *pending, runID string, evs []event.Event, streamSeq uint64) (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		f.log.Error("folding a run panicked", "run", runID, "stream_seq", streamSeq, "panic", r, "stack", string(debug.Stack()))
+		// Its state may be half applied: write none of it.
+		if _, ok := pb.touched[runID]; ok {
+			delete(pb.touched, runID)
+			pb.order = slices.DeleteFunc(pb.order, func(id string) bool { return id == runID })
+		}
+		f.broken(runID, &engine.RunState{}, fmt.Errorf("panic: %v", r))
+		err = nil
+	}()
+	return f.foldRun(ctx, pb, runID, evs)
 }
 
 // foldRun applies one run's events to its state and records the run in pb.
@@ -123,6 +153,9 @@ func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, evs []e
 	e, _ := f.cache.Get(runID)
 	if e != nil && e.broken {
 		return nil
+	}
+	if f.hook != nil {
+		f.hook(runID)
 	}
 	var st *engine.RunState
 	var prev uint64 // rows changed after prev are written

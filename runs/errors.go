@@ -70,6 +70,9 @@ const (
 	CodeNotFound    = "not_found"
 	CodeConflict    = "conflict"
 	CodeUnavailable = "unavailable"
+	// CodeInternal: PAL failed on the command itself (its handler
+	// panicked on every delivery); it went to PAL_DEAD.
+	CodeInternal = "internal"
 )
 
 // Classify maps a command error to an answer code and the field at fault;

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -26,7 +27,8 @@ type Answer struct {
 	RunID   string `json:"run_id,omitempty"`
 	Created *bool  `json:"created,omitempty"`
 	Error   string `json:"error,omitempty"`
-	// Code classifies an error: bad_input, not_found, conflict, unavailable.
+	// Code classifies an error: bad_input, not_found, conflict, unavailable,
+	// internal.
 	Code  string `json:"code,omitempty"`
 	Field string `json:"field,omitempty"`
 }
@@ -169,10 +171,15 @@ func ErrorAnswer(err error) Answer {
 // dropped silently: the reason is answered to its reply subject (header
 // Pal-Reply-To or field reply_to) when it has one, logged, and published
 // on pal.cmd.rejected. A command that fails for a passing reason (NATS
-// unavailable) is retried.
+// unavailable) is retried. A command whose handler panics is retried too,
+// up to eventstore.MaxDeliveries deliveries; then it goes to PAL_DEAD with
+// the panic as its reason, is announced on pal.cmd.rejected (code
+// internal), and the processor goes on with the next.
 type CommandProcessor struct {
 	client *Client
 	log    *slog.Logger
+	// hook, when set (tests), runs before each command is carried out.
+	hook func(kind string, body []byte)
 
 	mu   sync.Mutex
 	cc   jetstream.ConsumeContext
@@ -270,6 +277,14 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 	hdr := m.Headers()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			p.panicked(ctx, m, r, debug.Stack())
+		}
+	}()
+	if p.hook != nil {
+		p.hook(kind, m.Data())
+	}
 	var (
 		ans     Answer
 		replyTo string
@@ -311,17 +326,52 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 	_ = m.Ack()
 }
 
+// panicked settles a command whose handler panicked: it is handed back
+// until its last delivery, which is dead-lettered and announced.
+func (p *CommandProcessor) panicked(ctx context.Context, m jetstream.Msg, r any, stack []byte) {
+	seq, n := msgIDs(m)
+	reason := fmt.Sprintf("panic: %v", r)
+	p.log.Error("command handler panicked", "subject", m.Subject(), "stream_seq", seq, "delivery", n,
+		"panic", r, "stack", string(stack))
+	dead, err := p.client.store.Retry(context.WithoutCancel(ctx), eventstore.DeadCommands, m, reason, time.Second)
+	switch {
+	case err != nil:
+		p.log.Warn("handing back a command that panicked", "subject", m.Subject(), "stream_seq", seq, "err", err)
+	case dead:
+		p.log.Warn("command dead-lettered to "+eventstore.DeadStream, "subject", m.Subject(), "stream_seq", seq,
+			"deliveries", n, "reason", eventstore.DeadReason(reason))
+		err := fmt.Errorf("dead-lettered to %s after %d deliveries: %s", eventstore.DeadStream, n, reason)
+		p.announce(m, seq, err, CodeInternal, "")
+		if h := m.Headers().Get(ReplyToHeader); h != "" && p.client.CheckReply(h) == nil {
+			if b, jerr := json.Marshal(Answer{Error: err.Error(), Code: CodeInternal}); jerr == nil {
+				_ = p.client.nc.Publish(h, b)
+			}
+		}
+	}
+}
+
+// msgIDs are a message's stream sequence and delivery count (0 without
+// metadata).
+func msgIDs(m jetstream.Msg) (seq, delivered uint64) {
+	if md, err := m.Metadata(); err == nil {
+		return md.Sequence.Stream, md.NumDelivered
+	}
+	return 0, 0
+}
+
 // reject logs a refused command and announces it on pal.cmd.rejected.
 func (p *CommandProcessor) reject(m jetstream.Msg, err error, code, field string) {
-	var seq uint64
-	if md, merr := m.Metadata(); merr == nil {
-		seq = md.Sequence.Stream
-	}
+	seq, _ := msgIDs(m)
+	p.log.Warn("command rejected", "subject", m.Subject(), "stream_seq", seq, "code", code, "err", err)
+	p.announce(m, seq, err, code, field)
+}
+
+// announce publishes a refused command's Rejection on pal.cmd.rejected.
+func (p *CommandProcessor) announce(m jetstream.Msg, seq uint64, err error, code, field string) {
 	body := string(m.Data())
 	if len(body) > 4096 {
 		body = strings.ToValidUTF8(body[:4096], "") + "…"
 	}
-	p.log.Warn("command rejected", "subject", m.Subject(), "stream_seq", seq, "code", code, "err", err)
 	if b, jerr := json.Marshal(Rejection{Subject: m.Subject(), StreamSeq: seq, Error: err.Error(), Code: code, Field: field, Command: body}); jerr == nil {
 		_ = p.client.nc.Publish(eventstore.RejectedSubject, b)
 	}

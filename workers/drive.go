@@ -42,6 +42,9 @@ type drive struct {
 	inline bool
 	// conflicts counts journal conflicts resolved by folding inputs.
 	conflicts int
+	// resumed: this drive's run_resumed is in the journal, so the next
+	// drive counts a crash of this one toward crash_loop.
+	resumed bool
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -49,7 +52,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	runID, ok := eventstore.RunIDFromWork(msg.Subject())
 	if !ok || event.ValidateRunID(runID) != nil {
 		w.log.Error("dropping work message with a malformed subject", "subject", msg.Subject())
-		_ = msg.Term()
+		w.settle(ctx, w.log, msg, deadMsg, errors.New("the subject names no valid run id"))
 		return
 	}
 	w.driveRun(ctx, runID, msg)
@@ -94,7 +97,7 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	defer w.track(d.runID, cancel)()
 	d.ctx, d.cancel = dctx, cancel
 	d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
-	err = d.run()
+	err = d.safeRun(msg)
 	held := d.keeper.stop()
 	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err()}
 	end.outcome = classifyDrive(end)
@@ -129,6 +132,12 @@ const (
 	driveFenced
 	// driveBusy: the lease could not be taken; another worker drives the run.
 	driveBusy
+	// driveCrashed: the drive panicked after its run_resumed was
+	// journaled: the next drive counts it toward crash_loop.
+	driveCrashed
+	// drivePanicked: the drive panicked before that, where the journal
+	// cannot count it: the work message counts its deliveries instead.
+	drivePanicked
 	// driveRetryLater: anything else (NATS unavailable for longer than the
 	// retries, a bug): let go and have the run driven again after a TTL.
 	driveRetryLater
@@ -136,7 +145,7 @@ const (
 )
 
 var outcomeNames = [numOutcomes]string{"done", "parked", "ended", "no_journal", "broken",
-	"stopping", "lease_lost", "fenced", "busy", "retry_later"}
+	"stopping", "lease_lost", "fenced", "busy", "crashed", "panicked", "retry_later"}
 
 func (o driveOutcome) String() string {
 	if o < 0 || o >= numOutcomes {
@@ -171,6 +180,7 @@ func classifyDrive(e driveEnd) driveOutcome {
 		return driveBusy
 	}
 	err := e.err
+	var pe *panicError
 	switch {
 	case errors.Is(e.cause, errRunEnded), errors.Is(err, errRunEnded):
 		return driveEnded
@@ -182,6 +192,11 @@ func classifyDrive(e driveEnd) driveOutcome {
 		return driveDone
 	case errors.Is(err, errJournal):
 		return driveBroken
+	case errors.As(err, &pe):
+		if pe.counted {
+			return driveCrashed
+		}
+		return drivePanicked
 	case errors.Is(e.cause, errShutdown), e.stopped != nil:
 		return driveStopping
 	case errors.Is(e.cause, errLeaseLost), errors.Is(e.cause, errLeaseExpired):
@@ -227,9 +242,14 @@ const (
 	nakLaterMsg
 	// termMsg: never redeliver.
 	termMsg
+	// deadMsg: copy to PAL_DEAD with the reason, then term.
+	deadMsg
+	// poisonMsg: nakLaterMsg until the message's eventstore.MaxDeliveries-th
+	// delivery, then deadMsg.
+	poisonMsg
 )
 
-var fateNames = [...]string{"leave", "ack", "nak", "nak_later", "term"}
+var fateNames = [...]string{"leave", "ack", "nak", "nak_later", "term", "dead", "poison"}
 
 func (f fate) String() string { return fateNames[f] }
 
@@ -247,11 +267,13 @@ var dispositions = map[driveOutcome]disposition{
 	driveParked:     {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run parked"},
 	driveEnded:      {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run ended by another writer; letting it go"},
 	driveNoJournal:  {msg: ackMsg, release: true, level: slog.LevelWarn, note: "work for a run with no journal; dropping it"},
-	driveBroken:     {msg: termMsg, release: true, level: slog.LevelError, note: "cannot drive the run"},
+	driveBroken:     {msg: deadMsg, release: true, level: slog.LevelError, note: "cannot drive the run"},
 	driveStopping:   {msg: nakMsg, release: true, level: slog.LevelInfo, note: "handed run back"},
 	driveLeaseLost:  {msg: leaveMsg, level: slog.LevelWarn, note: "drive interrupted"},
 	driveFenced:     {msg: leaveMsg, level: slog.LevelWarn, note: "drive interrupted"},
 	driveBusy:       {msg: nakLaterMsg, level: slog.LevelInfo, note: "run is leased by another worker; retrying later"},
+	driveCrashed:    {msg: nakLaterMsg, release: true, level: slog.LevelWarn, note: "drive crashed; the next counts it toward crash_loop"},
+	drivePanicked:   {msg: poisonMsg, release: true, level: slog.LevelWarn, note: "drive failed before resuming the run"},
 	driveRetryLater: {msg: nakLaterMsg, release: true, level: slog.LevelWarn, note: "drive interrupted"},
 }
 
@@ -278,18 +300,18 @@ func (w *Worker) dispose(ctx context.Context, d *drive, msg jetstream.Msg, end d
 			d.log.Warn("releasing lease", "err", err)
 		}
 	}
-	if disp.msg == nakMsg || disp.msg == nakLaterMsg {
+	if disp.msg == nakMsg || disp.msg == nakLaterMsg || disp.msg == poisonMsg {
 		release()
-		w.settle(rctx, d.log, msg, disp.msg)
+		w.settle(rctx, d.log, msg, disp.msg, end.failure())
 		return
 	}
-	w.settle(rctx, d.log, msg, disp.msg)
+	w.settle(rctx, d.log, msg, disp.msg, end.failure())
 	release()
 }
 
 // settle gives the work message its fate; a nil message (a drive outside
 // the work queue) has none.
-func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg, f fate) {
+func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg, f fate, reason error) {
 	if msg == nil {
 		return
 	}
@@ -303,6 +325,8 @@ func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg
 		err = msg.NakWithDelay(w.leases.TTL())
 	case termMsg:
 		err = msg.Term()
+	case deadMsg, poisonMsg:
+		err = w.deadLetter(ctx, log, msg, f, reason)
 	}
 	if err != nil {
 		log.Warn("settling work", "fate", f, "err", err)
@@ -437,6 +461,7 @@ func (d *drive) resume() error {
 		}
 		err := d.flush()
 		if err == nil {
+			d.resumed = true
 			if crashed {
 				d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
 			}

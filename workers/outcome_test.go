@@ -17,6 +17,8 @@ func TestDriveOutcomes(t *testing.T) {
 	boom := errors.New("nats: no responders available")
 	broken := fmt.Errorf("run r: %w", errJournal)
 	fenced := fmt.Errorf("%w: conflict", errOwnership)
+	crashed := &panicError{value: "tool bug", counted: true}
+	panicked := &panicError{value: "fold bug"}
 	notFound := fmt.Errorf("reading: %w", eventstore.ErrRunNotFound)
 	cases := []struct {
 		name    string
@@ -34,7 +36,9 @@ func TestDriveOutcomes(t *testing.T) {
 		{"cancel notice interrupted the drive", driveEnd{acquired: true, err: boom, cause: errRunEnded},
 			driveEnded, ackMsg, true, nil},
 		{"no journal", driveEnd{acquired: true, err: notFound}, driveNoJournal, ackMsg, true, nil},
-		{"journal does not fold", driveEnd{acquired: true, err: broken}, driveBroken, termMsg, true, broken},
+		{"journal does not fold", driveEnd{acquired: true, err: broken}, driveBroken, deadMsg, true, broken},
+		{"panicked after resuming", driveEnd{acquired: true, err: crashed}, driveCrashed, nakLaterMsg, true, crashed},
+		{"panicked before resuming", driveEnd{acquired: true, err: panicked}, drivePanicked, poisonMsg, true, panicked},
 		{"graceful stop", driveEnd{acquired: true, err: errShutdown, cause: errShutdown, stopped: context.Canceled},
 			driveStopping, nakMsg, true, errShutdown},
 		{"caller's context ended", driveEnd{acquired: true, err: context.Canceled, cause: context.Canceled, stopped: context.Canceled},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -108,6 +109,9 @@ type Worker struct {
 	cancel  context.CancelCauseFunc
 	done    chan struct{}
 	drives  sync.WaitGroup
+
+	// beforeDrive, when set (tests), runs at the start of each drive.
+	beforeDrive atomic.Pointer[func(runID string)]
 }
 
 // New returns a worker. providers and connectors may be nil for a worker
@@ -177,20 +181,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		_ = sub.Unsubscribe()
 		return err
 	}
-	w.timers, err = tcons.Consume(func(m jetstream.Msg) {
-		runID, ok := eventstore.RunIDFromTimer(m.Subject())
-		if !ok {
-			_ = m.Term()
-			return
-		}
-		ectx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := w.store.Enqueue(ectx, runID, "timer"); err != nil {
-			_ = m.NakWithDelay(time.Second)
-			return
-		}
-		_ = m.Ack()
-	})
+	w.timers, err = tcons.Consume(w.handleTimer)
 	if err != nil {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("consuming timers: %w", err)
@@ -282,6 +273,7 @@ func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, slots chan 
 		go func() {
 			defer w.drives.Done()
 			defer func() { <-slots }()
+			defer w.recoverWork(msg)
 			w.handle(ctx, msg)
 		}()
 	}
