@@ -54,7 +54,7 @@ func newNATSConfig(opts []NATSOption) natsConfig {
 // NATSServer is a JetStream server embedded in the test process.
 type NATSServer struct {
 	opts   server.Options
-	logger server.Logger   // nil: no logging
+	logger server.Logger  // nil: no logging
 	keys   *natsauth.Keys // with Roles
 
 	mu    sync.Mutex
