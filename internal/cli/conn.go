@@ -76,7 +76,7 @@ func connectDurable(t natsTarget, name string, log *slog.Logger) (*nats.Conn, er
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond),
+		nats.ReconnectWait(100 * time.Millisecond),
 		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

@@ -235,7 +235,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
 	abs, _ := filepath.Abs(dataDir)
 	vars := map[string]string{
-		"PAL_NATS_URL":   natsURL,
+		"PAL_NATS_URL": natsURL,
 		// A second pal worker, and the pal commands, act as the worker.
 		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
 		"DATABASE_URL":   dbURL,
