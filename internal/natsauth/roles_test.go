@@ -85,16 +85,17 @@ func (v *violations) wait(tb testing.TB, subject string) {
 // NATS service) connected as worker, a projector as projector, and a
 // client connection as client.
 type bundle struct {
-	srv     *testenv.NATSServer
-	admin   *nats.Conn
-	store   *eventstore.Store // the worker's
-	runs    *runs.Client
-	pool    *pgxpool.Pool
-	proj    *projections.Projector
-	client  *nats.Conn
-	cjs     jetstream.JetStream
-	cviol   *violations
-	palViol *violations // PAL's own connections: must stay empty
+	srv      *testenv.NATSServer
+	admin    *nats.Conn
+	store    *eventstore.Store // the worker's
+	apiStore *eventstore.Store // the api role's
+	runs     *runs.Client
+	pool     *pgxpool.Pool
+	proj     *projections.Projector
+	client   *nats.Conn
+	cjs      jetstream.JetStream
+	cviol    *violations
+	palViol  *violations // PAL's own connections: must stay empty
 	// The tool "slow" signals slowStarted, then waits for slowRelease; it
 	// records whether its context was cancelled first.
 	slowStarted   chan struct{}
@@ -136,7 +137,13 @@ func setup(t *testing.T) *bundle {
 	cmds := runs.NewCommandProcessor(b.runs, log)
 	require.NoError(t, cmds.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, cmds.Stop(context.Background())) })
-	svc, err := api.StartService(ctx, wnc, b.runs, log)
+	// The NATS service as pal server runs it: on the api role.
+	anc := b.srv.ConnAs(t, natsauth.API, b.palViol.option())
+	ajs, err := jetstream.New(anc)
+	require.NoError(t, err)
+	b.apiStore, err = eventstore.Open(ctx, ajs)
+	require.NoError(t, err)
+	svc, err := api.StartService(ctx, anc, runs.New(b.apiStore), log)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
 
@@ -440,6 +447,13 @@ func TestClientAllowed(t *testing.T) {
 		}
 	}
 	close(b.slowRelease)
+	// The api role watches the journal (as SSE feeds do) to the end.
+	require.NoError(t, b.apiStore.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
+		if ev.Kind.Terminal() {
+			return eventstore.ErrStopWatch
+		}
+		return nil
+	}))
 	b.waitStatus(t, runID, "succeeded")
 
 	m, err := b.client.RequestWithContext(ctx, "pal.api.runs.get", fmt.Appendf(nil, `{"run_id":%q}`, runID))
