@@ -40,7 +40,13 @@ REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
 unset it makes up a token and prints it. With --no-worker it drives no runs
 itself: start pal worker processes for that (to watch one crash, say).
 
-While it runs, pal dev writes how to reach it (PAL_NATS_URL, DATABASE_URL,
+The embedded NATS server requires authentication, with PAL's roles (worker,
+projector, api, client, admin): one nkey seed per role in
+./.pal/nats-<role>.nk, readable by you only. pal dev prints the nats context
+save line for the client role, for the nats CLI.
+
+While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
+(the worker role's seed), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL and, with the fake provider, OPENAI_* and ANTHROPIC_*) to
 dev.env in its data directory, readable by you only. Every other pal
