@@ -74,6 +74,7 @@ func (e *env) storeNow(cmd *cobra.Command) (*eventstore.Store, *nats.Conn, error
 func connectDurable(t natsTarget, name string, log *slog.Logger) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
+		natsauth.InboxOption(), // replies to PAL's processes are for PAL's roles only
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(100 * time.Millisecond),

@@ -116,11 +116,20 @@ func (k *Keys) Users() []*server.NkeyUser {
 	return out
 }
 
-// Option returns the connect option that authenticates as role.
+// Option returns the connect option of role: it authenticates with the
+// role's nkey, and PAL's own roles use PAL's Inbox.
 func (k *Keys) Option(role Role) nats.Option {
 	kp, _ := nkeys.FromSeed(k.seed[role]) // made or checked when k was
-	pub := k.pub[role]
-	return nats.Nkey(pub, func(nonce []byte) ([]byte, error) { return kp.Sign(nonce) })
+	auth := nats.Nkey(k.pub[role], func(nonce []byte) ([]byte, error) { return kp.Sign(nonce) })
+	if role == Client || role == Admin {
+		return auth
+	}
+	return func(o *nats.Options) error {
+		if err := auth(o); err != nil {
+			return err
+		}
+		return InboxOption()(o)
+	}
 }
 
 // CredsOption reads PAL_NATS_CREDS-style credentials from path: a NATS

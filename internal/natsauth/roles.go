@@ -34,6 +34,7 @@ import (
 	"slices"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/palrun/pal/eventstore"
 )
@@ -63,8 +64,19 @@ const (
 	leaseStream       = "KV_" + eventstore.LeaseBucket
 	leasePrefix       = "$KV." + eventstore.LeaseBucket + "."
 	inbox             = "_INBOX.>"
+	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
 )
+
+// Inbox is the inbox prefix of PAL's long-running processes (worker,
+// projector, API). Only their roles may subscribe under it, so a client,
+// which subscribes _INBOX.> for its own replies, cannot read theirs (the
+// JetStream API's answers name PAL's consumers, which a client could then
+// change or delete).
+const Inbox = "_PAL_INBOX"
+
+// InboxOption makes a connection use Inbox.
+func InboxOption() nats.Option { return nats.CustomInboxPrefix(Inbox) }
 
 // Permissions is what one role may publish and subscribe to. Deny wins
 // over allow, as in NATS.
@@ -131,10 +143,16 @@ func durable(stream, name string) []string {
 // create under any name, info, next (pull), delete on stop, and flow
 // control replies (push, as KV watches use).
 func ordered(stream string) []string {
+	return append(readOrdered(stream), jsAPI+"CONSUMER.DELETE."+stream+".*")
+}
+
+// readOrdered is ordered without the delete: the client's consumers
+// expire when idle (InactiveThreshold), and a client may not delete
+// consumers it did not make, which subjects cannot tell apart.
+func readOrdered(stream string) []string {
 	p := jsAPI + "CONSUMER."
 	return []string{p + "CREATE." + stream + ".*", p + "CREATE." + stream + ".*.>",
-		p + "INFO." + stream + ".*", p + "MSG.NEXT." + stream + ".*", p + "DELETE." + stream + ".*",
-		"$JS.FC." + stream + ".>"}
+		p + "INFO." + stream + ".*", p + "MSG.NEXT." + stream + ".*", "$JS.FC." + stream + ".>"}
 }
 
 // service is what answering the NATS micro service pal takes (requests in,
@@ -160,7 +178,7 @@ func worker() Permissions {
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
 		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox, eventstore.CancelPrefix + "*"}, serviceSub...),
+		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -172,7 +190,7 @@ func projector() Permissions {
 	pub = append(pub, jsAPI+"CONSUMER.DELETE."+eventstore.EventsStream+"."+projectorConsumer)
 	// pal projections rebuild reads the journal with an ordered consumer.
 	pub = append(pub, ordered(eventstore.EventsStream)...)
-	return Permissions{PubAllow: pub, SubAllow: []string{inbox}}
+	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
 }
 
 func api() Permissions {
@@ -186,7 +204,7 @@ func api() Permissions {
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox}, serviceSub...),
+		SubAllow: append([]string{inbox, palInbox}, serviceSub...),
 	}
 }
 
@@ -195,8 +213,8 @@ func client() Permissions {
 		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
 	}
 	pub = append(pub, read(eventstore.EventsStream, leaseStream)...)
-	pub = append(pub, ordered(eventstore.EventsStream)...)
-	pub = append(pub, ordered(leaseStream)...)
+	pub = append(pub, readOrdered(eventstore.EventsStream)...)
+	pub = append(pub, readOrdered(leaseStream)...)
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
@@ -204,7 +222,7 @@ func client() Permissions {
 		deadPrefix + ">", eventstore.RejectedSubject,
 		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
 		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
-		jsAPI + "CONSUMER.DURABLE.CREATE.>",
+		jsAPI + "CONSUMER.DURABLE.CREATE.>", jsAPI + "CONSUMER.DELETE.>",
 	}
 	deny = append(deny, projectorNames()...)
 	return Permissions{

@@ -328,6 +328,12 @@ func TestClientForgeries(t *testing.T) {
 		jsAPI(t, "$JS.API.CONSUMER.CREATE.PAL_WORK.steal", `{"stream_name":"PAL_WORK","config":{"name":"steal"}}`)
 		jsAPI(t, "$JS.API.CONSUMER.MSG.NEXT.PAL_CMDS.pal-commands", `{"batch":1}`)
 	})
+	t.Run("read PAL's replies", func(t *testing.T) {
+		_, err := b.client.Subscribe(natsauth.Inbox+".>", func(*nats.Msg) {})
+		require.NoError(t, err)
+		require.NoError(t, b.client.Flush())
+		b.cviol.wait(t, natsauth.Inbox+".>")
+	})
 	t.Run("answer as the service", func(t *testing.T) {
 		_, err := b.client.Subscribe("pal.api.runs.get", func(*nats.Msg) {})
 		require.NoError(t, err)
