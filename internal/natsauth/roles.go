@@ -140,19 +140,14 @@ func durable(stream, name string) []string {
 }
 
 // ordered is what ordered (ephemeral, named) consumers on stream take:
-// create under any name, info, next (pull), delete on stop, and flow
-// control replies (push, as KV watches use).
+// create under any name, info, next (pull), delete (nats.go deletes the
+// old consumer each time it resets one), and flow control replies (push,
+// as KV watches use).
 func ordered(stream string) []string {
-	return append(readOrdered(stream), jsAPI+"CONSUMER.DELETE."+stream+".*")
-}
-
-// readOrdered is ordered without the delete: the client's consumers
-// expire when idle (InactiveThreshold), and a client may not delete
-// consumers it did not make, which subjects cannot tell apart.
-func readOrdered(stream string) []string {
 	p := jsAPI + "CONSUMER."
 	return []string{p + "CREATE." + stream + ".*", p + "CREATE." + stream + ".*.>",
-		p + "INFO." + stream + ".*", p + "MSG.NEXT." + stream + ".*", "$JS.FC." + stream + ".>"}
+		p + "INFO." + stream + ".*", p + "MSG.NEXT." + stream + ".*", p + "DELETE." + stream + ".*",
+		"$JS.FC." + stream + ".>"}
 }
 
 // service is what answering the NATS micro service pal takes (requests in,
@@ -213,8 +208,8 @@ func client() Permissions {
 		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
 	}
 	pub = append(pub, read(eventstore.EventsStream, leaseStream)...)
-	pub = append(pub, readOrdered(eventstore.EventsStream)...)
-	pub = append(pub, readOrdered(leaseStream)...)
+	pub = append(pub, ordered(eventstore.EventsStream)...)
+	pub = append(pub, ordered(leaseStream)...)
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
@@ -222,7 +217,7 @@ func client() Permissions {
 		deadPrefix + ">", eventstore.RejectedSubject,
 		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
 		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
-		jsAPI + "CONSUMER.DURABLE.CREATE.>", jsAPI + "CONSUMER.DELETE.>",
+		jsAPI + "CONSUMER.DURABLE.CREATE.>",
 	}
 	deny = append(deny, projectorNames()...)
 	return Permissions{
