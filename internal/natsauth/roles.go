@@ -26,8 +26,8 @@
 // never under the names PAL's own durables use, and not through the
 // DURABLE.CREATE endpoint. And a push consumer's deliver subject is in the
 // body: the server delivers there as itself, past the client's publish
-// permissions, so PAL's streams must not capture what such a consumer
-// could deliver (docs/architecture.md §5.6 and TestClientPushConsumerCannotWrite).
+// permissions. No PAL stream stores such a copy and no PAL subscriber acts
+// on one (docs/architecture.md §5.6, TestClientPushConsumerCannotWrite).
 package natsauth
 
 import (
