@@ -3,13 +3,17 @@
 # and check what each command prints.
 #
 # It starts `pal dev` in a temporary data directory on free loopback ports,
-# runs examples/hello.json to the end, then runs the README's commands:
+# saves the nats context for the client role with the line pal dev prints
+# (in a temporary nats config home), runs examples/hello.json to the end,
+# then runs the README's commands, as written, with that context:
 #
 #   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 #   nats stream get PAL_EVENTS --last-for 'pal.events.<run_id>'
 #   nats kv watch PAL_LEASES
 #   nats micro ls
 #   nats req pal.api.runs.get '{"run_id":"<run_id>"}'
+#
+# and checks the client role cannot write the journal (nats pub pal.events.…).
 #
 # Usage: PAL=bin/pal NATS=bin/nats bash e2e/replay.sh   (make e2e does this)
 set -euo pipefail
@@ -61,23 +65,30 @@ http_port=$(free_port)
 while [[ $http_port == "$nats_port" ]]; do http_port=$(free_port); done
 export PAL_NATS_URL="nats://127.0.0.1:$nats_port"
 export PAL_HTTP_ADDR="127.0.0.1:$http_port"
-unset DATABASE_URL PAL_API_TOKENS NATS_CONTEXT
+unset DATABASE_URL PAL_API_TOKENS NATS_CONTEXT PAL_NATS_CREDS
+# The nats CLI keeps its contexts here, not in the user's.
+export XDG_CONFIG_HOME=$work/config
 
-# Every nats command talks to this pal dev, whatever the user's contexts say.
-nats() { "$NATS" --server "$PAL_NATS_URL" "$@" </dev/null; }
+# Every nats command uses the selected context: the one pal dev's line saves.
+nats() { "$NATS" "$@" </dev/null; }
 
 echo "e2e: starting pal dev (NATS $PAL_NATS_URL, REST $PAL_HTTP_ADDR, data in $work/data)"
 "$PAL" dev --data-dir "$work/data" >"$work/dev.log" 2>&1 &
 dev_pid=$!
 for i in $(seq 1 600); do
-	if nats stream info PAL_EVENTS >/dev/null 2>&1 && nats micro ls 2>/dev/null | grep -q ' pal '; then
-		break
-	fi
+	grep -q "Press Ctrl-C" "$work/dev.log" && break
 	kill -0 "$dev_pid" 2>/dev/null || fail "pal dev exited"
 	[[ $i -lt 600 ]] || fail "pal dev was not ready after 60s"
 	sleep 0.1
 done
+save=$(grep -oE "nats context save .*--select" "$work/dev.log") || fail "pal dev printed no nats context save line"
+echo "e2e: $save"
+eval "\"\$NATS\" ${save#nats }" >/dev/null || fail "nats context save failed"
+nats stream info PAL_EVENTS >/dev/null 2>&1 || fail "the client role cannot read PAL_EVENTS' info"
+nats micro ls 2>/dev/null | grep -q ' pal ' || fail "nats micro ls does not list pal"
 
+# The pal commands read pal dev's dev.env (the worker role's credentials).
+export PAL_DATA_DIR=$work/data
 run_id=$(cd "$root" && "$PAL" run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait 2>"$work/start.log") ||
 	{ cat "$work/start.log" >&2; fail "the run did not succeed"; }
 [[ $run_id =~ ^[A-Za-z0-9_-]+$ ]] || fail "pal run start printed no run id: $run_id"
@@ -92,7 +103,7 @@ echo "e2e: run $run_id succeeded with $last_seq events"
 
 # 1. The whole run, then exit (-T ends at the end of what the stream holds).
 echo "e2e: nats sub --stream PAL_EVENTS --all -T 'pal.events.$run_id'"
-timeout 60 "$NATS" --server "$PAL_NATS_URL" sub --stream PAL_EVENTS --all -T "pal.events.$run_id" </dev/null >"$work/sub" 2>&1 ||
+timeout 60 "$NATS" sub --stream PAL_EVENTS --all -T "pal.events.$run_id" </dev/null >"$work/sub" 2>&1 ||
 	{ cat "$work/sub" >&2; fail "nats sub -T did not exit by itself with status 0"; }
 grep -E '^\{"v":1,' "$work/sub" |
 	sed -E 's/^\{"v":1,"run_id":"([^"]+)","seq":([0-9]+),"kind":"([a-z_]+)".*/\1 \2 \3/' >"$work/sub.events"
@@ -118,7 +129,7 @@ grep -qE "^\{\"v\":1,\"run_id\":\"$run_id\",\"seq\":$last_seq,\"kind\":\"run_suc
 # until stopped: bounded here.
 echo "e2e: nats kv watch PAL_LEASES (for 3s)"
 set +e
-timeout 3 "$NATS" --server "$PAL_NATS_URL" kv watch PAL_LEASES </dev/null >"$work/kv" 2>&1
+timeout 3 "$NATS" kv watch PAL_LEASES </dev/null >"$work/kv" 2>&1
 status=$?
 set -e
 [[ $status -eq 124 ]] || { cat "$work/kv" >&2; fail "nats kv watch exited with status $status, want it running until stopped"; }
@@ -137,4 +148,16 @@ grep -q "\"last_seq\":$last_seq," "$work/req" || fail "nats req: last_seq is not
 nats req pal.api.runs.get '{"run_id":"pal.events.>"}' >"$work/bad" 2>&1 || true
 grep -q '"code":"bad_input"' "$work/bad" || { cat "$work/bad" >&2; fail "nats req with a subject-widening run id was not refused"; }
 
-echo "e2e: OK: the README's replay commands work against a live run ($last_seq events)"
+# The client role was enough for all of it.
+if grep -il "permissions violation" "$work/sub" "$work/get" "$work/kv" "$work/micro" "$work/req" "$work/req.err"; then
+	fail "a replay command hit a permissions violation"
+fi
+
+# 6. The client role cannot write the journal: the server refuses the
+# publish and the run's journal is as it was.
+echo "e2e: nats pub pal.events.$run_id (refused)"
+nats pub "pal.events.$run_id" '{"forged":true}' >"$work/pub" 2>&1 || true
+grep -qi "permissions violation" "$work/pub" || { cat "$work/pub" >&2; fail "nats pub to pal.events was not refused"; }
+[[ $("$PAL" run events "$run_id" --json | wc -l) -eq $last_seq ]] || fail "the journal of $run_id changed"
+
+echo "e2e: OK: the README's replay commands work against a live run ($last_seq events), as the client role"

@@ -163,7 +163,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	// A cancel is announced on core NATS after run_cancelled is in the
 	// journal: stop that run's drive (and its in-flight call) at once.
 	sub, err := w.store.JetStream().Conn().Subscribe(eventstore.CancelPrefix+"*", func(m *nats.Msg) {
-		runID := strings.TrimPrefix(m.Subject, eventstore.CancelPrefix)
+		// A JetStream push consumer may deliver here (its deliver subject
+		// is its creator's choice); such a copy keeps its stream subject,
+		// never under CancelPrefix, and is ignored.
+		runID, ok := strings.CutPrefix(m.Subject, eventstore.CancelPrefix)
+		if !ok {
+			return
+		}
 		w.activeMu.Lock()
 		cancel := w.active[runID]
 		w.activeMu.Unlock()

@@ -12,15 +12,44 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/natsauth"
+	"github.com/palrun/pal/internal/redact"
 )
+
+// natsTarget is where, and as whom, a process connects to NATS: the URL
+// (PAL_NATS_URL, which may carry user:password) and the credentials of
+// PAL_NATS_CREDS (a creds file or an nkey seed file).
+type natsTarget struct {
+	url  string
+	auth []nats.Option
+}
+
+// String is the URL without its password, for logs and errors.
+func (t natsTarget) String() string { return redact.URL(t.url) }
+
+// natsTarget reads PAL_NATS_URL and PAL_NATS_CREDS.
+func (e *env) natsTarget(cmd *cobra.Command) (natsTarget, error) {
+	t := natsTarget{url: e.natsURL(cmd)}
+	if path := e.getenv("PAL_NATS_CREDS"); path != "" {
+		opt, err := natsauth.CredsOption(path)
+		if err != nil {
+			return t, badInput("PAL_NATS_CREDS=%s: %v", path, err)
+		}
+		t.auth = []nats.Option{opt}
+	}
+	return t, nil
+}
 
 // connectNow connects for a one-shot command: it fails fast with exit
 // code 4 when NATS is unreachable.
 func (e *env) connectNow(cmd *cobra.Command, name string) (*nats.Conn, error) {
-	url := e.natsURL(cmd)
-	nc, err := nats.Connect(url, nats.Name(name), nats.Timeout(3*time.Second))
+	t, err := e.natsTarget(cmd)
 	if err != nil {
-		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev', or set PAL_NATS_URL)", url, err))
+		return nil, err
+	}
+	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second)}, t.auth...)...)
+	if err != nil {
+		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev', or set PAL_NATS_URL and PAL_NATS_CREDS)", t, err))
 	}
 	return nc, nil
 }
@@ -42,12 +71,13 @@ func (e *env) storeNow(cmd *cobra.Command) (*eventstore.Store, *nats.Conn, error
 
 // connectDurable connects for a long-running process: it keeps trying
 // while NATS is down and reconnects forever.
-func connectDurable(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	return nats.Connect(url,
+func connectDurable(t natsTarget, name string, log *slog.Logger) (*nats.Conn, error) {
+	opts := append([]nats.Option{
 		nats.Name(name),
+		natsauth.InboxOption(), // replies to PAL's processes are for PAL's roles only
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond),
+		nats.ReconnectWait(100 * time.Millisecond),
 		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -55,7 +85,13 @@ func connectDurable(url, name string, log *slog.Logger) (*nats.Conn, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrlRedacted()) }),
-	)
+		// A role's missing permission shows in the log, not only as a
+		// request that times out.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error("NATS error", "err", err)
+		}),
+	}, t.auth...)
+	return nats.Connect(t.url, opts...)
 }
 
 // setupWithRetry runs eventstore.Setup until it succeeds or ctx ends, so a

@@ -20,6 +20,7 @@ import (
 
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/natsauth"
 	"github.com/palrun/pal/internal/pgcluster"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
@@ -39,7 +40,13 @@ REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
 unset it makes up a token and prints it. With --no-worker it drives no runs
 itself: start pal worker processes for that (to watch one crash, say).
 
-While it runs, pal dev writes how to reach it (PAL_NATS_URL, DATABASE_URL,
+The embedded NATS server requires authentication, with PAL's roles (worker,
+projector, api, client, admin): one nkey seed per role in
+./.pal/nats-<role>.nk, readable by you only. pal dev prints the nats context
+save line for the client role, for the nats CLI.
+
+While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
+(the worker role's seed), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL and, with the fake provider, OPENAI_* and ANTHROPIC_*) to
 dev.env in its data directory, readable by you only. Every other pal
@@ -78,7 +85,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	}
 	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
 	noWorker, _ := cmd.Flags().GetBool("no-worker")
-	host, port, err := listenAddr(wc.natsURL)
+	host, port, err := listenAddr(wc.nats.url)
 	if err != nil {
 		return err
 	}
@@ -97,10 +104,15 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		return badInput("creating %s: %v", storeDir, err)
 	}
 
-	// NATS with JetStream, in this process.
+	// NATS with JetStream, in this process, with PAL's roles: one nkey
+	// user per role, its seed kept in the data directory.
+	keys, err := natsauth.LoadOrCreate(dataDir)
+	if err != nil {
+		return badInput("the NATS credentials in %s: %v", dataDir, err)
+	}
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
-		NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict,
+		NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict, Nkeys: keys.Users(),
 	})
 	if err != nil {
 		return badInput("configuring the embedded NATS server: %v", err)
@@ -113,11 +125,22 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		return withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", host, port))
 	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev"))
+	// Each part connects with its own role, as it would as its own process.
+	conn := func(role natsauth.Role) (*nats.Conn, error) {
+		nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				log.Error("NATS error", "role", role, "err", err)
+			}))
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
+		}
+		return nc, nil
+	}
+	workerNC, err := conn(natsauth.Worker)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer workerNC.Close()
 
 	// PostgreSQL: DATABASE_URL, or a local cluster under the data dir.
 	dbURL, pgNote := e.getenv("DATABASE_URL"), "DATABASE_URL"
@@ -161,15 +184,14 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	stopCtx := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	}
-	var store *eventstore.Store
 	workerNote := fmt.Sprintf("%s   (durability %s, lease TTL %s)", wc.id, wc.durability, wc.leaseTTL)
 	if noWorker {
-		if store, err = devStore(ctx, nc, wc); err != nil {
+		if err := devSetup(ctx, workerNC, wc); err != nil {
 			return err
 		}
 		workerNote = fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", wc.durability, wc.leaseTTL)
 	} else {
-		ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
+		ws, err := e.startWriteSide(ctx, wc, workerNC, providers, pool, log)
 		if err != nil {
 			return err
 		}
@@ -178,9 +200,17 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 			defer cancel()
 			_ = ws.stop(sctx)
 		}()
-		store = ws.store
 	}
-	proj := projections.New(pool, store, projections.Config{Logger: log})
+	projNC, err := conn(natsauth.Projector)
+	if err != nil {
+		return err
+	}
+	defer projNC.Close()
+	projStore, err := devStore(ctx, projNC, wc)
+	if err != nil {
+		return err
+	}
+	proj := projections.New(pool, projStore, projections.Config{Logger: log})
 	if err := proj.Start(ctx); err != nil {
 		return withCode(ExitUnavailable, err)
 	}
@@ -189,7 +219,16 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		defer cancel()
 		_ = proj.Stop(sctx)
 	}()
-	rest, err := startREST(ctx, rc, store, nc, pool, log)
+	apiNC, err := conn(natsauth.API)
+	if err != nil {
+		return err
+	}
+	defer apiNC.Close()
+	apiStore, err := devStore(ctx, apiNC, wc)
+	if err != nil {
+		return err
+	}
+	rest, err := startREST(ctx, rc, apiStore, apiNC, pool, log)
 	if err != nil {
 		return err
 	}
@@ -200,8 +239,11 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	}()
 
 	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
+	abs, _ := filepath.Abs(dataDir)
 	vars := map[string]string{
-		"PAL_NATS_URL":   natsURL,
+		"PAL_NATS_URL": natsURL,
+		// A second pal worker, and the pal commands, act as the worker.
+		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
 		"DATABASE_URL":   dbURL,
 		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
 		"PAL_DURABILITY": wc.durability,
@@ -216,14 +258,13 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	}
 	defer os.Remove(envPath)
 
-	abs, _ := filepath.Abs(dataDir)
 	fmt.Fprintf(e.stderr, `
 PAL dev is running.
-  NATS       %s   (JetStream store: %s)
+  NATS       %s   (JetStream store: %s; roles on, nkey seeds %s/nats-<role>.nk)
   Postgres   %s   (%s)
   worker     %s
   LLM        %s
-`, natsURL, filepath.Join(abs, "nats"), redactDSN(dbURL), pgNote, workerNote, llmNote)
+`, natsURL, filepath.Join(abs, "nats"), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
 	printREST(e.stderr, rest, rc)
 	fmt.Fprintf(e.stderr, `  settings   %s   (pal commands run here use them)
 
@@ -231,28 +272,46 @@ Try it (in another terminal, in this directory):
   pal run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait
   pal run events <run_id>
   pal run list
+  %s
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 
 Press Ctrl-C to stop.
-`, filepath.Join(abs, devEnvName))
+`, filepath.Join(abs, devEnvName), natsContextLine(natsURL, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
 	<-ctx.Done()
 	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
 	return nil
 }
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
-var devEnvKeys = []string{"PAL_NATS_URL", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
+var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
 	"PAL_DURABILITY", "PAL_LEASE_TTL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
-// devStore sets up PAL's streams as a worker with wc would and opens the
-// event store, for pal dev --no-worker (the workers come later).
+// devSetup sets up PAL's streams as a worker with wc would, for pal dev
+// --no-worker (the workers come later). nc is the worker role's.
+func devSetup(ctx context.Context, nc *nats.Conn, wc workerConfig) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}); err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("setting up PAL's streams: %w", err))
+	}
+	return nil
+}
+
+// natsContextLine is the nats CLI command that saves, and selects, a
+// context for the client role, so the README's nats commands work as
+// they are written.
+func natsContextLine(natsURL, seedPath string) string {
+	return fmt.Sprintf("nats context save pal-dev --server %s --nkey %s --select", natsURL, shellQuote(seedPath))
+}
+
+// devStore opens the event store on nc (set up already), for the
+// projector's and the API's connections.
 func devStore(ctx context.Context, nc *nats.Conn, wc workerConfig) (*eventstore.Store, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
-	}
-	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}); err != nil {
-		return nil, withCode(ExitUnavailable, fmt.Errorf("setting up PAL's streams: %w", err))
 	}
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict))
 	if err != nil {

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/internal/natsauth"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/runs"
 )
@@ -156,4 +158,70 @@ func TestRunIDOfAKey(t *testing.T) {
 	r = b.pal(t, nil, "run", "start", "--workflow", b.file(t, "bad.json", `{"name":"x"}`), "--json")
 	require.Equal(t, 2, r.code, "%s", r)
 	require.Equal(t, "bad_input", decodeJSON[map[string]any](t, r.stdout)["error"])
+}
+
+// pal dev turns NATS authentication on with PAL's roles: each role's nkey
+// seed is in the data directory, readable by its owner only; the client
+// role can start a run through the NATS service and cannot write the
+// journal; an anonymous connection is refused.
+func TestDevNATSRoles(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	pg := testenv.Postgres(t)
+	dataDir := filepath.Join(t.TempDir(), ".pal")
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePort(t))
+	dev := testenv.StartProcess(t, bin, []string{"dev"}, []string{
+		"PAL_DATA_DIR=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(), "PAL_HTTP_ADDR=127.0.0.1:0"})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	require.NoError(t, dev.WaitForOutput(ctx, "PAL dev is running"))
+	require.NoError(t, dev.WaitForOutput(ctx, "Press Ctrl-C"))
+
+	for _, r := range natsauth.Roles {
+		fi, err := os.Stat(filepath.Join(dataDir, natsauth.SeedFile(r)))
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s", r)
+	}
+	abs, err := filepath.Abs(filepath.Join(dataDir, natsauth.SeedFile(natsauth.Client)))
+	require.NoError(t, err)
+	require.Contains(t, dev.Output(), "nats context save pal-dev --server "+natsURL+" --nkey '"+abs+"' --select")
+	envVars, err := os.ReadFile(filepath.Join(dataDir, "dev.env"))
+	require.NoError(t, err)
+	require.Contains(t, string(envVars), "PAL_NATS_CREDS='"+filepath.Join(filepath.Dir(abs), natsauth.SeedFile(natsauth.Worker))+"'")
+
+	_, err = nats.Connect(natsURL, nats.Timeout(3*time.Second))
+	require.ErrorIs(t, err, nats.ErrAuthorization, "an anonymous connection")
+
+	viol := make(chan error, 10)
+	creds, err := natsauth.CredsOption(abs)
+	require.NoError(t, err)
+	nc, err := nats.Connect(natsURL, creds, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { viol <- err }))
+	require.NoError(t, err)
+	defer nc.Close()
+	wf := `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],"edges":[{"from":"start","to":"t1"}]}`
+	m, err := nc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":`+wf+`,"input":{}}`))
+	require.NoError(t, err)
+	started := decodeJSON[map[string]any](t, string(m.Data))
+	id, _ := started["run_id"].(string)
+	require.Regexp(t, `^run_`, id, "%s", m.Data)
+	require.Eventually(t, func() bool {
+		m, err := nc.RequestWithContext(ctx, "pal.api.runs.get", []byte(`{"run_id":"`+id+`"}`))
+		return err == nil && strings.Contains(string(m.Data), `"status":"succeeded"`)
+	}, 30*time.Second, 50*time.Millisecond)
+
+	require.NoError(t, nc.Publish("pal.events."+id, []byte(`{"forged":true}`)))
+	require.NoError(t, nc.Flush())
+	select {
+	case err := <-viol:
+		require.ErrorIs(t, err, nats.ErrPermissionViolation)
+		require.Contains(t, err.Error(), `"pal.events.`+id+`"`)
+	case <-ctx.Done():
+		t.Fatal("no permissions violation for a publish to pal.events")
+	}
+	r := runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "run", "events", id, "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.NotContains(t, r.stdout, "forged")
+	require.NotContains(t, dev.Output(), "NATS error", "pal dev's own roles were refused something")
+	require.NoError(t, dev.Term())
+	require.NoError(t, dev.Wait(ctx))
 }

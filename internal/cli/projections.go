@@ -214,7 +214,10 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
-	natsURL := e.natsURL(cmd)
+	natsAt, err := e.natsTarget(cmd)
+	if err != nil {
+		return err
+	}
 
 	pool, err := connectPGDurable(ctx, url, log)
 	if err != nil {
@@ -233,9 +236,9 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		log.Info("migration applied", "name", m.Name, "took", m.Duration)
 	}
 
-	nc, err := connectDurable(natsURL, "pal-projector", log)
+	nc, err := connectDurable(natsAt, "pal-projector", log)
 	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsURL, err))
+		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
 	}
 	defer nc.Close()
 	store, err := openStoreWait(ctx, nc, eventstore.Config{Replicas: replicas}, log)
@@ -252,7 +255,7 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		return shutdownOr(ctx, withCode(ExitUnavailable, err))
 	}
 	cfg, _ := pgConfig(url)
-	log.Info("projector ready", "checkpoint", p.Stats().Checkpoint, "nats", natsURL, "database", pgWhere(cfg))
+	log.Info("projector ready", "checkpoint", p.Stats().Checkpoint, "nats", natsAt.String(), "database", pgWhere(cfg))
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

@@ -177,10 +177,13 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 		log.Warn("PAL_API_TOKENS is not set: every /v1 request will be refused (401). Set PAL_API_TOKENS=name=token " +
 			"(e.g. PAL_API_TOKENS=ci=$(openssl rand -hex 32)), or pass --insecure-no-auth to serve the API to anyone who can reach it")
 	}
-	natsURL := e.natsURL(cmd)
-	nc, err := connectDurable(natsURL, "pal-server", log)
+	natsAt, err := e.natsTarget(cmd)
 	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsURL, err))
+		return err
+	}
+	nc, err := connectDurable(natsAt, "pal-server", log)
+	if err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
 	}
 	defer nc.Close()
 	store, err := openStoreWait(ctx, nc, eventstore.Config{}, log)
@@ -214,7 +217,7 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 	for i, t := range rc.tokens {
 		names[i] = t.Name
 	}
-	log.Info("server ready", "url", srv.URL(), "nats", natsURL, "auth", !rc.insecure, "tokens", strings.Join(names, ","),
+	log.Info("server ready", "url", srv.URL(), "nats", natsAt.String(), "auth", !rc.insecure, "tokens", strings.Join(names, ","),
 		"postgres", pool != nil)
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -69,7 +69,7 @@ func addWorkerFlags(cmd *cobra.Command) {
 
 // workerConfig is a validated worker configuration.
 type workerConfig struct {
-	natsURL     string
+	nats        natsTarget
 	id          string
 	leaseTTL    time.Duration
 	concurrency int
@@ -81,7 +81,9 @@ type workerConfig struct {
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	var wc workerConfig
 	var err error
-	wc.natsURL = e.natsURL(cmd)
+	if wc.nats, err = e.natsTarget(cmd); err != nil {
+		return wc, err
+	}
 	if wc.id, err = e.workerID(cmd); err != nil {
 		return wc, err
 	}
@@ -146,15 +148,15 @@ type writeSide struct {
 
 // startWriteSide starts a worker, the durable command processor, the NATS
 // service pal and, when pool is not nil, the recovery sweep. nc, when given,
-// is used instead of dialling wc.natsURL (pal dev passes an in-process
+// is used instead of dialling wc.nats (pal dev passes an in-process
 // connection).
 func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool, log *slog.Logger) (*writeSide, error) {
 	var err error
 	var closeNC func()
 	if nc == nil {
-		nc, err = connectDurable(wc.natsURL, "pal-worker", log)
+		nc, err = connectDurable(wc.nats, "pal-worker", log)
 		if err != nil {
-			return nil, withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.natsURL, err))
+			return nil, withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.nats, err))
 		}
 		closeNC = nc.Close
 	}
@@ -217,7 +219,7 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	} else {
 		log.Info("recovery sweep off: it reads the runs table, set DATABASE_URL to enable it")
 	}
-	log.Info("worker ready", "id", w.ID(), "nats", wc.natsURL, "durability", wc.durability, "lease_ttl", wc.leaseTTL,
+	log.Info("worker ready", "id", w.ID(), "nats", wc.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
 		"egress_allow", wc.egress.String())
 	return &writeSide{store: store, stop: func(sctx context.Context) error {
 		_ = svc.Stop()

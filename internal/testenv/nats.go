@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/palrun/pal/internal/natsauth"
 )
 
 // NATSOption configures NATS and NATSProcess.
@@ -20,6 +22,7 @@ type natsConfig struct {
 	strict  bool
 	port    int
 	logging bool
+	roles   bool
 }
 
 // Strict makes JetStream fsync every write before acknowledging it (PAL's
@@ -35,6 +38,11 @@ func Port(port int) NATSOption { return func(c *natsConfig) { c.port = port } }
 // always captured and logged when the test fails.
 func Logging() NATSOption { return func(c *natsConfig) { c.logging = true } }
 
+// Roles turns authentication on with PAL's NATS roles (internal/natsauth),
+// one fresh nkey user per role: ConnAs connects as one, and Conn as admin.
+// Only NATS (embedded) takes it.
+func Roles() NATSOption { return func(c *natsConfig) { c.roles = true } }
+
 func newNATSConfig(opts []NATSOption) natsConfig {
 	var c natsConfig
 	for _, o := range opts {
@@ -46,7 +54,8 @@ func newNATSConfig(opts []NATSOption) natsConfig {
 // NATSServer is a JetStream server embedded in the test process.
 type NATSServer struct {
 	opts   server.Options
-	logger server.Logger // nil: no logging
+	logger server.Logger  // nil: no logging
+	keys   *natsauth.Keys // with Roles
 
 	mu    sync.Mutex
 	srv   *server.Server
@@ -77,6 +86,13 @@ func NATS(tb testing.TB, opts ...NATSOption) *NATSServer {
 	}}
 	if cfg.logging {
 		n.logger = tbLogger{tb}
+	}
+	if cfg.roles {
+		keys, err := natsauth.NewKeys()
+		if err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		n.keys, n.opts.Nkeys = keys, keys.Users()
 	}
 	if err := n.start(); err != nil {
 		tb.Fatalf("testenv: %v", err)
@@ -141,12 +157,29 @@ func (n *NATSServer) Server() *server.Server {
 // The test's cleanup closes it.
 func (n *NATSServer) Conn(tb testing.TB, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
+	if n.keys != nil {
+		opts = append([]nats.Option{n.keys.Option(natsauth.Admin)}, opts...)
+	}
 	nc := connect(tb, n.URL(), opts)
 	n.mu.Lock()
 	n.conns = append(n.conns, nc)
 	n.mu.Unlock()
 	return nc
 }
+
+// ConnAs connects as Conn does, authenticated as role. The server must
+// have been started with Roles.
+func (n *NATSServer) ConnAs(tb testing.TB, role natsauth.Role, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	if n.keys == nil {
+		tb.Fatalf("testenv: ConnAs(%s) on a server started without Roles", role)
+	}
+	return n.Conn(tb, append([]nats.Option{n.keys.Option(role)}, opts...)...)
+}
+
+// Keys returns the roles' nkeys (nil without Roles), for a test that
+// writes a seed file or starts a process as a role.
+func (n *NATSServer) Keys() *natsauth.Keys { return n.keys }
 
 // Restart shuts the server down, waits until it has stopped and starts a new
 // one on the same port with the same store directory, so everything

@@ -42,6 +42,9 @@ const natsProcReady = 30 * time.Second
 func NATSProcess(tb testing.TB, opts ...NATSOption) *NATSProc {
 	tb.Helper()
 	cfg := newNATSConfig(opts)
+	if cfg.roles {
+		tb.Fatalf("testenv: NATSProcess does not take Roles; use NATS")
+	}
 	bin := natsServerBinary(tb)
 	dir := tb.TempDir()
 	storeDir := filepath.Join(dir, "store")

@@ -1,0 +1,92 @@
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/internal/natsauth"
+	"github.com/palrun/pal/internal/testenv"
+)
+
+// pal worker, pal projector and pal server, each a process with its role's
+// PAL_NATS_CREDS (an nkey seed file), run a workflow end to end through
+// REST and the projection, and none of them is refused anything.
+func TestProcessesWithRoles(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	nats := testenv.NATS(t, testenv.Roles())
+	pg := testenv.Postgres(t)
+	dir := t.TempDir()
+	creds := func(r natsauth.Role) string {
+		path := filepath.Join(dir, natsauth.SeedFile(r))
+		require.NoError(t, os.WriteFile(path, nats.Keys().Seed(r), 0o600))
+		return "PAL_NATS_CREDS=" + path
+	}
+	common := []string{"PAL_NATS_URL=" + nats.URL(), "DATABASE_URL=" + pg.DSN(), "PAL_DATA_DIR=" + dir}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// Without credentials a process is refused, and says what to set.
+	r := runPal(t, bin, common, "run", "events", "run_x")
+	require.Equal(t, 4, r.code, "%s", r)
+	require.Contains(t, r.stderr, "Authorization Violation")
+	require.Contains(t, r.stderr, "PAL_NATS_CREDS")
+	r = runPal(t, bin, append(common, "PAL_NATS_CREDS="+filepath.Join(dir, "missing.nk")), "run", "events", "run_x")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "PAL_NATS_CREDS=")
+
+	// A password in the URL is used, and never shown.
+	r = runPal(t, bin, []string{"PAL_NATS_URL=" + strings.Replace(nats.URL(), "nats://", "nats://client:sekret@", 1), "PAL_DATA_DIR=" + dir},
+		"run", "events", "run_x")
+	require.Equal(t, 4, r.code, "%s", r)
+	require.Contains(t, r.stderr, "Authorization Violation")
+	require.NotContains(t, r.stderr, "sekret")
+
+	worker := testenv.StartProcess(t, bin, []string{"worker", "--worker-id", "w1"}, append(common, creds(natsauth.Worker)))
+	require.NoError(t, worker.WaitForOutput(ctx, "worker ready"), worker.Output())
+	proj := testenv.StartProcess(t, bin, []string{"projector"}, append(common, creds(natsauth.Projector)))
+	require.NoError(t, proj.WaitForOutput(ctx, "projector ready"), proj.Output())
+	port := testenv.FreePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	srv := testenv.StartProcess(t, bin, []string{"server"}, append(common, creds(natsauth.API),
+		fmt.Sprintf("PAL_HTTP_ADDR=127.0.0.1:%d", port), "PAL_API_TOKENS=ci=secret-1"))
+	require.NoError(t, srv.WaitForOutput(ctx, `msg="server ready"`), srv.Output())
+
+	call := func(method, path, body string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, method, url+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer secret-1")
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(b)
+	}
+	wf := `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],"edges":[{"from":"start","to":"t1"}]}`
+	code, body := call(http.MethodPost, "/v1/runs", `{"workflow":`+wf+`,"input":{}}`)
+	require.Equal(t, http.StatusCreated, code, body)
+	id := decodeJSON[map[string]any](t, body)["run_id"].(string)
+	require.Eventually(t, func() bool {
+		code, body = call(http.MethodGet, "/v1/runs?status=succeeded", "")
+		return code == 200 && strings.Contains(body, id)
+	}, 30*time.Second, 50*time.Millisecond, "the run, succeeded, in the projection: %d %s", code, body)
+	// The SSE feed (an ordered consumer on the api role) replays the run.
+	code, body = call(http.MethodGet, "/v1/runs/"+id+"/events", "")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "run_succeeded")
+
+	for name, p := range map[string]*testenv.Process{"worker": worker, "projector": proj, "server": srv} {
+		require.NotContains(t, p.Output(), "NATS error", "%s was refused something", name)
+		require.NotContains(t, strings.ToLower(p.Output()), "permissions violation", name)
+	}
+}

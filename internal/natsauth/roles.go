@@ -1,0 +1,237 @@
+// Package natsauth defines PAL's NATS roles once: the publish and subscribe
+// permissions each kind of process gets, for the embedded server of pal dev
+// and the tests (as nkey users) and for the configs in deploy/nats (as
+// user/password users, rendered by Conf).
+//
+// The roles:
+//
+//   - worker: writes the journal, drives runs (work, timers, leases), runs
+//     the command processor and answers the NATS service; it also creates
+//     PAL's streams and its durable consumers (eventstore.Setup).
+//   - projector: reads the journal through its durable consumer and writes
+//     dead letters.
+//   - api: what pal server needs: appends inputs (run_created,
+//     approval_received, run_cancelled), enqueues runs, announces cancels,
+//     answers the NATS service, reads and watches journals.
+//   - client: publishes durable commands, calls the NATS service, reads
+//     journals (Direct Get, its own ordered consumers) and watches the
+//     leases. It can write nothing PAL reads as truth.
+//   - admin: everything.
+//
+// NATS checks subjects, not message bodies. Two things follow for the
+// client role. A consumer create names its consumer in the subject but
+// says in the body whether it is durable, so the server cannot refuse
+// durable creates on the subjects that ordered consumers use too: the
+// client may create consumers on PAL_EVENTS and KV_PAL_LEASES only (reads),
+// never under the names PAL's own durables use, and not through the
+// DURABLE.CREATE endpoint. And a push consumer's deliver subject is in the
+// body: the server delivers there as itself, past the client's publish
+// permissions. No PAL stream stores such a copy and no PAL subscriber acts
+// on one (docs/architecture.md §5.6, TestClientPushConsumerCannotWrite).
+package natsauth
+
+import (
+	"slices"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/palrun/pal/eventstore"
+)
+
+// Role is one of PAL's NATS roles.
+type Role string
+
+// The roles.
+const (
+	Worker    Role = "worker"
+	Projector Role = "projector"
+	API       Role = "api"
+	Client    Role = "client"
+	Admin     Role = "admin"
+)
+
+// Roles lists every role, in the order configs and files list them.
+var Roles = []Role{Worker, Projector, API, Client, Admin}
+
+// Names PAL's permissions refer to. projectorConsumer is
+// projections.DefaultName (projections sits above this package; a test
+// checks they agree). deadStream and deadPrefix are the dead-letter stream.
+const (
+	projectorConsumer = "pal-projector"
+	deadStream        = eventstore.DeadStream
+	deadPrefix        = eventstore.DeadPrefix
+	leaseStream       = "KV_" + eventstore.LeaseBucket
+	leasePrefix       = "$KV." + eventstore.LeaseBucket + "."
+	inbox             = "_INBOX.>"
+	palInbox          = Inbox + ".>"
+	jsAPI             = "$JS.API."
+)
+
+// Inbox is the inbox prefix of PAL's long-running processes (worker,
+// projector, API). Only their roles may subscribe under it, so a client,
+// which subscribes _INBOX.> for its own replies, cannot read theirs (the
+// JetStream API's answers name PAL's consumers, which a client could then
+// change or delete).
+const Inbox = "_PAL_INBOX"
+
+// InboxOption makes a connection use Inbox.
+func InboxOption() nats.Option { return nats.CustomInboxPrefix(Inbox) }
+
+// Permissions is what one role may publish and subscribe to. Deny wins
+// over allow, as in NATS.
+type Permissions struct {
+	PubAllow []string
+	PubDeny  []string
+	SubAllow []string
+	SubDeny  []string
+}
+
+// Server returns the permissions in nats-server's form.
+func (p Permissions) Server() *server.Permissions {
+	sp := func(allow, deny []string) *server.SubjectPermission {
+		if allow == nil && deny == nil {
+			return nil
+		}
+		return &server.SubjectPermission{Allow: slices.Clone(allow), Deny: slices.Clone(deny)}
+	}
+	return &server.Permissions{Publish: sp(p.PubAllow, p.PubDeny), Subscribe: sp(p.SubAllow, p.SubDeny)}
+}
+
+// For returns the permissions of role; an unknown role gets none.
+func For(role Role) Permissions {
+	switch role {
+	case Worker:
+		return worker()
+	case Projector:
+		return projector()
+	case API:
+		return api()
+	case Client:
+		return client()
+	case Admin:
+		return Permissions{PubAllow: []string{">"}, SubAllow: []string{">"}}
+	}
+	return Permissions{PubDeny: []string{">"}, SubDeny: []string{">"}}
+}
+
+// palStreams are the streams the worker sets up.
+var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
+	eventstore.TimersStream, deadStream, leaseStream}
+
+// read is what reading a stream takes: its info, Direct Get (by sequence,
+// by subject, batched) and the stream's message get.
+func read(streams ...string) []string {
+	var out []string
+	for _, s := range streams {
+		out = append(out, jsAPI+"STREAM.INFO."+s, jsAPI+"STREAM.MSG.GET."+s,
+			jsAPI+"DIRECT.GET."+s, jsAPI+"DIRECT.GET."+s+".>")
+	}
+	return out
+}
+
+// durable is what consuming through a named durable pull consumer takes:
+// create (with or without a filter in the subject), info, next, ack.
+func durable(stream, name string) []string {
+	p := jsAPI + "CONSUMER."
+	return []string{p + "CREATE." + stream + "." + name, p + "CREATE." + stream + "." + name + ".>",
+		p + "INFO." + stream + "." + name, p + "MSG.NEXT." + stream + "." + name,
+		"$JS.ACK." + stream + "." + name + ".>"}
+}
+
+// ordered is what ordered (ephemeral, named) consumers on stream take:
+// create under any name, info, next (pull), delete (nats.go deletes the
+// old consumer each time it resets one), and flow control replies (push,
+// as KV watches use).
+func ordered(stream string) []string {
+	p := jsAPI + "CONSUMER."
+	return []string{p + "CREATE." + stream + ".*", p + "CREATE." + stream + ".*.>",
+		p + "INFO." + stream + ".*", p + "MSG.NEXT." + stream + ".*", p + "DELETE." + stream + ".*",
+		"$JS.FC." + stream + ".>"}
+}
+
+// service is what answering the NATS micro service pal takes (requests in,
+// replies to inboxes, discovery on $SRV).
+var serviceSub = []string{"pal.api.>", "$SRV.>"}
+
+func worker() Permissions {
+	pub := []string{
+		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
+		eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
+		jsAPI + "INFO",
+	}
+	for _, s := range palStreams {
+		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
+	}
+	pub = append(pub, read(palStreams...)...)
+	pub = append(pub, durable(eventstore.WorkStream, eventstore.WorkConsumer)...)
+	pub = append(pub, durable(eventstore.CommandsStream, eventstore.CommandConsumer)...)
+	pub = append(pub, durable(eventstore.TimersStream, eventstore.TimerConsumer)...)
+	pub = append(pub, ordered(eventstore.EventsStream)...)
+	pub = append(pub, ordered(leaseStream)...)
+	return Permissions{
+		PubAllow: pub,
+		// Not even a worker may take the projector's consumer.
+		PubDeny:  projectorNames(),
+		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*"}, serviceSub...),
+	}
+}
+
+func projector() Permissions {
+	pub := []string{deadPrefix + ">", jsAPI + "INFO"}
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, deadStream)...)
+	pub = append(pub, durable(eventstore.EventsStream, projectorConsumer)...)
+	// The projector repositions its consumer at start by recreating it.
+	pub = append(pub, jsAPI+"CONSUMER.DELETE."+eventstore.EventsStream+"."+projectorConsumer)
+	// pal projections rebuild reads the journal with an ordered consumer.
+	pub = append(pub, ordered(eventstore.EventsStream)...)
+	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
+}
+
+func api() Permissions {
+	pub := []string{
+		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.CancelPrefix + "*",
+		eventstore.RejectedSubject, inbox, jsAPI + "INFO",
+	}
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream)...)
+	pub = append(pub, ordered(eventstore.EventsStream)...)
+	pub = append(pub, ordered(leaseStream)...)
+	return Permissions{
+		PubAllow: pub,
+		PubDeny:  projectorNames(),
+		SubAllow: append([]string{inbox, palInbox}, serviceSub...),
+	}
+}
+
+func client() Permissions {
+	pub := []string{
+		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
+	}
+	pub = append(pub, read(eventstore.EventsStream, leaseStream)...)
+	pub = append(pub, ordered(eventstore.EventsStream)...)
+	pub = append(pub, ordered(leaseStream)...)
+	// The allow list already leaves these out; denying them too says so,
+	// and keeps them out if a broader allow is ever added.
+	deny := []string{
+		eventstore.EventsPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>",
+		deadPrefix + ">", eventstore.RejectedSubject,
+		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
+		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
+		jsAPI + "CONSUMER.DURABLE.CREATE.>",
+	}
+	deny = append(deny, projectorNames()...)
+	return Permissions{
+		PubAllow: pub,
+		PubDeny:  deny,
+		// pal.cmd.rejected: the README's "nats sub pal.cmd.rejected".
+		SubAllow: []string{inbox, eventstore.RejectedSubject},
+	}
+}
+
+// projectorNames are the subjects that would create, change or delete the
+// projector's durable consumer.
+func projectorNames() []string {
+	p := jsAPI + "CONSUMER."
+	s := eventstore.EventsStream + "." + projectorConsumer
+	return []string{p + "CREATE." + s, p + "CREATE." + s + ".>", p + "DELETE." + s}
+}
