@@ -71,7 +71,9 @@ type Stats struct {
 	// FoldErrors counts runs whose journal did not fold: they keep their
 	// journal rows and get no more derived rows (each is logged).
 	FoldErrors uint64
-	// Malformed counts messages that are not PAL events (logged, skipped).
+	// Malformed counts messages that are not sound journal messages: not
+	// PAL events, or refused by their run's event.Chain (logged, skipped,
+	// never folded).
 	Malformed uint64
 	// WriteRetries counts batch writes that failed and were retried
 	// (Postgres down or refusing).
