@@ -110,6 +110,11 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 // ErrPayloadTooLarge; an invalid run id (event.ValidateRunID); ctx.Err()
 // when ctx ends first.
 func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
+	return s.append(ctx, runID, head, "", evs)
+}
+
+// append is Append with a suffix for each message's Nats-Msg-Id.
+func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix string, evs []event.Event) (Head, error) {
 	if err := checkRunID(runID); err != nil {
 		return head, fmt.Errorf("appending: %w", err)
 	}
@@ -152,7 +157,7 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 		bodies[i], prev = body, event.Hash(body)
 	}
 	for i, g := range groups {
-		h, err := s.publish(ctx, runID, head, g, bodies[i])
+		h, err := s.publish(ctx, runID, head, g, bodies[i], idSuffix)
 		if err != nil {
 			return head, err
 		}
@@ -180,8 +185,8 @@ func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 	return body, nil
 }
 
-func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte) (Head, error) {
-	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10)
+func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte, idSuffix string) (Head, error) {
+	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(kindHeader, kindsOf(evs))
 	return retry.Value(ctx, jsRetry, func() (Head, error) {
@@ -458,7 +463,11 @@ func (s *Store) Seal(ctx context.Context, runID string, head Head, cerr *event.C
 	}
 	ev := cerr.Seal()
 	ev.WorkerID = writer
-	h, err := s.Append(ctx, runID, head, ev)
+	// The seal's Nats-Msg-Id names the message it is chained on, so a bad
+	// message that took "<run_id>:<seq>" cannot hold the seal off for the
+	// dedup window, and no message can take the seal's id before it: that
+	// would need one whose id holds its own hash.
+	h, err := s.append(ctx, runID, head, ":seal-"+head.Hash[:min(16, len(head.Hash))], []event.Event{ev})
 	if err != nil {
 		return ev, head, fmt.Errorf("sealing the corrupt journal of run %s: %w", runID, err)
 	}
