@@ -86,3 +86,23 @@ func TestReadCorruptJournal(t *testing.T) {
 	require.Equal(t, event.CodeJournalCorrupt, d.Code)
 	require.Equal(t, uint64(3), d.Seq)
 }
+
+// TestEarlier: which runs have a message at or before a stream sequence.
+func TestEarlier(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	_, err := b.store.Append(ctx, "run_one", eventstore.Head{}, ev(event.RunCreated, 1)) // stream seq 1
+	require.NoError(t, err)
+	_, err = b.store.Append(ctx, "run_two", eventstore.Head{}, ev(event.RunCreated, 1)) // stream seq 2
+	require.NoError(t, err)
+	has, err := b.store.Earlier(ctx, []string{"run_one", "run_two", "run_none"}, 1)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"run_one": true}, has)
+	has, err = b.store.Earlier(ctx, []string{"run_one", "run_two"}, 2)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"run_one": true, "run_two": true}, has)
+	has, err = b.store.Earlier(ctx, []string{"run_none"}, 2)
+	require.NoError(t, err)
+	require.Empty(t, has)
+}

@@ -474,3 +474,57 @@ func (s *Store) Seal(ctx context.Context, runID string, head Head, cerr *event.C
 	ev.V, ev.RunID, ev.Seq, ev.Prev = event.Version, runID, h.Seq, head.Hash
 	return ev, h, nil
 }
+
+// multiLastBatch caps the subjects of one multi-last Direct Get.
+const multiLastBatch = 256
+
+// Earlier reports which of runIDs have a message at or before stream
+// sequence upTo, with one batched Direct Get per 256 runs: the projector
+// learns this way that a run it meets for the first time starts in the
+// batch at hand and needs no read. Errors: an invalid run id; JetStream's.
+func (s *Store) Earlier(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error) {
+	has := map[string]bool{}
+	if upTo == 0 {
+		return has, nil
+	}
+	for len(runIDs) > 0 {
+		n := min(len(runIDs), multiLastBatch)
+		subjects := make([]string, n)
+		for i, id := range runIDs[:n] {
+			if err := checkRunID(id); err != nil {
+				return nil, fmt.Errorf("reading: %w", err)
+			}
+			subjects[i] = EventsSubject(id)
+		}
+		runIDs = runIDs[n:]
+		err := retry.Do(ctx, jsRetry, func() error {
+			rctx, cancel := context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+			msgs, err := jetstreamext.GetLastMsgsFor(rctx, s.js, EventsStream, subjects, jetstreamext.GetLastMsgsUpToSeq(upTo))
+			if err == nil {
+				for m, merr := range msgs {
+					if errors.Is(merr, jetstreamext.ErrNoMessages) {
+						break
+					}
+					if err = merr; err != nil {
+						break
+					}
+					if id, ok := RunIDFromEvents(m.Subject); ok {
+						has[id] = true
+					}
+				}
+			}
+			if err != nil {
+				err = fmt.Errorf("reading the journal up to stream seq %d: %w", upTo, err)
+				if !transient(err) {
+					return retry.Permanent(err)
+				}
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return has, nil
+}

@@ -3,6 +3,7 @@ package projections
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync/atomic"
 
@@ -96,9 +97,12 @@ type folder struct {
 	cache *stateCache
 	// scan reads a run's messages between two stream sequences
 	// (eventstore.Store.Scan).
-	scan  func(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error
-	log   *slog.Logger
-	stats *counters
+	scan func(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error
+	// earlier reports which runs have a message at or before a stream
+	// sequence (eventstore.Store.Earlier).
+	earlier func(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error)
+	log     *slog.Logger
+	stats   *counters
 }
 
 // fold adds msgs to pb. It fails only when ctx ends (while reading a
@@ -119,16 +123,63 @@ func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
 		}
 		byRun[m.runID] = append(byRun[m.runID], m)
 	}
+	fresh, err := f.fresh(ctx, msgs, order)
+	if err != nil {
+		return err
+	}
 	for _, run := range order {
-		if err := f.foldRun(ctx, pb, run, byRun[run]); err != nil {
+		if err := f.foldRun(ctx, pb, run, byRun[run], fresh[run]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// fresh finds the runs of msgs, not cached, whose journal starts within
+// msgs, so they need no read from JetStream. It knows only when msgs is a
+// gap-free run of stream sequences (every PAL_EVENTS message is a journal
+// message): then a run with nothing at or before the first of them has
+// nothing before its first message here either. One batched Direct Get
+// answers for all the runs.
+func (f *folder) fresh(ctx context.Context, msgs []decoded, order []string) (map[string]bool, error) {
+	if f.earlier == nil || len(msgs) == 0 {
+		return nil, nil
+	}
+	seqs := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		seqs[i] = m.streamSeq
+	}
+	slices.Sort(seqs)
+	seqs = slices.Compact(seqs)
+	if seqs[len(seqs)-1]-seqs[0] != uint64(len(seqs)-1) {
+		return nil, nil // a redelivery out of order: read each run
+	}
+	var unknown []string
+	for _, run := range order {
+		if !f.cache.Contains(run) {
+			unknown = append(unknown, run)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil, nil
+	}
+	has, err := f.earlier(ctx, unknown, seqs[0]-1)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, nil // read each run instead
+	}
+	fresh := map[string]bool{}
+	for _, run := range unknown {
+		fresh[run] = !has[run]
+	}
+	return fresh, nil
+}
+
 // foldRun verifies and applies one run's messages and records the run in pb.
-func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []decoded) error {
+// fresh says the run's journal starts within msgs.
+func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []decoded, fresh bool) error {
 	// A redelivered older message may follow a newer one.
 	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].streamSeq < msgs[j].streamSeq })
 	e, _ := f.cache.Get(runID)
@@ -143,6 +194,9 @@ func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []
 		return nil
 	}
 	withBlobs := false
+	if e == nil && fresh {
+		e, withBlobs = &cacheEntry{st: &engine.RunState{}, chain: event.Chain{RunID: runID}}, true
+	}
 	if e == nil {
 		var err error
 		if e, err = f.rebuild(ctx, runID, msgs[0].streamSeq); err != nil {
