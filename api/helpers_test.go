@@ -47,6 +47,7 @@ type bundleCfg struct {
 	ready     func(context.Context) error
 	tokens    []api.Token
 	insecure  bool
+	stack     []paltest.Option
 }
 
 type bundleOpt func(*bundleCfg)
@@ -64,13 +65,18 @@ func withTokens(tokens []api.Token, insecure bool) bundleOpt {
 	return func(c *bundleCfg) { c.tokens, c.insecure = tokens, insecure }
 }
 
+// withoutJournalCheck is for a test that corrupts a journal on purpose.
+func withoutJournalCheck() bundleOpt {
+	return func(c *bundleCfg) { c.stack = append(c.stack, paltest.NoJournalCheck()) }
+}
+
 func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	t.Helper()
 	cfg := bundleCfg{tokens: []api.Token{{Name: "ci", Secret: testToken}, {Name: "lead", Secret: adminToken, Scopes: api.ScopeAdmin}}}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	b := &bundle{Stack: paltest.New(t)}
+	b := &bundle{Stack: paltest.New(t, cfg.stack...)}
 	if cfg.worker {
 		b.Worker(t, "w1")
 	}

@@ -11,7 +11,10 @@
 // constructors and read back by ParseStepID.
 //
 // The fold is strict: seq must be gapless from 1 and run_created must come
-// first. Every step transition is a journal event, so the state is only a
+// first. It does not verify the journal's hash chain or writers: that is
+// event.Chain's, applied by every reader of NATS before it folds (golden
+// histories are fold tests and carry no prev); FoldRead folds what such a
+// reader got, a corrupt journal as failed with code journal_corrupt. Every step transition is a journal event, so the state is only a
 // cache of the journal: replaying the same events always gives the same
 // state (golden histories in testdata check this).
 //

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -489,4 +490,55 @@ func (st *RunState) setOutput(id string, raw json.RawMessage) {
 		raw = json.RawMessage("null")
 	}
 	st.outputs[id] = raw
+}
+
+// FoldCorrupt folds a journal that does not verify: evs, the sound events
+// before the bad message, then Corrupt.
+func FoldCorrupt(evs []event.Event, cerr *event.CorruptError) (*RunState, error) {
+	st, err := Fold(evs)
+	if err != nil {
+		return st, err
+	}
+	return st, st.Corrupt(cerr)
+}
+
+// Corrupt fails st, the fold of the sound events before a journal's bad
+// message, with code journal_corrupt, as the seal (cerr.Seal) a worker
+// appends will, so a reader shows the same before and after the seal is
+// written. A run that had ended before the bad message keeps its end:
+// nothing after a terminal event changes a run. A journal whose very first
+// message is bad gives a failed run with nothing else known.
+func (st *RunState) Corrupt(cerr *event.CorruptError) error {
+	if st.Status.Terminal() {
+		return nil
+	}
+	seal := cerr.Seal()
+	if st.LastSeq == 0 {
+		var d event.RunFailedData
+		_ = seal.DecodeData(&d)
+		st.RunID, st.Status, st.Error, st.ErrorCode = cerr.RunID, StatusFailed, d.Error, d.Code
+		st.Steps, st.Decisions = map[string]*Step{}, map[string]event.ApprovalReceivedData{}
+		return nil
+	}
+	seal.TS = st.UpdatedAt // no clock here: the time of the last sound event
+	if err := st.Apply(seal); err != nil {
+		return fmt.Errorf("failing run %s for its corrupt journal: %w", cerr.RunID, err)
+	}
+	return nil
+}
+
+// FoldRead folds what a reader got from a run's journal: its events and
+// the read's error. A journal that does not verify (*event.CorruptError)
+// folds with FoldCorrupt, so every reader — a worker, the projector,
+// runs.Client.Get — sees the run failed with code journal_corrupt; any
+// other read error is returned as it is.
+func FoldRead(evs []event.Event, readErr error) (*RunState, error) {
+	var cerr *event.CorruptError
+	switch {
+	case errors.As(readErr, &cerr):
+		return FoldCorrupt(evs, cerr)
+	case readErr != nil:
+		return nil, readErr
+	}
+	return Fold(evs)
 }

@@ -14,6 +14,13 @@
 //     consecutive seq values; Nats-Msg-Id then names the first seq. Decode
 //     accepts both forms.
 //   - Payloads are additive: a reader ignores fields it does not know.
+//   - The journal is a hash chain: every event's prev is Hash of the exact
+//     bytes of the previous message on its subject ("" on the first; the
+//     same for every event of a packed message). Chain checks a run's
+//     messages — the chain, the run id, gapless seq, and that Driven kinds
+//     come from the worker of the latest run_resumed — and every reader
+//     applies it before anything is folded; *CorruptError says where the
+//     journal broke, and the run then fails with CodeJournalCorrupt.
 //
 // The JSON Schema for the envelope lives in package schemas; every event PAL
 // writes validates against it. docs/architecture.md §6 lists the kinds and

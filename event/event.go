@@ -55,6 +55,19 @@ func (k Kind) Terminal() bool {
 // drives the run without taking the run from it.
 func (k Kind) Input() bool { return k == ApprovalReceived }
 
+// Driven reports whether only the worker driving the run (the writer of
+// its latest run_resumed) may append k: every kind but run_created (the
+// first, by the starter or a parent's drive), run_resumed (which opens a
+// drive) and the kinds any writer may append (approval_received,
+// run_cancelled).
+func (k Kind) Driven() bool {
+	switch k {
+	case RunCreated, RunResumed, RunCancelled, ApprovalReceived:
+		return false
+	}
+	return true
+}
+
 // Known reports whether k is one of Kinds.
 func (k Kind) Known() bool {
 	for _, x := range Kinds {
@@ -67,16 +80,21 @@ func (k Kind) Known() bool {
 
 // Event is the journal envelope.
 type Event struct {
-	V        int             `json:"v"`
-	RunID    string          `json:"run_id"`
-	Seq      uint64          `json:"seq"`
-	Kind     Kind            `json:"kind"`
-	TS       time.Time       `json:"ts"`
-	StepID   string          `json:"step_id,omitempty"`
-	Attempt  int             `json:"attempt,omitempty"`
-	WorkerID string          `json:"worker_id"`
-	TraceID  string          `json:"trace_id,omitempty"`
-	Data     json.RawMessage `json:"data"`
+	V        int       `json:"v"`
+	RunID    string    `json:"run_id"`
+	Seq      uint64    `json:"seq"`
+	Kind     Kind      `json:"kind"`
+	TS       time.Time `json:"ts"`
+	StepID   string    `json:"step_id,omitempty"`
+	Attempt  int       `json:"attempt,omitempty"`
+	WorkerID string    `json:"worker_id"`
+	TraceID  string    `json:"trace_id,omitempty"`
+	// Prev is the hex sha256 (Hash) of the exact bytes of the previous
+	// message on the run's subject; "" on the first. Every event of a
+	// packed message carries the same Prev. The writer (the event store's
+	// Append) fills it in.
+	Prev string          `json:"prev,omitempty"`
+	Data json.RawMessage `json:"data"`
 }
 
 // New builds an event of kind k whose data is payload marshalled to JSON.

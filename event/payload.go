@@ -166,6 +166,9 @@ const (
 	CodeCrashLoop       = "crash_loop"
 	CodeDepthExceeded   = "depth_exceeded"
 	CodeInternal        = "internal"
+	// CodeJournalCorrupt fails a run whose journal does not verify
+	// (Chain); the run_failed carries the first bad seq and the reason.
+	CodeJournalCorrupt = "journal_corrupt"
 )
 
 // RunFailedData is the payload of run_failed.
@@ -173,6 +176,10 @@ type RunFailedData struct {
 	Error  string `json:"error"`
 	Code   string `json:"code"`
 	StepID string `json:"step_id,omitempty"`
+	// Seq and Reason say where and why the journal is corrupt (code
+	// journal_corrupt only).
+	Seq    uint64 `json:"seq,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // RunCancelledData is the payload of run_cancelled.

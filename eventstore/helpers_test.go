@@ -124,3 +124,12 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// requireHead checks a head's seq and stream sequence, and that its hash
+// is the hash of the message at that stream sequence.
+func requireHead(t *testing.T, seq, streamSeq uint64, h eventstore.Head) {
+	t.Helper()
+	require.Equal(t, seq, h.Seq, "head seq")
+	require.Equal(t, streamSeq, h.StreamSeq, "head stream seq")
+	require.Len(t, h.Hash, 64, "head hash")
+}

@@ -1,6 +1,10 @@
 package eventstore
 
-import "github.com/palrun/pal/event"
+import (
+	"strings"
+
+	"github.com/palrun/pal/event"
+)
 
 // Stream, bucket and consumer names (public interface,
 // docs/architecture.md §5).
@@ -56,3 +60,9 @@ func EventsSubject(runID string) string { return EventsPrefix + runID }
 
 // WorkSubject is the work-queue subject of a run.
 func WorkSubject(runID string) string { return WorkPrefix + runID }
+
+// RunIDFromEvents extracts the run id from a journal subject.
+func RunIDFromEvents(subject string) (string, bool) {
+	id, ok := strings.CutPrefix(subject, EventsPrefix)
+	return id, ok && event.ValidateRunID(id) == nil
+}

@@ -36,7 +36,7 @@ func TestAppendRace(t *testing.T) {
 					s := b.openStore(t, eventstore.WithPacking(packed))
 					queue := make([]event.Event, each)
 					for i := range queue {
-						queue[i] = event.Event{Kind: event.StepCompleted, WorkerID: fmt.Sprintf("w%d", w),
+						queue[i] = event.Event{Kind: event.ApprovalReceived, WorkerID: fmt.Sprintf("w%d", w),
 							Data: json.RawMessage(fmt.Sprintf(`{"w":%d,"i":%d}`, w, i))}
 					}
 					for len(queue) > 0 {

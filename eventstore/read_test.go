@@ -72,7 +72,7 @@ func TestReadLongRuns(t *testing.T) {
 			n := min(w.size(i), events-int(w.head.Seq))
 			batch := make([]event.Event, n)
 			for j := range batch {
-				batch[j] = ev(event.StepCompleted, int(w.head.Seq)+j+1)
+				batch[j] = ev(event.ApprovalReceived, int(w.head.Seq)+j+1)
 			}
 			h, err := w.store(i).Append(ctx, w.run, w.head, batch...)
 			require.NoError(t, err)
@@ -116,7 +116,7 @@ func TestReadAfter(t *testing.T) {
 			h := eventstore.Head{}
 			for n := 1; n <= 600; n += 3 {
 				var err error
-				h, err = b.store.Append(ctx, run, h, ev(event.StepStarted, n), ev(event.StepCompleted, n+1), ev(event.StepStarted, n+2))
+				h, err = b.store.Append(ctx, run, h, ev(event.ApprovalReceived, n), ev(event.ApprovalReceived, n+1), ev(event.ApprovalReceived, n+2))
 				require.NoError(t, err)
 				heads = append(heads, h)
 				// Another run's messages in between.
@@ -180,7 +180,7 @@ func TestReadManyRuns(t *testing.T) {
 			h := eventstore.Head{}
 			for n := 1; n <= perRun; n += 2 {
 				var err error
-				if h, err = s.Append(ctx, run, h, ev(event.StepStarted, n), ev(event.StepCompleted, n+1)); err != nil {
+				if h, err = s.Append(ctx, run, h, ev(event.ApprovalReceived, n), ev(event.ApprovalReceived, n+1)); err != nil {
 					errs <- fmt.Errorf("%s: %w", run, err)
 					return
 				}
@@ -219,7 +219,7 @@ func TestLastHead(t *testing.T) {
 	require.NoError(t, err)
 	got, err = b.store.LastHead(ctx, run)
 	require.NoError(t, err)
-	require.Equal(t, eventstore.Head{Seq: 3, StreamSeq: 3}, got, "the last seq of a packed message")
+	requireHead(t, 3, 3, got)
 	require.Equal(t, h, got)
 
 	// The head LastHead returns is one an append can be fenced on.

@@ -37,7 +37,7 @@ func TestAppendAndReadAcrossRestarts(t *testing.T) {
 				defer close(progress)
 				h := eventstore.Head{}
 				for n := 1; n <= total; n += 2 {
-					next, err := b.store.Append(ctx, run, h, ev(event.StepStarted, n), ev(event.StepCompleted, n+1))
+					next, err := b.store.Append(ctx, run, h, ev(event.ApprovalReceived, n), ev(event.ApprovalReceived, n+1))
 					if err != nil {
 						writeErr = err
 						return
@@ -136,7 +136,7 @@ func TestAppendWhileServerDown(t *testing.T) {
 	b.srv.Shutdown()
 	// The same slice for the retry: Append stamps ts into it, so the retry
 	// sends the very same message.
-	evs := []event.Event{ev(event.StepStarted, 2)}
+	evs := []event.Event{ev(event.ApprovalReceived, 2)}
 	_, err = b.store.Append(timeout(t, 700*time.Millisecond), run, h, evs...)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	_, _, err = b.store.Read(timeout(t, 700*time.Millisecond), run)

@@ -19,11 +19,29 @@ import (
 
 // Head is a writer's view of the end of a run's journal.
 type Head struct {
-	// Seq is the run-level seq of the last event (0 before run_created).
+	// Seq is the run-level seq of the last sound event (0 before
+	// run_created); the next append gets Seq+1.
 	Seq uint64
 	// StreamSeq is the PAL_EVENTS sequence of the last message on the
 	// run's subject (0 when there is none); appends are fenced on it.
 	StreamSeq uint64
+	// Hash is the hex sha256 of the last message's bytes (event.Hash): the
+	// prev of the next append.
+	Hash string
+}
+
+// chain returns the verifier that continues after h. A head does not say
+// who drives the run, so a chain from a non-zero head applies the writer
+// rule from the next run_resumed on (event.Chain.Tail); a read from the
+// start (Read, a zero head) applies it throughout.
+func (h Head) chain(runID string) event.Chain {
+	return event.Chain{RunID: runID, Seq: h.Seq, Hash: h.Hash, Tail: h.Seq > 0}
+}
+
+// after returns the head after a message the chain c took at stream
+// sequence streamSeq.
+func after(c *event.Chain, streamSeq uint64) Head {
+	return Head{Seq: c.Seq, StreamSeq: streamSeq, Hash: c.Hash}
 }
 
 // Store reads and appends run journals.
@@ -76,7 +94,8 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 
 // Append writes evs after head, fenced: it succeeds only if head is still
 // the end of the run's journal. It fills in v, run_id, seq and (when zero)
-// ts, and returns the new head.
+// ts, prev (the head's Hash, so every event of a packed message carries
+// the same prev) and returns the new head.
 //
 // Without packing each event is one message and Append publishes them in
 // order; if one fails, the returned head covers those that landed. An
@@ -91,6 +110,11 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 // ErrPayloadTooLarge; an invalid run id (event.ValidateRunID); ctx.Err()
 // when ctx ends first.
 func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
+	return s.append(ctx, runID, head, "", evs)
+}
+
+// append is Append with a suffix for each message's Nats-Msg-Id.
+func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix string, evs []event.Event) (Head, error) {
 	if err := checkRunID(runID); err != nil {
 		return head, fmt.Errorf("appending: %w", err)
 	}
@@ -118,22 +142,34 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 	}
 	// Encode and size-check every message before publishing any, so an
 	// oversized event refuses the whole append instead of half-applying it.
+	// Each message's prev is the hash of the one before it, so the bodies
+	// are chained here, before anything is sent.
 	bodies := make([][]byte, len(groups))
+	prev := head.Hash
 	for i, g := range groups {
+		for j := range g {
+			g[j].Prev = prev
+		}
 		body, err := s.encode(runID, g)
 		if err != nil {
 			return head, err
 		}
-		bodies[i] = body
+		bodies[i], prev = body, event.Hash(body)
 	}
 	for i, g := range groups {
-		h, err := s.publish(ctx, runID, head, g, bodies[i])
+		h, err := s.publish(ctx, runID, head, g, bodies[i], idSuffix)
 		if err != nil {
 			return head, err
 		}
 		head = h
 	}
 	return head, nil
+}
+
+// advance returns the head after evs, appended in one message body that
+// landed at stream sequence streamSeq.
+func advance(evs []event.Event, body []byte, streamSeq uint64) Head {
+	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: streamSeq, Hash: event.Hash(body)}
 }
 
 // encode marshals one message's events and checks its size.
@@ -149,12 +185,10 @@ func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 	return body, nil
 }
 
-func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte) (Head, error) {
-	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10)
+func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte, idSuffix string) (Head, error) {
+	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(kindHeader, kindsOf(evs))
-	last := evs[len(evs)-1].Seq
-
 	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		ack, err := s.js.PublishMsg(pctx, msg,
@@ -163,13 +197,13 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 			jetstream.WithExpectLastSequencePerSubject(head.StreamSeq))
 		cancel()
 		if err == nil && !ack.Duplicate {
-			return Head{Seq: last, StreamSeq: ack.Sequence}, nil
+			return advance(evs, body, ack.Sequence), nil
 		}
 		if err == nil || isWrongLastSeq(err) {
 			// Wrong sequence (or a duplicate id): either an earlier try of
 			// this very append landed and its ack was lost, or another
 			// writer appended first.
-			h, err := s.checkLanded(ctx, runID, head, msgID, body, last)
+			h, err := s.checkLanded(ctx, runID, head, msgID, evs, body)
 			return h, retry.Permanent(err)
 		}
 		if isTooLarge(err) {
@@ -191,13 +225,13 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 // first message after head rather than the last one, so an append is
 // recognised even when more landed after it (an unpacked Append re-sent
 // whole after its acks were lost).
-func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, body []byte, last uint64) (Head, error) {
+func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID string, evs []event.Event, body []byte) (Head, error) {
 	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
 		m, err := s.events.GetMsg(gctx, head.StreamSeq+1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
 		cancel()
 		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
-			return Head{Seq: last, StreamSeq: m.Sequence}, nil
+			return advance(evs, body, m.Sequence), nil
 		}
 		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			ce := &ConflictError{RunID: runID, Expected: head.Seq}
@@ -215,8 +249,12 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 }
 
 // Read returns every event of a run, in order, and the head after them.
-// It uses batched Direct Get. Errors: ErrRunNotFound when the run has no
-// events.
+// It uses batched Direct Get and verifies every message (event.Chain).
+// Errors: ErrRunNotFound when the run has no events; *event.CorruptError
+// (matches event.ErrJournalCorrupt) when the journal does not verify and
+// no seal follows: the events are then the sound ones before the bad
+// message, and the head is where a seal is appended (Seq after the sound
+// events, StreamSeq and Hash of the subject's last message).
 func (s *Store) Read(ctx context.Context, runID string) ([]event.Event, Head, error) {
 	evs, head, err := s.ReadAfter(ctx, runID, Head{})
 	if err == nil && len(evs) == 0 {
@@ -237,7 +275,10 @@ const numPendingHeader = "Nats-Num-Pending"
 var errIncompleteBatch = errors.New("direct get batch ended early")
 
 // ReadAfter returns the events of a run written after head, and the new
-// head. An empty result with head unchanged means nothing new.
+// head. An empty result with head unchanged means nothing new. Messages
+// are verified as Read does, continuing the chain from head (a head does
+// not say who drives the run, so after a non-zero head the writer rule
+// starts at the next run_resumed); the errors are Read's, bar ErrRunNotFound.
 //
 // Completeness is checked, not assumed: every batched reply carries the
 // number of matching messages still pending after it, and reading goes on
@@ -246,75 +287,97 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 	if err := checkRunID(runID); err != nil {
 		return nil, head, fmt.Errorf("reading: %w", err)
 	}
-	subj := EventsSubject(runID)
+	chain := head.chain(runID)
 	var out []event.Event
-	err := retry.Do(ctx, jsRetry, func() error {
+	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) {
+		evs, _ := chain.Next(body) // a bad message is recorded in chain.Corrupt
+		out, head = append(out, evs...), after(&chain, streamSeq)
+	})
+	if err != nil {
+		return nil, head, err
+	}
+	if chain.Corrupt != nil && !chain.Sealed {
+		return out, head, chain.Corrupt
+	}
+	return out, head, nil
+}
+
+// Scan passes the exact bytes of every message on a run's subject after
+// stream sequence after and before stream sequence before (0: no bound),
+// in order, to fn, which must verify them (event.Chain): the projector
+// folds its runs this way from where its own chain stands.
+func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte)) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("reading: %w", err)
+	}
+	return s.scan(ctx, runID, after, before, fn)
+}
+
+// scan is Scan without the run id check. Each message reaches fn once:
+// a batch that fails is retried from the message after the last one fn
+// took.
+func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error {
+	subj := EventsSubject(runID)
+	return retry.Do(ctx, jsRetry, func() error {
 		for {
-			batch, h, pending, err := s.readBatch(ctx, subj, head)
+			last, pending, err := s.readBatch(ctx, subj, after, before, fn)
+			after = last
 			if err != nil {
 				err = fmt.Errorf("reading run %s: %w", runID, err)
 				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
 					return retry.Permanent(err)
 				}
-			}
-			// Keep what arrived intact, and on a failure retry from there.
-			out, head = append(out, batch...), h
-			if err != nil || pending == 0 {
 				return err
+			}
+			if pending == 0 {
+				return nil
 			}
 		}
 	})
-	if err != nil {
-		return nil, head, err
-	}
-	return out, head, nil
 }
 
-// readBatch reads one batch after head. It returns the decoded events, the
-// head after them and how many matching messages are still pending.
-func (s *Store) readBatch(ctx context.Context, subj string, head Head) ([]event.Event, Head, uint64, error) {
+// readBatch reads one batch of messages after stream sequence after (and
+// before before, unless 0), passing each to fn. It returns the stream
+// sequence of the last message fn took and how many matching messages
+// are still pending.
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte)) (uint64, uint64, error) {
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	msgs, err := jetstreamext.GetBatch(rctx, s.js, EventsStream, readBatch,
-		jetstreamext.GetBatchSubject(subj), jetstreamext.GetBatchSeq(head.StreamSeq+1))
+		jetstreamext.GetBatchSubject(subj), jetstreamext.GetBatchSeq(after+1))
 	if err != nil {
-		return nil, head, 0, err
+		return after, 0, err
 	}
-	var out []event.Event
+	read := false
 	pending := uint64(1) // unknown until a reply says otherwise
 	for m, err := range msgs {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return out, head, 0, nil
+			return after, 0, nil
 		}
 		if err != nil {
-			return out, head, pending, err
+			return after, pending, err
 		}
-		evs, err := event.Decode(m.Data)
-		if err != nil {
-			return out, head, pending, fmt.Errorf("stream seq %d: %w", m.Sequence, err)
+		if before > 0 && m.Sequence >= before {
+			return after, 0, nil
 		}
-		h := head
-		for _, ev := range evs {
-			if ev.Seq != h.Seq+1 {
-				return out, head, pending, fmt.Errorf("journal gap: seq %d follows %d", ev.Seq, h.Seq)
-			}
-			h.Seq = ev.Seq
+		n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+		if perr != nil {
+			// Before fn takes the message, so a retry reads it again.
+			return after, 1, fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
 		}
-		h.StreamSeq = m.Sequence
-		out, head = append(out, evs...), h
-		if pending, err = strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64); err != nil {
-			return out, head, 1, fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
-		}
+		fn(m.Sequence, m.Data)
+		after, pending, read = m.Sequence, n, true
 	}
-	if len(out) == 0 {
+	if !read {
 		// No reply at all and no "no messages": the request timed out.
-		return out, head, pending, errIncompleteBatch
+		return after, pending, errIncompleteBatch
 	}
-	return out, head, pending, nil
+	return after, pending, nil
 }
 
 // LastHead returns the current head of a run without reading its events
-// (one Direct Get). A run with no events has the zero Head.
+// (one Direct Get of the last message, not verified: Read verifies). A run
+// with no events has the zero Head. Its Hash is the last message's.
 func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 	if err := checkRunID(runID); err != nil {
 		return Head{}, fmt.Errorf("reading head: %w", err)
@@ -330,7 +393,7 @@ func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 	if err != nil {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
 	}
-	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence}, nil
+	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence, Hash: event.Hash(m.Data)}, nil
 }
 
 func kindsOf(evs []event.Event) string {
@@ -386,3 +449,82 @@ func transient(err error) bool {
 // transiently (see transient): quick at first, since most such failures are
 // a leader election that ends within a second.
 var jsRetry = retry.Policy{Initial: 20 * time.Millisecond, Max: time.Second, Multiplier: 1.5, Jitter: 0.5}
+
+// Seal ends a run whose journal is corrupt: it appends cerr's seal
+// (run_failed, code journal_corrupt) written by writer, fenced on head,
+// the head Read returned with cerr, so the seal is chained on the
+// subject's last message, bad or not. It returns the seal as written and
+// the new head. A journal whose bad message follows the run's end
+// (cerr.AfterEnd) is refused: the run keeps its end. Errors: Append's
+// (a *ConflictError when the subject moved on meanwhile: read it again).
+func (s *Store) Seal(ctx context.Context, runID string, head Head, cerr *event.CorruptError, writer string) (event.Event, Head, error) {
+	if cerr.AfterEnd {
+		return event.Event{}, head, fmt.Errorf("sealing run %s: it ended before its bad message (seq %d); nothing to seal", runID, cerr.Seq)
+	}
+	ev := cerr.Seal()
+	ev.WorkerID = writer
+	// The seal's Nats-Msg-Id names the message it is chained on, so a bad
+	// message that took "<run_id>:<seq>" cannot hold the seal off for the
+	// dedup window, and no message can take the seal's id before it: that
+	// would need one whose id holds its own hash.
+	h, err := s.append(ctx, runID, head, ":seal-"+head.Hash[:min(16, len(head.Hash))], []event.Event{ev})
+	if err != nil {
+		return ev, head, fmt.Errorf("sealing the corrupt journal of run %s: %w", runID, err)
+	}
+	ev.V, ev.RunID, ev.Seq, ev.Prev = event.Version, runID, h.Seq, head.Hash
+	return ev, h, nil
+}
+
+// multiLastBatch caps the subjects of one multi-last Direct Get.
+const multiLastBatch = 256
+
+// Earlier reports which of runIDs have a message at or before stream
+// sequence upTo, with one batched Direct Get per 256 runs: the projector
+// learns this way that a run it meets for the first time starts in the
+// batch at hand and needs no read. Errors: an invalid run id; JetStream's.
+func (s *Store) Earlier(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error) {
+	has := map[string]bool{}
+	if upTo == 0 {
+		return has, nil
+	}
+	for len(runIDs) > 0 {
+		n := min(len(runIDs), multiLastBatch)
+		subjects := make([]string, n)
+		for i, id := range runIDs[:n] {
+			if err := checkRunID(id); err != nil {
+				return nil, fmt.Errorf("reading: %w", err)
+			}
+			subjects[i] = EventsSubject(id)
+		}
+		runIDs = runIDs[n:]
+		err := retry.Do(ctx, jsRetry, func() error {
+			rctx, cancel := context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+			msgs, err := jetstreamext.GetLastMsgsFor(rctx, s.js, EventsStream, subjects, jetstreamext.GetLastMsgsUpToSeq(upTo))
+			if err == nil {
+				for m, merr := range msgs {
+					if errors.Is(merr, jetstreamext.ErrNoMessages) {
+						break
+					}
+					if err = merr; err != nil {
+						break
+					}
+					if id, ok := RunIDFromEvents(m.Subject); ok {
+						has[id] = true
+					}
+				}
+			}
+			if err != nil {
+				err = fmt.Errorf("reading the journal up to stream seq %d: %w", upTo, err)
+				if !transient(err) {
+					return retry.Permanent(err)
+				}
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return has, nil
+}

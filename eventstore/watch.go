@@ -21,6 +21,10 @@ var ErrStopWatch = errors.New("stop watching")
 // ErrStopWatch, ctx.Err() when ctx ended, fn's error when fn failed, and
 // an error when the watch itself ended (the connection closed).
 //
+// Messages are verified as Read does (event.Chain): one that is not a
+// sound continuation is never passed to fn, nor is any after it but the
+// seal (run_failed, journal_corrupt) a worker appends.
+//
 // Watch uses an ordered consumer that the server removes shortly after the
 // watcher goes away.
 func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(event.Event) error) error {
@@ -49,7 +53,7 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 		stop()
 		it.Stop()
 	}()
-	seq := after.Seq
+	chain := after.chain(runID)
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -60,15 +64,10 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 			// way not a stop fn asked for, so never nil.
 			return fmt.Errorf("watching run %s: %w", runID, err)
 		}
-		evs, err := event.Decode(m.Data())
-		if err != nil {
-			return fmt.Errorf("watching run %s: %w", runID, err)
-		}
+		// A message that does not verify is skipped, and so is everything
+		// after it but the seal (event.Chain).
+		evs, _ := chain.Next(m.Data())
 		for _, ev := range evs {
-			if ev.Seq <= seq {
-				continue
-			}
-			seq = ev.Seq
 			if err := fn(ev); err != nil {
 				if errors.Is(err, ErrStopWatch) {
 					return nil

@@ -56,9 +56,10 @@
 // Available. Postgres being down stops nothing on the write side: runs go
 // on executing, the projector retries its batch with backoff and
 // acknowledges nothing until it commits, then catches up. A journal that
-// does not fold (or a message that is not a PAL event) is logged and
-// counted (Stats) and still gets its journal rows; it never stops the
-// projector. Values Postgres refuses (a NUL character, invalid UTF-8) are
+// does not fold is logged and counted (Stats) and still gets its journal
+// rows; a message that does not verify (event.Chain: not a PAL event, a
+// gap, a wrong prev or writer) gets none, is counted, and its run reads
+// failed (journal_corrupt). Neither stops the projector. Values Postgres refuses (a NUL character, invalid UTF-8) are
 // stored with U+FFFD in their place. NATS going away only pauses the
 // consumer, which resumes when the connection is back.
 //

@@ -2,6 +2,7 @@ package projections
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 )
 
 // counters are a projector's metrics.
@@ -26,11 +28,23 @@ type counters struct {
 	loads      atomic.Uint64
 }
 
-// decoded is one stream message: its stream sequence and its events (one,
-// or several consecutive ones of one run when packed).
+// decoded is one stream message: its stream sequence, the run of its
+// subject and its exact bytes. The folder verifies and decodes it
+// (event.Chain), per run, in stream order.
 type decoded struct {
 	streamSeq uint64
-	evs       []event.Event
+	runID     string
+	body      []byte
+}
+
+// decodedOf is the message at streamSeq on subject; ok is false for a
+// subject that names no run.
+func decodedOf(streamSeq uint64, subject string, body []byte) (decoded, bool) {
+	runID, ok := eventstore.RunIDFromEvents(subject)
+	if !ok {
+		return decoded{}, false
+	}
+	return decoded{streamSeq: streamSeq, runID: runID, body: body}, true
 }
 
 // batch is what one transaction writes.
@@ -76,134 +90,236 @@ func newPending() *pending {
 	return &pending{seen: map[runSeq]bool{}, touched: map[string]*touchedRun{}}
 }
 
-// folder turns messages into rows with the engine's fold. It keeps the
-// folded state of recently active runs, so an event costs one Apply; a run
-// it has not got (cache miss, restart) or whose next event is not the one
-// after its state (redelivery, gap) is folded afresh from its journal in
-// JetStream. It is used by one goroutine.
+// folder turns messages into rows with the engine's fold, after each run's
+// chain (event.Chain) has verified them. It keeps the folded state and the
+// chain of recently active runs, so a message costs one verification and
+// one Apply per event; a run it has not got (cache miss, restart) is
+// folded afresh from its journal in JetStream, up to the message at hand.
+// It is used by one goroutine.
 type folder struct {
 	cache *stateCache
-	// load reads a run's whole journal (eventstore.Store.Read).
-	load  func(ctx context.Context, runID string) ([]event.Event, error)
-	log   *slog.Logger
-	stats *counters
-	// hook, when set (tests), runs before a run's events are folded
-	// (not for a run already broken).
+	// scan reads a run's messages between two stream sequences
+	// (eventstore.Store.Scan).
+	scan func(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error
+	// earlier reports which runs have a message at or before a stream
+	// sequence (eventstore.Store.Earlier).
+	earlier func(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error)
+	log     *slog.Logger
+	stats   *counters
+	// hook, when set (tests), runs before each message's events are
+	// folded (not for a run already broken).
 	hook func(runID string)
 }
 
 // fold adds msgs to pb. It fails only when ctx ends (while reading a
 // journal from JetStream): a run whose journal does not fold still gets its
-// journal rows, is logged and counted, and gets no more derived rows.
+// journal rows, is logged and counted, and gets no more derived rows; a
+// message that does not verify gets no row and is never folded, and its
+// run reads failed (journal_corrupt).
 func (f *folder) fold(ctx context.Context, pb *pending, msgs []decoded) error {
-	byRun := map[string][]event.Event{}
-	lastSeq := map[string]uint64{} // a run's last stream seq, to log
+	byRun := map[string][]decoded{}
 	var order []string
 	for _, m := range msgs {
 		pb.lastStreamSeq = max(pb.lastStreamSeq, m.streamSeq)
-		for _, ev := range m.evs {
-			k := runSeq{ev.RunID, ev.Seq}
-			if pb.seen[k] {
-				continue // redelivered within the batch
-			}
-			pb.seen[k] = true
-			pb.journal = append(pb.journal, journalRowOf(ev, m.streamSeq))
-			if _, ok := byRun[ev.RunID]; !ok {
-				order = append(order, ev.RunID)
-			}
-			byRun[ev.RunID] = append(byRun[ev.RunID], ev)
-			lastSeq[ev.RunID] = m.streamSeq
+		if m.runID == "" {
+			continue // not a run's message: it only moves the checkpoint
 		}
+		if _, ok := byRun[m.runID]; !ok {
+			order = append(order, m.runID)
+		}
+		byRun[m.runID] = append(byRun[m.runID], m)
+	}
+	fresh, err := f.fresh(ctx, msgs, order)
+	if err != nil {
+		return err
 	}
 	for _, run := range order {
-		if err := f.foldRunSafe(ctx, pb, run, byRun[run], lastSeq[run]); err != nil {
+		if err := f.foldRun(ctx, pb, run, byRun[run], fresh[run]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// foldRunSafe is foldRun with a panic recovered: the run is recorded as
-// broken (its journal rows are written, no derived rows from now on),
-// logged with the stream sequence, and the projector goes on. Its
-// messages are not redelivered: the checkpoint moves past them, as for a
-// journal that does not fold, so nothing loops.
-func (f *folder) foldRunSafe(ctx context.Context, pb *pending, runID string, evs []event.Event, streamSeq uint64) (err error) {
-	defer func() {
-		r := recover()
-		if r == nil {
-			return
+// fresh finds the runs of msgs, not cached, whose journal starts within
+// msgs, so they need no read from JetStream. It knows only when msgs is a
+// gap-free run of stream sequences (every PAL_EVENTS message is a journal
+// message): then a run with nothing at or before the first of them has
+// nothing before its first message here either. One batched Direct Get
+// answers for all the runs.
+func (f *folder) fresh(ctx context.Context, msgs []decoded, order []string) (map[string]bool, error) {
+	if f.earlier == nil || len(msgs) == 0 {
+		return nil, nil
+	}
+	seqs := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		seqs[i] = m.streamSeq
+	}
+	slices.Sort(seqs)
+	seqs = slices.Compact(seqs)
+	if seqs[len(seqs)-1]-seqs[0] != uint64(len(seqs)-1) {
+		return nil, nil // a redelivery out of order: read each run
+	}
+	var unknown []string
+	for _, run := range order {
+		if !f.cache.Contains(run) {
+			unknown = append(unknown, run)
 		}
-		f.log.Error("folding a run panicked", "run", runID, "stream_seq", streamSeq, "panic", r, "stack", string(debug.Stack()))
-		// Its state may be half applied: write none of it.
-		if _, ok := pb.touched[runID]; ok {
-			delete(pb.touched, runID)
-			pb.order = slices.DeleteFunc(pb.order, func(id string) bool { return id == runID })
+	}
+	if len(unknown) == 0 {
+		return nil, nil
+	}
+	has, err := f.earlier(ctx, unknown, seqs[0]-1)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		f.broken(runID, &engine.RunState{}, fmt.Errorf("panic: %v", r))
-		err = nil
-	}()
-	return f.foldRun(ctx, pb, runID, evs)
+		return nil, nil // read each run instead
+	}
+	fresh := map[string]bool{}
+	for _, run := range unknown {
+		fresh[run] = !has[run]
+	}
+	return fresh, nil
 }
 
-// foldRun applies one run's events to its state and records the run in pb.
-func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, evs []event.Event) error {
-	// A redelivered older message may follow a newer one.
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
-	e, _ := f.cache.Get(runID)
-	if e != nil && e.broken {
-		return nil
-	}
+// errFoldPanic marks a fold that panicked.
+var errFoldPanic = errors.New("folding panicked")
+
+// apply folds one message's events into st. A panic is recovered and
+// returned as an error matching errFoldPanic, logged with the stream
+// sequence: the run is then broken like a journal that does not fold
+// (its journal rows are written, no derived rows), and the projector goes
+// on; the checkpoint moves past, so nothing loops.
+func (f *folder) apply(runID string, st *engine.RunState, evs []event.Event, streamSeq uint64) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f.log.Error("folding a run panicked", "run", runID, "stream_seq", streamSeq, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: %v", errFoldPanic, r)
+		}
+	}()
 	if f.hook != nil {
 		f.hook(runID)
 	}
-	var st *engine.RunState
+	for _, ev := range evs {
+		if err := st.Apply(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// foldRun verifies and applies one run's messages and records the run in pb.
+// fresh says the run's journal starts within msgs.
+func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []decoded, fresh bool) error {
+	// A redelivered older message may follow a newer one.
+	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].streamSeq < msgs[j].streamSeq })
+	e, _ := f.cache.Get(runID)
 	var prev uint64 // rows changed after prev are written
 	if e != nil {
-		st, prev = e.st, e.st.LastSeq
+		prev = e.st.LastSeq
+		for len(msgs) > 0 && msgs[0].streamSeq <= e.stream {
+			msgs = msgs[1:] // already taken
+		}
 	}
-	for len(evs) > 0 && evs[0].Seq <= prev {
-		evs = evs[1:] // already folded
-	}
-	if len(evs) == 0 {
+	if len(msgs) == 0 {
 		return nil
 	}
 	withBlobs := false
-	if st == nil || evs[0].Seq != st.LastSeq+1 {
+	if e == nil && fresh {
+		e, withBlobs = &cacheEntry{st: &engine.RunState{}, chain: event.Chain{RunID: runID}}, true
+	}
+	if e == nil {
 		var err error
-		if st, err = f.rebuild(ctx, runID, evs[0].Seq-1); err != nil {
+		if e, err = f.rebuild(ctx, runID, msgs[0].streamSeq); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			f.broken(runID, st, err)
-			return nil
+			// Its messages still get their journal rows, below.
+			f.broken(runID, e, err)
 		}
 		// A state folded afresh writes all its rows: the guards make the
 		// unchanged ones no-ops, and a missing one comes back.
 		prev, withBlobs = 0, true
 	}
 	var foldErr error
-	for _, ev := range evs {
-		if err := st.Apply(ev); err != nil {
+	panicked := false
+	for _, m := range msgs {
+		evs, err := e.chain.Next(m.body)
+		e.stream = m.streamSeq
+		if err != nil {
+			f.stats.malformed.Add(1)
+			f.log.Error("skipping a journal message that does not verify", "run", runID, "stream_seq", m.streamSeq, "err", err)
+			continue
+		}
+		for _, ev := range evs {
+			if k := (runSeq{runID, ev.Seq}); !pb.seen[k] {
+				pb.seen[k] = true
+				pb.journal = append(pb.journal, journalRowOf(ev, m.streamSeq))
+			}
+		}
+		if len(evs) == 0 || e.broken || foldErr != nil {
+			continue
+		}
+		if e.synth {
+			// The seal of a run this folder failed itself: fold afresh,
+			// seal included, so the rows carry the seal as written.
+			ne, err := f.rebuild(ctx, runID, m.streamSeq+1)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				foldErr, e = err, ne
+				continue
+			}
+			e, prev, withBlobs = ne, 0, true
+			continue
+		}
+		if err := f.apply(runID, e.st, evs, m.streamSeq); err != nil {
 			foldErr = err
-			break
+			panicked = errors.Is(err, errFoldPanic)
 		}
 	}
-	if t, ok := pb.touched[runID]; ok {
-		t.st, t.prev, t.withBlobs = st, min(t.prev, prev), t.withBlobs || withBlobs
-	} else {
-		pb.touched[runID] = &touchedRun{st: st, prev: prev, withBlobs: withBlobs}
+	if foldErr == nil && !e.broken {
+		f.markCorrupt(e)
+	}
+	if panicked {
+		// The state may be half applied: write none of it.
+		if _, ok := pb.touched[runID]; ok {
+			delete(pb.touched, runID)
+			pb.order = slices.DeleteFunc(pb.order, func(id string) bool { return id == runID })
+		}
+	} else if t, ok := pb.touched[runID]; ok {
+		t.st, t.prev, t.withBlobs = e.st, min(t.prev, prev), t.withBlobs || withBlobs
+	} else if !e.broken || foldErr != nil {
+		pb.touched[runID] = &touchedRun{st: e.st, prev: prev, withBlobs: withBlobs}
 		pb.order = append(pb.order, runID)
 	}
 	switch {
 	case foldErr != nil:
-		f.broken(runID, st, foldErr)
-	case st.Status.Terminal():
+		f.broken(runID, e, foldErr)
+	case e.broken:
+		f.cache.Add(runID, e)
+	case e.st.Status.Terminal() && !e.synth:
 		f.cache.Remove(runID) // nothing follows a terminal event
 	default:
-		f.cache.Add(runID, &cacheEntry{st: st})
+		f.cache.Add(runID, e) // a synthesised end waits for its seal
 	}
 	return nil
+}
+
+// markCorrupt fails the state of a run whose journal does not verify and
+// has no seal yet, as every reader shows it (engine.RunState.Corrupt).
+func (f *folder) markCorrupt(e *cacheEntry) {
+	c := e.chain.Corrupt
+	if c == nil || e.chain.Sealed || e.synth || e.st.Status.Terminal() {
+		return
+	}
+	if err := e.st.Corrupt(c); err != nil {
+		f.log.Error("failing a run with a corrupt journal", "run", c.RunID, "err", err)
+		return
+	}
+	e.synth = true
 }
 
 // rows makes the batch pb stands for.
@@ -217,37 +333,35 @@ func (f *folder) rows(pb *pending) *batch {
 	return b
 }
 
-// rebuild folds a run's journal from JetStream up to seq upto.
-func (f *folder) rebuild(ctx context.Context, runID string, upto uint64) (*engine.RunState, error) {
-	st := &engine.RunState{}
-	if upto == 0 {
-		return st, nil
-	}
+// rebuild folds a run's journal from JetStream, the messages before
+// stream sequence before, through a fresh chain.
+func (f *folder) rebuild(ctx context.Context, runID string, before uint64) (*cacheEntry, error) {
+	e := &cacheEntry{st: &engine.RunState{}, chain: event.Chain{RunID: runID}}
 	f.stats.loads.Add(1)
-	evs, err := f.load(ctx, runID)
+	var evs []event.Event
+	err := f.scan(ctx, runID, 0, before, func(streamSeq uint64, body []byte) {
+		got, _ := e.chain.Next(body)
+		evs, e.stream = append(evs, got...), streamSeq
+	})
 	if err != nil {
-		return st, err
+		return e, err
 	}
-	for _, ev := range evs {
-		if ev.Seq > upto {
-			break
-		}
-		if err := st.Apply(ev); err != nil {
-			return st, err
-		}
+	st, err := engine.Fold(evs)
+	e.st = st
+	if err != nil {
+		return e, err
 	}
-	if st.LastSeq != upto {
-		return st, fmt.Errorf("run %s: the journal in JetStream ends at seq %d, before seq %d", runID, st.LastSeq, upto)
-	}
-	return st, nil
+	f.markCorrupt(e)
+	return e, nil
 }
 
 // broken records a run whose journal does not fold: it keeps its journal
 // rows and the rows of the state before the error, and gets no more.
-func (f *folder) broken(runID string, st *engine.RunState, err error) {
+func (f *folder) broken(runID string, e *cacheEntry, err error) {
 	f.stats.foldErrors.Add(1)
 	f.log.Error("run journal does not fold; projecting its journal rows only", "run", runID, "err", err)
-	f.cache.Add(runID, &cacheEntry{st: st, broken: true})
+	e.broken = true
+	f.cache.Add(runID, e)
 }
 
 // addRows adds the rows of st that changed after seq prev.
@@ -283,11 +397,16 @@ func (f *folder) addRows(b *batch, st *engine.RunState, prev uint64, withBlobs b
 	}
 }
 
-// cacheEntry is a run's folded state; broken marks a journal that does not
-// fold.
+// cacheEntry is a run's folded state and the chain that verified it.
 type cacheEntry struct {
-	st     *engine.RunState
+	st    *engine.RunState
+	chain event.Chain
+	// stream is the stream sequence of the last message the chain took.
+	stream uint64
+	// broken marks a journal that does not fold; synth a state this
+	// folder failed (journal_corrupt) before the seal was read.
 	broken bool
+	synth  bool
 }
 
 // stateCache is an LRU of folded run states by run id. The folder is used

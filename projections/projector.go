@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
 )
@@ -72,7 +71,9 @@ type Stats struct {
 	// FoldErrors counts runs whose journal did not fold: they keep their
 	// journal rows and get no more derived rows (each is logged).
 	FoldErrors uint64
-	// Malformed counts messages that are not PAL events (logged, skipped).
+	// Malformed counts messages that are not sound journal messages: not
+	// PAL events, or refused by their run's event.Chain (logged, skipped,
+	// never folded).
 	Malformed uint64
 	// WriteRetries counts batch writes that failed and were retried
 	// (Postgres down or refusing).
@@ -134,7 +135,7 @@ func New(pool *pgxpool.Pool, store *eventstore.Store, cfg Config) *Projector {
 		log:       cfg.Logger.With("projector", cfg.Name),
 		ckChanged: make(chan struct{}),
 	}
-	p.f = &folder{cache: newStateCache(cfg.CacheSize), load: p.readRun, log: p.log, stats: &p.stats}
+	p.f = &folder{cache: newStateCache(cfg.CacheSize), scan: store.Scan, earlier: store.Earlier, log: p.log, stats: &p.stats}
 	return p
 }
 
@@ -146,11 +147,6 @@ func Open(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg C
 		return nil, err
 	}
 	return New(pool, store, cfg), nil
-}
-
-func (p *Projector) readRun(ctx context.Context, runID string) ([]event.Event, error) {
-	evs, _, err := p.store.Read(ctx, runID)
-	return evs, err
 }
 
 // Start positions the durable consumer at the checkpoint stored in Postgres
@@ -562,8 +558,9 @@ func (p *Projector) writeLoop(ctx context.Context, idle chan<- struct{}, work <-
 	}
 }
 
-// decode reads a message's stream sequence and events. A message that is
-// not a PAL event is logged and counted; it still moves the checkpoint.
+// decode reads a message's stream sequence and run (the folder verifies
+// and decodes its bytes). A message without JetStream metadata or off the
+// runs' subjects is logged, counted and skipped.
 func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
 	md, err := m.Metadata()
 	if err != nil {
@@ -571,13 +568,13 @@ func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
 		p.log.Error("skipping a message without JetStream metadata", "subject", m.Subject(), "err", err)
 		return decoded{}, false
 	}
-	evs, err := event.Decode(m.Data())
-	if err != nil {
+	d, ok := decodedOf(md.Sequence.Stream, m.Subject(), m.Data())
+	if !ok {
 		p.stats.malformed.Add(1)
-		p.log.Error("skipping a message that is not a PAL event", "stream_seq", md.Sequence.Stream, "subject", m.Subject(), "err", err)
+		p.log.Error("skipping a message off the runs' subjects", "stream_seq", md.Sequence.Stream, "subject", m.Subject())
 		return decoded{streamSeq: md.Sequence.Stream}, true
 	}
-	return decoded{streamSeq: md.Sequence.Stream, evs: evs}, true
+	return d, true
 }
 
 // writeRetrying writes b, retrying with backoff until it commits or ctx

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 )
 
@@ -183,11 +182,7 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 		it:   it,
 		w:    newWriter(StagingSchema),
 		opts: opts,
-		f: &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats,
-			load: func(ctx context.Context, runID string) ([]event.Event, error) {
-				evs, _, err := store.Read(ctx, runID)
-				return evs, err
-			}},
+		f:    &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats, scan: store.Scan, earlier: store.Earlier},
 	}
 
 	// Replay without holding anything, until what is left is small.
@@ -296,11 +291,12 @@ func (r *replayer) replayTo(ctx context.Context, db sender, target uint64, phase
 					return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
 				}
 				r.seq = md.Sequence.Stream
-				evs, err := event.Decode(m.Data())
-				if err != nil {
-					r.f.log.Error("skipping a message that is not a PAL event", "stream_seq", r.seq, "err", err)
+				d, ok := decodedOf(r.seq, m.Subject(), m.Data())
+				if !ok {
+					r.f.log.Error("skipping a message off the runs' subjects", "stream_seq", r.seq, "subject", m.Subject())
+					d = decoded{streamSeq: r.seq}
 				}
-				dec = append(dec, decoded{streamSeq: r.seq, evs: evs})
+				dec = append(dec, d)
 			}
 			select {
 			case chunks <- dec:

@@ -74,10 +74,16 @@ const maxConflictTries = 10
 func (c *Client) appendInput(ctx context.Context, runID, what string, decide func(*engine.RunState) (event.Event, error)) (*engine.RunState, error) {
 	for tries := 0; ; tries++ {
 		evs, head, err := c.store.Read(ctx, runID)
-		if err != nil {
-			return nil, err
+		var cerr *event.CorruptError
+		if errors.As(err, &cerr) && !cerr.AfterEnd {
+			// The run is over (failed, journal_corrupt); seal its journal
+			// so it says so, as the worker that finds it would.
+			_, _, serr := c.store.Seal(ctx, runID, head, cerr, "pal")
+			if errors.Is(serr, eventstore.ErrConflict) && tries < maxConflictTries {
+				continue
+			}
 		}
-		st, err := engine.Fold(evs)
+		st, err := engine.FoldRead(evs, err)
 		if err != nil {
 			return nil, fmt.Errorf("%s in run %s: %w", what, runID, err)
 		}
@@ -214,12 +220,15 @@ func (c *Client) Get(ctx context.Context, runID string) (*RunView, error) {
 	return ViewOf(st), nil
 }
 
+// fold reads and folds a run. A journal that does not verify reads as
+// failed (journal_corrupt) whether or not a worker has sealed it yet; Get
+// writes nothing.
 func (c *Client) fold(ctx context.Context, runID string) (*engine.RunState, error) {
 	evs, _, err := c.store.Read(ctx, runID)
-	if err != nil {
+	if err != nil && !errors.Is(err, event.ErrJournalCorrupt) {
 		return nil, err
 	}
-	st, err := engine.Fold(evs)
+	st, err := engine.FoldRead(evs, err)
 	if err != nil {
 		return nil, fmt.Errorf("reading run %s: %w", runID, err)
 	}

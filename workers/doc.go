@@ -14,8 +14,9 @@
 // runs inside withLease (acquire, keeper, drive, release). How it ended is
 // classified once (classifyDrive) into a driveOutcome, and the dispositions
 // table maps each outcome to the work message's fate and whether the lease
-// is given up: the message is acked when the run ends or parks, termed
-// when its journal does not fold, handed back (nak) at once on a graceful
+// is given up: the message is acked when the run ends or parks (a journal
+// that does not verify is sealed, failing the run with journal_corrupt, and
+// so ends it), termed when its journal does not fold, handed back (nak) at once on a graceful
 // stop, handed back after a lease TTL when another worker holds the lease or
 // the drive failed otherwise, and left to the new owner when the lease or
 // the journal was lost.

@@ -411,33 +411,84 @@ func (d *drive) run() error {
 	}
 }
 
-// load reads and folds the whole journal.
+// load reads and folds the whole journal. A journal that does not verify
+// (event.Chain) is sealed when this drive holds the lease: the run fails
+// with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
-	evs, head, err := d.w.store.Read(d.ctx, d.runID)
-	if err != nil {
-		return err
+	for tries := 0; ; tries++ {
+		evs, head, err := d.w.store.Read(d.ctx, d.runID)
+		var cerr *event.CorruptError
+		if errors.As(err, &cerr) {
+			err = d.corrupt(evs, head, cerr)
+			if errors.Is(err, eventstore.ErrConflict) && tries < 2 {
+				continue // the subject moved on under the seal: look again
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		st, err := engine.Fold(evs)
+		if err != nil {
+			return d.unfoldable(evs, head, err)
+		}
+		d.st, d.head, d.pending = st, head, nil
+		return nil
 	}
-	st, err := engine.Fold(evs)
+}
+
+// corrupt takes a journal that does not verify: evs are its sound events,
+// head is where the seal goes. A run that ended before the bad message is
+// left as it ended; a drive without a lease (afterDrive's look) only
+// folds what a reader would see.
+func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.CorruptError) error {
+	pre, err := engine.Fold(evs)
 	if err != nil {
 		return d.unfoldable(evs, head, err)
 	}
-	d.st, d.head, d.pending = st, head, nil
+	if pre.Status.Terminal() || d.keeper == nil {
+		st, err := engine.FoldCorrupt(evs, cerr)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errJournal, err)
+		}
+		d.st, d.head, d.pending = st, head, nil
+		return nil
+	}
+	if !d.keeper.valid() {
+		d.cancel(errLeaseExpired)
+		return errLeaseExpired
+	}
+	seal, h, err := d.w.store.Seal(d.ctx, d.runID, head, cerr, d.w.cfg.ID)
+	if err != nil {
+		return err
+	}
+	d.log.Error("journal corrupt; the run is failed", "seq", cerr.Seq, "reason", cerr.Reason)
+	if err := pre.Apply(seal); err != nil {
+		return fmt.Errorf("%w: run %s: folding the seal: %v", errJournal, d.runID, err)
+	}
+	d.st, d.head, d.pending = pre, h, nil
 	return nil
 }
 
-// unfoldable ends a run whose journal does not fold (a bug, or a journal
-// written by hand): if it has no terminal event, run_failed is appended so
-// the run ends visibly instead of being driven again and again.
+// unfoldable ends a run whose journal verifies but does not fold (a bug):
+// if it has no terminal event, this worker opens a drive (run_resumed, so
+// the writer rule holds) and appends run_failed in the same append, so the
+// run ends visibly instead of being driven again and again.
 func (d *drive) unfoldable(evs []event.Event, head eventstore.Head, ferr error) error {
+	resumes := 0
 	for _, ev := range evs {
 		if ev.Kind.Terminal() {
 			return fmt.Errorf("%w: run %s: %v", errJournal, d.runID, ferr)
 		}
+		if ev.Kind == event.RunResumed {
+			resumes++
+		}
 	}
-	ev := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeInternal,
+	resumed := event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: d.w.cfg.ID, ResumeCount: resumes + 1})
+	failed := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeInternal,
 		Error: fmt.Sprintf("the journal does not fold: %v", ferr)})
-	ev.WorkerID = d.w.cfg.ID
-	if _, err := d.w.store.Append(d.ctx, d.runID, head, ev); err != nil {
+	resumed.WorkerID, failed.WorkerID = d.w.cfg.ID, d.w.cfg.ID
+	if _, err := d.w.store.Append(d.ctx, d.runID, head, resumed, failed); err != nil {
 		return fmt.Errorf("%w: run %s: %v (and run_failed could not be appended: %v)", errJournal, d.runID, ferr, err)
 	}
 	return fmt.Errorf("%w: run %s: %v (the run is failed)", errJournal, d.runID, ferr)
@@ -544,6 +595,15 @@ func (d *drive) flush() error {
 // the run is over.
 func (d *drive) onConflict(cerr error) error {
 	evs, _, err := d.w.store.ReadAfter(d.ctx, d.runID, d.head)
+	if errors.Is(err, event.ErrJournalCorrupt) {
+		// Something that is not a sound event landed after our head: the
+		// run cannot go on. load seals it (journal_corrupt).
+		if err := d.load(); err != nil {
+			return err
+		}
+		d.cancel(errRunEnded)
+		return errRunEnded
+	}
 	if err != nil {
 		return fmt.Errorf("%w (then reading the journal: %v)", cerr, err)
 	}

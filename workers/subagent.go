@@ -131,10 +131,13 @@ func (w *Worker) driveInline(ctx context.Context, runID string) (*engine.RunStat
 // look again: the child ended, or nobody drives it and it is not waiting.
 func (w *Worker) childMayProceed(ctx context.Context, childID string) bool {
 	evs, _, err := w.store.Read(ctx, childID)
-	if err != nil {
-		return errors.Is(err, eventstore.ErrRunNotFound)
+	switch {
+	case errors.Is(err, eventstore.ErrRunNotFound):
+		return true
+	case err != nil && !errors.Is(err, event.ErrJournalCorrupt):
+		return false
 	}
-	st, err := engine.Fold(evs)
+	st, err := engine.FoldRead(evs, err) // a corrupt child reads failed
 	if err != nil {
 		return true
 	}

@@ -23,7 +23,7 @@ func (e *env) runCmd() *cobra.Command {
 		Short: "Start and inspect runs",
 	}
 	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
-		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd())
+		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
 	return cmd
 }
 
@@ -216,6 +216,13 @@ keeps printing new events until the run ends.`,
 				}
 			}
 			evs, head, err := store.Read(cmd.Context(), runID)
+			if errors.Is(err, event.ErrJournalCorrupt) {
+				// The sound events, then why the rest is not shown.
+				for _, ev := range evs {
+					print(ev)
+				}
+				return withCode(ExitRunFailed, err)
+			}
 			if err != nil {
 				if errors.Is(err, eventstore.ErrRunNotFound) {
 					return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))

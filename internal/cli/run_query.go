@@ -383,6 +383,10 @@ func (e *env) runWatch(cmd *cobra.Command, args []string) error {
 	if errors.Is(err, eventstore.ErrRunNotFound) {
 		return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
 	}
+	if errors.Is(err, event.ErrJournalCorrupt) {
+		// It has ended: failed, journal_corrupt, sealed or not yet.
+		return withCode(ExitRunFailed, fmt.Errorf("run %s failed: %w", runID, err))
+	}
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}

@@ -26,7 +26,9 @@ type Journal map[string][]event.Event
 //   - its Nats-Msg-Id is "<run_id>:<first seq>" and its subject is
 //     pal.events.<run_id>;
 //   - per run, seq is gapless from 1 and starts with run_created;
-//   - a run has at most one terminal event, and nothing follows it.
+//   - a run has at most one terminal event, and nothing follows it;
+//   - per run, every message passes event.Chain (prev chain, run id, seq,
+//     the drive's writer rule).
 func ReadJournal(tb testing.TB, nc *nats.Conn) Journal {
 	tb.Helper()
 	j, err := readJournal(nc)
@@ -59,6 +61,7 @@ func readJournal(nc *nats.Conn) (Journal, error) {
 	defer cancel()
 	j := Journal{}
 	terminal := map[string]uint64{}
+	chains := map[string]*event.Chain{}
 	var next uint64 = 1
 	for {
 		it, err := jetstreamext.GetBatch(ctx, js, "PAL_EVENTS", 1000, jetstreamext.GetBatchSeq(next))
@@ -92,6 +95,14 @@ func readJournal(nc *nats.Conn) (Journal, error) {
 			}
 			if id, want := m.Header.Get(jetstream.MsgIDHeader), fmt.Sprintf("%s:%d", run, evs[0].Seq); id != want {
 				return nil, fmt.Errorf("stream seq %d: Nats-Msg-Id %q, want %q", m.Sequence, id, want)
+			}
+			c := chains[run]
+			if c == nil {
+				c = &event.Chain{RunID: run}
+				chains[run] = c
+			}
+			if _, err := c.Next(m.Data); err != nil {
+				return nil, fmt.Errorf("stream seq %d: %v", m.Sequence, err)
 			}
 			for _, ev := range evs {
 				prev := j[run]

@@ -1,0 +1,184 @@
+package event
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Hash returns the hex sha256 of a journal message's exact bytes: the prev
+// of the message that follows it on the run's subject.
+func Hash(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:])
+}
+
+// ErrJournalCorrupt is matched by every *CorruptError.
+var ErrJournalCorrupt = errors.New("journal corrupt")
+
+// CorruptError reports a run's journal that does not verify (Chain): the
+// message that should have carried Seq is not a sound continuation of the
+// journal. Nothing from that message on is folded.
+type CorruptError struct {
+	RunID string
+	// Seq is the first bad seq: the one after the last sound event.
+	Seq    uint64
+	Reason string
+	// AfterEnd is set when the bad message follows the run's terminal
+	// event: the run keeps its end and there is nothing to seal.
+	AfterEnd bool
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("run %s: journal corrupt at seq %d: %s", e.RunID, e.Seq, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrJournalCorrupt) true.
+func (e *CorruptError) Is(target error) bool { return target == ErrJournalCorrupt }
+
+// Seal returns the run_failed event (code journal_corrupt) that ends the
+// run: seq e.Seq, right after the last sound event. The writer fills in
+// worker_id, ts and prev; Chain accepts it from any writer after the
+// corruption, and it is the only message it accepts there.
+func (e *CorruptError) Seal() Event {
+	ev := MustNew(RunFailed, "", 0, RunFailedData{Code: CodeJournalCorrupt, Seq: e.Seq, Reason: e.Reason,
+		Error: fmt.Sprintf("the journal is corrupt at seq %d: %s", e.Seq, e.Reason)})
+	ev.RunID, ev.Seq = e.RunID, e.Seq
+	return ev
+}
+
+// Chain verifies one run's journal message by message, in subject order,
+// from the exact bytes of each message. A message is sound when it
+// decodes, every event in it is of the run (RunID, the subject's run), its
+// seqs continue the journal without a gap, its prev is the Hash of the
+// message before it ("" on the first), the run is not over, and each
+// event's writer may write it: a Driven kind must carry the worker_id of
+// the latest run_resumed (the drive that holds the run). Inputs
+// (approval_received, run_cancelled) may come from any writer; who may
+// publish at all is NATS's to enforce (roles), not the journal's.
+//
+// The first message that is not sound sets Corrupt. Nothing from there on
+// is returned, except the seal: one run_failed with code journal_corrupt
+// at Corrupt.Seq, chained on the message before it, from any writer. It
+// ends the journal (Sealed); later messages are ignored.
+//
+// Chain is pure: the same messages give the same verdict in a worker, the
+// projector, runs.Client.Get and pal run verify.
+type Chain struct {
+	// RunID is the run whose subject the messages come from.
+	RunID string
+	// Seq is the last sound seq.
+	Seq uint64
+	// Hash is the Hash of the last message read, sound or not.
+	Hash string
+	// Driver is the worker_id of the latest run_resumed.
+	Driver string
+	// Tail means the chain starts mid-journal without knowing its drive
+	// (a head read from the last message alone): the writer rule is not
+	// applied until the next run_resumed.
+	Tail bool
+	// Ended is set once a terminal event is read.
+	Ended bool
+	// Corrupt is the first failure, nil while the journal is sound.
+	Corrupt *CorruptError
+	// Sealed is set once the seal after the corruption is read.
+	Sealed bool
+}
+
+// Next verifies the next message and returns its events if they may be
+// folded: nil and Corrupt for a message that is not sound (or any after
+// it, bar the seal), nil and nil after the seal.
+func (c *Chain) Next(body []byte) ([]Event, error) {
+	h := Hash(body)
+	defer func() { c.Hash = h }()
+	if c.Sealed {
+		return nil, nil
+	}
+	evs, err := Decode(body)
+	if c.Corrupt != nil {
+		if err == nil && c.isSeal(evs) {
+			c.Sealed, c.Ended, c.Seq = true, true, evs[0].Seq
+			return evs, nil
+		}
+		return nil, c.Corrupt
+	}
+	if err != nil {
+		return nil, c.fail(err.Error())
+	}
+	if reason := c.check(evs); reason != "" {
+		return nil, c.fail(reason)
+	}
+	for _, ev := range evs {
+		if ev.Kind == RunResumed {
+			c.Driver, c.Tail = ev.WorkerID, false
+		}
+		c.Ended = c.Ended || ev.Kind.Terminal()
+	}
+	c.Seq = evs[len(evs)-1].Seq
+	return evs, nil
+}
+
+func (c *Chain) fail(reason string) error {
+	c.Corrupt = &CorruptError{RunID: c.RunID, Seq: c.Seq + 1, Reason: reason, AfterEnd: c.Ended}
+	return c.Corrupt
+}
+
+// check returns why evs (one message, already decoded) is not a sound
+// continuation, or "".
+func (c *Chain) check(evs []Event) string {
+	driver, tail, ended := c.Driver, c.Tail, c.Ended
+	for i, ev := range evs {
+		want := c.Seq + uint64(i) + 1
+		switch {
+		case ended:
+			return fmt.Sprintf("%s at seq %d after the run ended", ev.Kind, ev.Seq)
+		case ev.RunID != c.RunID:
+			return fmt.Sprintf("event of run %q on the subject of run %q", ev.RunID, c.RunID)
+		case ev.Seq != want:
+			return fmt.Sprintf("seq %d where %d was due", ev.Seq, want)
+		case ev.Prev != c.Hash && c.Hash == "":
+			return fmt.Sprintf("prev %q on the first message, want none", ev.Prev)
+		case ev.Prev != c.Hash:
+			return fmt.Sprintf("prev %q is not the sha256 of the message before it (%s): one of the two was changed or forged", short(ev.Prev), short(c.Hash))
+		case !ev.Kind.Known():
+			return fmt.Sprintf("unknown kind %q", ev.Kind)
+		case ev.Kind == RunResumed && ev.WorkerID == "":
+			return "run_resumed without a worker_id"
+		case ev.Kind.Driven() && !tail && driver == "":
+			return fmt.Sprintf("%s by %q outside any drive (no run_resumed before it)", ev.Kind, ev.WorkerID)
+		case ev.Kind.Driven() && !tail && ev.WorkerID != driver:
+			return fmt.Sprintf("%s by %q, but the run is driven by %q (its latest run_resumed)", ev.Kind, ev.WorkerID, driver)
+		}
+		if ev.Kind == RunResumed {
+			driver, tail = ev.WorkerID, false
+		}
+		ended = ev.Kind.Terminal()
+	}
+	return ""
+}
+
+// isSeal reports whether evs is the seal of the corruption c found.
+func (c *Chain) isSeal(evs []Event) bool {
+	if len(evs) != 1 || c.Ended {
+		return false
+	}
+	ev := evs[0]
+	if ev.Kind != RunFailed || ev.RunID != c.RunID || ev.Seq != c.Corrupt.Seq || ev.Prev != c.Hash {
+		return false
+	}
+	var d RunFailedData
+	return json.Unmarshal(ev.Data, &d) == nil && d.Code == CodeJournalCorrupt
+}
+
+// short abbreviates a hash for a message.
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12] + "…"
+	}
+	if h == "" {
+		return "none"
+	}
+	return h
+}
