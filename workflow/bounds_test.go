@@ -209,8 +209,9 @@ func TestEvalTimeBounded(t *testing.T) {
 			t.Logf("stopped after %v: %v", took, err)
 
 			// Evaluation runs on the caller's goroutine: once it returned,
-			// nothing is left burning CPU.
-			require.Equal(t, goroutines, runtime.NumGoroutine())
+			// nothing is left burning CPU. (A goroutine of an earlier test
+			// may end meanwhile, so the count may drop, never grow.)
+			require.LessOrEqual(t, runtime.NumGoroutine(), goroutines)
 			cpu := cpuTime(t)
 			idle := time.Now()
 			time.Sleep(200 * time.Millisecond) // a window to measure CPU over, not a wait for an event
