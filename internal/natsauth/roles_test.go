@@ -255,6 +255,10 @@ func TestClientForgeries(t *testing.T) {
 	b.waitStatus(t, runB, "succeeded")
 	gate := b.start(t, approvalWF)
 	b.waitStatus(t, gate, "waiting")
+	// A parked run's worker releases its lease just after step_waiting:
+	// take the snapshot once it has.
+	require.Eventually(t, func() bool { return b.state(t).LeaseKeys == "" }, 30*time.Second, 10*time.Millisecond,
+		"the parked run's lease was never released")
 	before := b.state(t)
 
 	pub := func(t *testing.T, subject string, data []byte, hdr nats.Header) {
