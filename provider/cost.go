@@ -35,18 +35,26 @@ var prices = map[string]price{
 // (claude-sonnet-4-5-20250929, gpt-4o-mini-2024-07-18).
 var dateSuffix = regexp.MustCompile(`-(\d{8}|\d{4}-\d{2}-\d{2})$`)
 
-// Cost estimates the price in US dollars of a call to model that used u. It
-// is an estimate from a small built-in table of list prices: it knows nothing
-// of cached-input or batch discounts, negotiated rates or price changes, and
-// a model it does not know costs 0. A dated snapshot name is priced as its
-// model (claude-sonnet-4-5-20250929 as claude-sonnet-4-5).
-func Cost(model string, u Usage) float64 {
+// PriceOf returns model's list price in US dollars per million input and
+// output tokens, and false when the table does not know the model. A dated
+// snapshot name is priced as its model (claude-sonnet-4-5-20250929 as
+// claude-sonnet-4-5).
+func PriceOf(model string) (inputPerMTok, outputPerMTok float64, ok bool) {
 	p, ok := prices[model]
 	if !ok {
 		p, ok = prices[dateSuffix.ReplaceAllString(strings.ToLower(model), "")]
 	}
+	return p.input, p.output, ok
+}
+
+// Cost estimates the price in US dollars of a call to model that used u. It
+// is an estimate from a small built-in table of list prices: it knows nothing
+// of cached-input or batch discounts, negotiated rates or price changes, and
+// a model it does not know costs 0 (PriceOf tells whether it knows it).
+func Cost(model string, u Usage) float64 {
+	in, out, ok := PriceOf(model)
 	if !ok {
 		return 0
 	}
-	return (float64(u.InputTokens)*p.input + float64(u.OutputTokens)*p.output) / 1e6
+	return (float64(u.InputTokens)*in + float64(u.OutputTokens)*out) / 1e6
 }
