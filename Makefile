@@ -26,6 +26,19 @@ test: ## Run the whole test suite with the race detector (needs PostgreSQL binar
 	$(GO) run ./internal/importcheck
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
+# The protobuf generators make proto runs; protoc itself comes from Debian's
+# protobuf-compiler package (installed when missing).
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
+
+.PHONY: proto
+proto: ## Regenerate the gRPC code under proto/pal/v1 from run.proto (committed)
+	@command -v protoc >/dev/null || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; $$s apt-get install -y -qq protobuf-compiler >/dev/null; }
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=. --go_opt=module=github.com/palrun/pal \
+	  --go-grpc_out=. --go-grpc_opt=module=github.com/palrun/pal proto/pal/v1/run.proto
+
 .PHONY: imports
 imports: ## Check the import rule: no import runs upward; api and runs do not depend on workers
 	$(GO) run ./internal/importcheck

@@ -79,6 +79,11 @@ type handler struct {
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //
+// On the same address, HTTP/2 requests with content type application/grpc
+// go to the gRPC service pal.v1.RunService (StreamRunEvents, GetRun; see
+// proto/pal/v1/run.proto), with the same tokens in the authorization
+// metadata and scope read.
+//
 // Every /v1 request needs "Authorization: Bearer <token>" of a token with
 // the route's scope. The token's name is who starts, approves or cancels;
 // a body naming another approver or canceller needs scope admin. Bodies
@@ -115,7 +120,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	root.Handle("/healthz", probes)
 	root.Handle("/readyz", probes)
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
-	return root
+	return withGRPC(newGRPCServer(h), root)
 }
 
 // jsonFallbacks serves mux, answering requests that match no route with

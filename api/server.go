@@ -51,7 +51,13 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	stopping := make(chan struct{})
 	base := context.WithValue(context.WithoutCancel(ctx), shutdownKey{}, stopping)
+	// HTTP/1.1 for REST and the web, and unencrypted HTTP/2 (prior
+	// knowledge) for gRPC clients on the same port.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
+		Protocols:         &protocols,
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,

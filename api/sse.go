@@ -48,40 +48,16 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	evs, head, err := h.cfg.Store.Read(rctx, id)
-	cancel()
+	evs, sub, leave, err := h.openJournal(ctx, id, after, r.Method != http.MethodHead)
 	if err != nil {
+		if errors.Is(err, errStreamEnded) {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		h.fail(w, r, err)
 		return
 	}
-	if evs[len(evs)-1].Kind.Terminal() && after >= head.Seq {
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-
-	terminal := evs[len(evs)-1].Kind.Terminal()
-	var sub *subscription
-	if !terminal && r.Method != http.MethodHead {
-		// Join the run's feed, then read what was appended since the
-		// read above: together they cover every event, and the seq
-		// check below drops the overlap.
-		var leave func()
-		sub, leave, err = h.feeds.subscribe(ctx, id)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		defer leave()
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		more, _, err := h.cfg.Store.ReadAfter(rctx, id, head)
-		cancel()
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		evs = append(evs, more...)
-	}
+	defer leave()
 
 	rc := http.NewResponseController(w)
 	// No read deadline on a stream: the server's background read is how
@@ -103,21 +79,19 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	// send writes ev unless it was sent already; done reports the end of
 	// the stream (the terminal event, a write error, a gap).
-	last := after
+	q := sequencer{last: after}
 	send := func(ev event.Event) (done bool) {
-		switch {
-		case ev.Seq <= last:
-			return false
-		case ev.Seq != last+1:
-			// A gap would break the exactly-once promise: end the stream
-			// and let the client resume from its last id.
-			h.log.Warn("event stream ended: gap in the feed", "run_id", id, "after", last, "got", ev.Seq)
+		ok, err := q.next(ev)
+		if err != nil {
+			h.log.Warn("event stream ended", "run_id", id, "err", err)
 			return true
+		}
+		if !ok {
+			return false
 		}
 		if err := s.event(ev); err != nil {
 			return true
 		}
-		last = ev.Seq
 		return ev.Kind.Terminal()
 	}
 	for _, ev := range evs {
@@ -179,6 +153,74 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// errStreamEnded is openJournal's answer when the run has ended and every
+// event up to its terminal one was received already.
+var errStreamEnded = errors.New("the run has ended and every event was received")
+
+// openJournal reads the run's journal for a stream that starts after seq
+// after, and, when follow is set and the run has not ended, joins its live
+// feed. The events returned cover every event up to the moment sub joined
+// (a later read closes the gap between the first read and the join); sub
+// then delivers those appended later, possibly overlapping them, so the
+// caller drops any seq it has sent. sub is nil when the run has ended or
+// follow is unset; leave is never nil. Errors: those of Store.Read, and
+// errStreamEnded.
+func (h *handler) openJournal(ctx context.Context, id string, after uint64, follow bool) (evs []event.Event, sub *subscription, leave func(), err error) {
+	leave = func() {}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	evs, head, err := h.cfg.Store.Read(rctx, id)
+	cancel()
+	if err != nil {
+		return nil, nil, leave, err
+	}
+	terminal := evs[len(evs)-1].Kind.Terminal()
+	if terminal && after >= head.Seq {
+		return nil, nil, leave, errStreamEnded
+	}
+	if terminal || !follow {
+		return evs, nil, leave, nil
+	}
+	// Join the run's feed, then read what was appended since the read
+	// above: together they cover every event.
+	sub, leave, err = h.feeds.subscribe(ctx, id)
+	if err != nil {
+		return nil, nil, func() {}, err
+	}
+	rctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	more, _, err := h.cfg.Store.ReadAfter(rctx, id, head)
+	cancel()
+	if err != nil {
+		leave()
+		return nil, nil, func() {}, err
+	}
+	return append(evs, more...), sub, leave, nil
+}
+
+// gapError is a stream's answer to a seq that skips one: sending it would
+// break the exactly-once promise, so the stream ends and the client resumes
+// from its last seq.
+type gapError struct{ after, got uint64 }
+
+func (e *gapError) Error() string {
+	return fmt.Sprintf("gap in the run's feed: event %d after %d", e.got, e.after)
+}
+
+// sequencer passes each seq once, in order, from after on.
+type sequencer struct{ last uint64 }
+
+// next reports whether ev is the next event to send (false: sent already);
+// a gap is an error.
+func (q *sequencer) next(ev event.Event) (bool, error) {
+	switch {
+	case ev.Seq <= q.last:
+		return false, nil
+	case ev.Seq != q.last+1:
+		return false, &gapError{after: q.last, got: ev.Seq}
+	}
+	q.last = ev.Seq
+	return true, nil
 }
 
 // followGiveUp is how long a feed keeps retrying a failing watch before
