@@ -47,9 +47,12 @@ type StepView struct {
 	Status   engine.StepStatus `json:"status"`
 	// Attempt is the latest attempt's number; Attempts how many attempts
 	// the step has had.
-	Attempt  int             `json:"attempt"`
-	Attempts int             `json:"attempts"`
-	Key      string          `json:"idempotency_key,omitempty"`
+	Attempt  int    `json:"attempt"`
+	Attempts int    `json:"attempts"`
+	Key      string `json:"idempotency_key,omitempty"`
+	// Input is the latest attempt's rendered input (an approval's prompt
+	// and approvers, an LLM call's messages).
+	Input    json.RawMessage `json:"input,omitempty"`
 	Output   json.RawMessage `json:"output,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Delivery string          `json:"delivery,omitempty"`
@@ -138,7 +141,7 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 func stepView(attempts []projections.StepRow) StepView {
 	last := attempts[len(attempts)-1]
 	sv := StepView{StepID: last.StepID, NodeType: last.NodeType, Status: stepStatus(last.Status),
-		Attempt: last.Attempt, Attempts: len(attempts), Key: last.IdempotencyKey, Output: canonical(last.Output),
+		Attempt: last.Attempt, Attempts: len(attempts), Key: last.IdempotencyKey, Input: canonical(last.Input), Output: canonical(last.Output),
 		Error: last.Error, Delivery: last.Delivery}
 	var started time.Time
 	var usage event.Usage

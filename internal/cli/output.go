@@ -96,11 +96,16 @@ func workersError(err error) error {
 	}
 }
 
-// fmtDuration renders a duration for people: 850ms, 12.3s, 3m05s, 2h03m.
+// fmtDuration renders a duration for people: 420µs, 850ms, 12.3s, 3m05s,
+// 2h03m.
 func fmtDuration(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "-"
+	case d == 0:
+		return "0ms"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%dµs", d.Microseconds())
 	case d < time.Second:
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	case d < time.Minute:
@@ -112,17 +117,26 @@ func fmtDuration(d time.Duration) string {
 	}
 }
 
-// fmtTime renders a timestamp in local time with how long ago it was.
+// fmtTime renders a timestamp in local time with how long ago it was: in
+// milliseconds under a second, whole seconds under a minute, "just now"
+// for a time a skewed clock puts ahead of now.
 func fmtTime(t time.Time, now time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	ago := now.Sub(t).Truncate(time.Second)
-	s := fmtDuration(ago)
-	if ago >= time.Second && ago < time.Minute {
-		s = fmt.Sprintf("%ds", int(ago.Seconds()))
+	ago := now.Sub(t)
+	var s string
+	switch {
+	case ago < 0:
+		s = "just now"
+	case ago < time.Second:
+		s = fmt.Sprintf("%dms ago", ago.Milliseconds())
+	case ago < time.Minute:
+		s = fmt.Sprintf("%ds ago", int(ago.Seconds()))
+	default:
+		s = fmtDuration(ago) + " ago"
 	}
-	return fmt.Sprintf("%s (%s ago)", t.Local().Format("2006-01-02 15:04:05"), s)
+	return fmt.Sprintf("%s (%s)", t.Local().Format("2006-01-02 15:04:05"), s)
 }
 
 // fmtShortTime renders a timestamp for a table column.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -336,6 +337,10 @@ func summary(ev event.Event) string {
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	// Cut at a rune boundary, never inside a character.
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

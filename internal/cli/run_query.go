@@ -45,6 +45,12 @@ a Postgres that cannot be reached, is read from its journal instead. Without
 DATABASE_URL, or with --journal, the run is folded from its journal on NATS
 (PAL_EVENTS), which is always current. The output says which.
 
+Each step shows its start offset from the run's creation, its duration
+(waits and retries included), its wait, tokens and cost. An approval that
+waits shows its prompt, who may decide and the command that decides it.
+--waterfall draws the steps against one time axis scaled to the terminal
+(--width to choose): # done, x failed, = running, ~ waiting.
+
 --json prints one JSON object, the same as GET /v1/runs/{id}, plus
 "source": "journal" or "postgres".
 
@@ -55,6 +61,8 @@ Exit codes: 0 found, 2 bad run id, 3 unknown run, 4 NATS unreachable.`,
 	addJSONFlag(cmd, "print the run as one JSON object")
 	addDatabaseFlag(cmd)
 	cmd.Flags().Bool("journal", false, "read the journal on NATS even when DATABASE_URL is set")
+	cmd.Flags().Bool("waterfall", false, "draw the steps against a time axis instead of the step table")
+	cmd.Flags().Int("width", 0, "columns the waterfall may use (default: the terminal's width, else $COLUMNS, else 100)")
 	return cmd
 }
 
@@ -98,6 +106,18 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, runGetOut{RunView: view, Source: source})
+	}
+	if wf, _ := cmd.Flags().GetBool("waterfall"); wf {
+		width, _ := cmd.Flags().GetInt("width")
+		if width <= 0 {
+			width = e.termWidth()
+		}
+		now := time.Now()
+		fmt.Fprintf(e.stdout, "Run %s  %s\n\n", view.RunID, view.Status)
+		if err := printWaterfall(e.stdout, view, width, now); err != nil {
+			return err
+		}
+		return printWaiting(e.stdout, view, now)
 	}
 	return printRun(e.stdout, view, source, time.Now())
 }
@@ -221,6 +241,9 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 				start, dur, wait, fmtTokens(tokens), cost, dash(result))
 		}
 		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if err := printWaiting(w, v, now); err != nil {
 			return err
 		}
 	}

@@ -380,6 +380,22 @@ func TestRunApprove(t *testing.T) {
 	r := b.pal(t, nil, "run", "get", id)
 	require.Regexp(t, `(?m)^Status\s+waiting$`, r.stdout)
 	require.Regexp(t, `(?m)^ok\s+approval\s+waiting\s`, r.stdout)
+	// The waiting approval: what it asks, who decides, the command.
+	require.Regexp(t, `(?m)^Step ok waits for approval for \S+\.$`, r.stdout)
+	require.Regexp(t, `(?m)^  Prompt:\s+Ship it\?$`, r.stdout)
+	require.Regexp(t, `(?m)^  Who:\s+anyone whose token has scope approve$`, r.stdout)
+	require.Regexp(t, `(?m)^  Approve:\s+pal run approve `+id+` --step ok --approver NAME$`, r.stdout)
+	// The waterfall: one row per step, the wait drawn to now.
+	r = b.pal(t, nil, "run", "get", id, "--waterfall", "--width", "90")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Regexp(t, `(?m)^STEP\s+0\s+\S+\s+\S+$`, r.stdout)
+	require.Regexp(t, `(?m)^ok approval\s+\| *~+\| waiting \S+…$`, r.stdout)
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(l, "|") || strings.HasPrefix(l, "STEP") {
+			require.LessOrEqual(t, len([]rune(l)), 90, "the waterfall keeps to --width: %q", l)
+		}
+	}
+	require.Contains(t, r.stdout, "Approve:   pal run approve "+id+" --step ok")
 
 	r = b.pal(t, nil, "run", "approve", id, "--step", "ok", "--approver", "ann", "--comment", "ship it")
 	require.Equal(t, 0, r.code, "%s", r)
