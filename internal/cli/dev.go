@@ -65,6 +65,7 @@ built-in fake provider that answers "echo: <prompt>".`,
 	addRESTFlags(cmd)
 	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
 	cmd.Flags().Bool("no-worker", false, "drive no runs in this process: leave them to pal worker processes")
+	cmd.Flags().Int("cluster", 0, "run NATS as a JetStream cluster of N node processes (N >= 3; client ports from PAL_NATS_URL's on) with PAL_REPLICAS=3, and two pal worker processes, to try failover")
 	return cmd
 }
 
@@ -85,6 +86,13 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	}
 	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
 	noWorker, _ := cmd.Flags().GetBool("no-worker")
+	clusterN, _ := cmd.Flags().GetInt("cluster")
+	if clusterN != 0 && clusterN < 3 {
+		return badInput("--cluster %d: a JetStream cluster needs 3 nodes or more", clusterN)
+	}
+	if clusterN > 0 {
+		wc.replicas = 3
+	}
 	host, port, err := listenAddr(wc.nats.url)
 	if err != nil {
 		return err
@@ -110,37 +118,65 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badInput("the NATS credentials in %s: %v", dataDir, err)
 	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
-		NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict, Nkeys: keys.Users(),
-	})
-	if err != nil {
-		return badInput("configuring the embedded NATS server: %v", err)
-	}
-	go srv.Start()
-	defer func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	}()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		return withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", host, port))
-	}
-	// Each part connects with its own role, as it would as its own process.
-	conn := func(role natsauth.Role) (*nats.Conn, error) {
-		nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				log.Error("NATS error", "role", role, "err", err)
-			}))
+	var conn func(role natsauth.Role) (*nats.Conn, error)
+	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
+	var cluster *devCluster
+	if clusterN > 0 {
+		cluster, err = startDevCluster(ctx, clusterN, dataDir, host, port, wc.durability == DurabilityStrict, log)
 		if err != nil {
-			return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
+			return withCode(ExitUnavailable, fmt.Errorf("starting the NATS cluster: %w (is another pal dev or NATS server running on ports %d-%d? set PAL_NATS_URL=nats://127.0.0.1:4333 to use others)", err, port, port+clusterN-1))
 		}
-		return nc, nil
+		defer cluster.stop()
+		natsURL = cluster.URL()
+		conn = func(role natsauth.Role) (*nats.Conn, error) { return cluster.connect(keys, role, log) }
+	} else {
+		srv, err := server.NewServer(&server.Options{
+			ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
+			NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict, Nkeys: keys.Users(),
+		})
+		if err != nil {
+			return badInput("configuring the embedded NATS server: %v", err)
+		}
+		go srv.Start()
+		defer func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			return withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", host, port))
+		}
+		// Each part connects with its own role, as it would as its own process.
+		conn = func(role natsauth.Role) (*nats.Conn, error) {
+			nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+					log.Error("NATS error", "role", role, "err", err)
+				}))
+			if err != nil {
+				return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
+			}
+			return nc, nil
+		}
 	}
 	workerNC, err := conn(natsauth.Worker)
 	if err != nil {
 		return err
 	}
 	defer workerNC.Close()
+	if cluster != nil {
+		// JetStream answers once the nodes have elected a meta leader.
+		if err := waitFor(ctx, log, "the NATS cluster's JetStream", func() error {
+			js, err := jetstream.New(workerNC)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err = js.AccountInfo(actx)
+			return err
+		}); err != nil {
+			return shutdownOr(ctx, err)
+		}
+	}
 
 	// PostgreSQL: DATABASE_URL, or a local cluster under the data dir.
 	dbURL, pgNote := e.getenv("DATABASE_URL"), "DATABASE_URL"
@@ -185,12 +221,36 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	}
 	workerNote := fmt.Sprintf("%s   (durability %s, lease TTL %s)", wc.id, wc.durability, wc.leaseTTL)
-	if noWorker {
+	workerEnv := func(id string) []string {
+		env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
+			"PAL_NATS_CREDS=" + filepath.Join(dataDir, natsauth.SeedFile(natsauth.Worker)),
+			"PAL_REPLICAS=" + strconv.Itoa(wc.replicas), "PAL_DURABILITY=" + wc.durability,
+			"PAL_LEASE_TTL=" + wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + wc.egress.String()}
+		for k, v := range llmVars {
+			env = append(env, k+"="+v)
+		}
+		return env
+	}
+	switch {
+	case cluster != nil && !noWorker:
+		// Two worker processes, so one can be killed to watch the other
+		// take its runs.
+		if err := devSetup(ctx, workerNC, wc); err != nil {
+			return err
+		}
+		for _, id := range []string{wc.id + "-1", wc.id + "-2"} {
+			if err := cluster.startWorker(id, workerEnv(id)); err != nil {
+				return err
+			}
+		}
+		workerNote = fmt.Sprintf("%s   (durability %s, lease TTL %s, logs in %s/<worker>.log)",
+			cluster.pids(cluster.workers), wc.durability, wc.leaseTTL, dataDir)
+	case noWorker:
 		if err := devSetup(ctx, workerNC, wc); err != nil {
 			return err
 		}
 		workerNote = fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", wc.durability, wc.leaseTTL)
-	} else {
+	default:
 		ws, err := e.startWriteSide(ctx, wc, workerNC, providers, pool, log)
 		if err != nil {
 			return err
@@ -238,7 +298,6 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		_ = rest.Stop(sctx)
 	}()
 
-	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
 	abs, _ := filepath.Abs(dataDir)
 	vars := map[string]string{
 		"PAL_NATS_URL": natsURL,
@@ -248,6 +307,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
 		"PAL_DURABILITY": wc.durability,
 		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
+		"PAL_REPLICAS":   strconv.Itoa(wc.replicas),
 	}
 	if len(rc.tokens) > 0 {
 		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = rc.tokensEnv(), rc.tokens[0].Secret
@@ -264,7 +324,11 @@ PAL dev is running.
   Postgres   %s   (%s)
   worker     %s
   LLM        %s
-`, natsURL, filepath.Join(abs, "nats"), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+`, natsURL, natsStoreNote(abs, cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+	if cluster != nil {
+		fmt.Fprintf(e.stderr, "  cluster    %s   (PAL_REPLICAS=3; kill -9 one to watch a failover: pal dev starts it again after 2 s)\n",
+			cluster.pids(cluster.nodes))
+	}
 	printREST(e.stderr, rest, rc)
 	fmt.Fprintf(e.stderr, `  settings   %s   (pal commands run here use them)
 
@@ -282,9 +346,18 @@ Press Ctrl-C to stop.
 	return nil
 }
 
+// natsStoreNote says where the JetStream store is: one directory, or one
+// per cluster node.
+func natsStoreNote(abs string, cluster *devCluster) string {
+	if cluster == nil {
+		return filepath.Join(abs, "nats")
+	}
+	return filepath.Join(abs, "nats-<node>")
+}
+
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
-	"PAL_DURABILITY", "PAL_LEASE_TTL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev
 // --no-worker (the workers come later). nc is the worker role's.

@@ -3,15 +3,20 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/internal/natsauth"
@@ -224,4 +229,92 @@ func TestDevNATSRoles(t *testing.T) {
 	require.NotContains(t, dev.Output(), "NATS error", "pal dev's own roles were refused something")
 	require.NoError(t, dev.Term())
 	require.NoError(t, dev.Wait(ctx))
+}
+
+// freePortRun returns the first of n consecutive free loopback ports.
+func freePortRun(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		base := testenv.FreePort(t)
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				ok = false
+				continue
+			}
+			ln.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// pal dev --cluster 3: three NATS node processes, two worker processes,
+// streams with three replicas; a run succeeds, and goes on succeeding
+// after kill -9 of a node and of a worker, and pal dev starts the node
+// again. Stopping pal dev leaves no child behind.
+func TestDevCluster(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	pg := testenv.Postgres(t)
+	dataDir := filepath.Join(t.TempDir(), ".pal")
+	base := freePortRun(t, 3)
+	dev := testenv.StartProcess(t, bin, []string{"dev", "--cluster", "3"}, []string{
+		"PAL_DATA_DIR=" + dataDir, fmt.Sprintf("PAL_NATS_URL=nats://127.0.0.1:%d", base), "DATABASE_URL=" + pg.DSN(),
+		"PAL_HTTP_ADDR=127.0.0.1:0", "PAL_LEASE_TTL=1s"})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	require.NoError(t, dev.WaitForOutput(ctx, "Press Ctrl-C"), "%s", dev.Output())
+	out := dev.Output()
+	pids := func(re string) []int {
+		m := regexp.MustCompile(re).FindAllStringSubmatch(out, -1)
+		var ids []int
+		for _, x := range m {
+			n, _ := strconv.Atoi(x[1])
+			ids = append(ids, n)
+		}
+		return ids
+	}
+	nodes := pids(`node\d pid (\d+)`)
+	workers := pids(`-\d pid (\d+)`)
+	require.Len(t, nodes, 3, "%s", out)
+	require.Len(t, workers, 2, "%s", out)
+	env := []string{"PAL_DATA_DIR=" + dataDir}
+	wf := filepath.Join(t.TempDir(), "wf.json")
+	require.NoError(t, os.WriteFile(wf, []byte(seqWorkflow(2)), 0o644))
+	startOK := func(what string) {
+		r := runPal(t, bin, env, "run", "start", "--workflow", wf, "--input", `{"text":"cluster"}`, "--wait")
+		require.Equal(t, 0, r.code, "%s: %s\n%s", what, r, dev.Output())
+	}
+	startOK("on the cluster")
+
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d,nats://127.0.0.1:%d", base, base+1),
+		func() nats.Option {
+			o, err := natsauth.CredsOption(filepath.Join(dataDir, natsauth.SeedFile(natsauth.Admin)))
+			require.NoError(t, err)
+			return o
+		}())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	info, err := js.Stream(ctx, "PAL_EVENTS")
+	require.NoError(t, err)
+	require.Equal(t, 3, info.CachedInfo().Config.Replicas)
+
+	require.NoError(t, syscall.Kill(nodes[2], syscall.SIGKILL))
+	require.NoError(t, syscall.Kill(workers[0], syscall.SIGKILL))
+	startOK("after kill -9 of a node and a worker")
+	require.NoError(t, dev.WaitForOutput(ctx, "NATS node started again"))
+
+	require.NoError(t, dev.Term())
+	require.NoError(t, dev.Wait(ctx))
+	for _, pid := range append(nodes[:2], workers[1]) {
+		require.Eventually(t, func() bool { return syscall.Kill(pid, 0) != nil }, 20*time.Second, 50*time.Millisecond,
+			"pid %d outlived pal dev", pid)
+	}
 }
