@@ -14,6 +14,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
@@ -76,6 +77,7 @@ type workerConfig struct {
 	durability  string
 	replicas    int
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL     string         // PAL_SMTP_URL, for the email connector
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -101,6 +103,13 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	if wc.egress, err = egress.Parse(e.getenv(egress.EnvAllow)); err != nil {
 		return wc, withCode(ExitBadInput, err)
+	}
+	// Unset is fine (email steps then fail with the reason); a wrong value
+	// is refused at start rather than at the first email.
+	if wc.smtpURL = e.getenv(email.EnvURL); wc.smtpURL != "" {
+		if _, err := email.ParseURL(wc.smtpURL); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
 	}
 	return wc, nil
 }
@@ -134,9 +143,10 @@ func providerWarnings(getenv func(string) string) []string {
 	return out
 }
 
-func connectors(p *egress.Policy) connector.Registry {
-	wh := webhook.New(webhook.WithEgress(p))
-	return connector.Registry{wh.Kind(): wh}
+func connectors(wc workerConfig) connector.Registry {
+	wh := webhook.New(webhook.WithEgress(wc.egress))
+	em := email.New(wc.smtpURL, email.WithEgress(wc.egress))
+	return connector.Registry{wh.Kind(): wh, em.Kind(): em}
 }
 
 // writeSide is a running worker with its command processor, NATS service
@@ -186,7 +196,7 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 		return fail(withCode(ExitUnavailable, err))
 	}
 	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
-		store, leases, providers, connectors(wc.egress))
+		store, leases, providers, connectors(wc))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
