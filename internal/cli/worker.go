@@ -22,6 +22,7 @@ import (
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
@@ -78,6 +79,7 @@ type workerConfig struct {
 	replicas    int
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
 	smtpURL     string         // PAL_SMTP_URL, for the email connector
+	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -110,6 +112,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		if _, err := email.ParseURL(wc.smtpURL); err != nil {
 			return wc, withCode(ExitBadInput, err)
 		}
+	}
+	if wc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
+		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
 }
@@ -195,8 +200,17 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
-		store, leases, providers, connectors(wc))
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress}
+	var receipts *receipt.Store
+	if wc.keys != nil {
+		if receipts, err = receipt.Open(ctx, js, store); err != nil {
+			return fail(withCode(ExitUnavailable, err))
+		}
+		wcfg.Receipts, wcfg.SigningKey = receipts, wc.keys.Current
+	} else {
+		log.Info("run receipts off: set PAL_SIGNING_KEY to a PEM Ed25519 private key file to sign them")
+	}
+	w := workers.New(wcfg, store, leases, providers, connectors(wc))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
@@ -223,6 +237,9 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	}
 	if pool != nil {
 		sweep = workers.NewSweeper(store, leases, projections.NewReader(pool), interval, log)
+		if receipts != nil {
+			sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
+		}
 		if err := sweep.Start(ctx); err != nil {
 			return fail(err)
 		}
