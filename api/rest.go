@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,6 +19,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 )
 
@@ -57,6 +59,9 @@ type HandlerConfig struct {
 	// KeepAlive is the interval of comment lines on idle event streams
 	// (DefaultKeepAlive).
 	KeepAlive time.Duration
+	// Keys are the signing keys whose public halves GET /v1/keys serves;
+	// nil serves an empty list.
+	Keys *receipt.Keys
 }
 
 type handler struct {
@@ -66,6 +71,9 @@ type handler struct {
 	auth   *authenticator
 	log    *slog.Logger
 	feeds  *feeds
+
+	receiptsMu sync.Mutex
+	receipts   *receipt.Store // opened on first use
 }
 
 // NewHandler returns PAL's REST API:
@@ -76,6 +84,8 @@ type handler struct {
 //	GET  /v1/runs/{id}/events      the journal as server-sent events          scope read
 //	POST /v1/runs/{id}/approve     decide an approval step                    scope approve
 //	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
+//	GET  /v1/runs/{id}/receipt     the run's signed receipt (KV PAL_RECEIPTS) scope read
+//	GET  /v1/keys                  the receipt signing public keys            scope read
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //
@@ -111,6 +121,9 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	v1.HandleFunc("GET /v1/runs/{id}/events", need(ScopeRead, h.streamEvents))
 	v1.HandleFunc("POST /v1/runs/{id}/approve", need(ScopeApprove, h.approve))
 	v1.HandleFunc("POST /v1/runs/{id}/cancel", need(ScopeCancel, h.cancel))
+	// Signed receipts.
+	v1.HandleFunc("GET /v1/runs/{id}/receipt", need(ScopeRead, h.getReceipt))
+	v1.HandleFunc("GET /v1/keys", need(ScopeRead, h.listKeys))
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)

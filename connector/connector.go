@@ -17,9 +17,9 @@
 //     receiver: a timeout or a connection cut after sending). A retry after an
 //     unknown outcome must reuse the same idempotency key.
 //
-// Implementations live in connector/webhook; connector/connectortest is an
-// HTTP receiver for tests that records every request and can hold, fail or
-// drop them on cue.
+// Implementations live in connector/webhook and connector/email;
+// connector/connectortest has an HTTP and an SMTP receiver for tests that
+// record every delivery and can hold, fail or drop them on cue.
 package connector
 
 import (
@@ -61,12 +61,28 @@ type Delivery struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Body is the JSON payload; empty sends no body.
 	Body json.RawMessage `json:"body,omitempty"`
+	// Email is the message of an email delivery (URL, Method, Headers and
+	// Body are unused then).
+	Email *Email `json:"email,omitempty"`
+}
+
+// Email is one email message, rendered from an email connector node. To
+// and Cc are RFC 5322 address lists ("a@x.test, Bea <b@y.test>"); at least
+// one of Text and HTML is set.
+type Email struct {
+	From    string `json:"from"`
+	To      string `json:"to"`
+	Cc      string `json:"cc,omitempty"`
+	Subject string `json:"subject"`
+	Text    string `json:"text,omitempty"`
+	HTML    string `json:"html,omitempty"`
 }
 
 // Receipt is the receiver's answer to a successful delivery. The worker
 // journals it in side_effect_delivered.
 type Receipt struct {
-	// Status is the HTTP status the receiver answered with.
+	// Status is the HTTP status the receiver answered with (for email, the
+	// SMTP reply code of the accepted message, 250).
 	Status int `json:"status"`
 	// Body is the start of the receiver's answer, at most MaxReceiptBody
 	// bytes.

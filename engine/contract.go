@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 
+	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/provider"
 )
 
@@ -27,13 +28,15 @@ type AIInput struct {
 	Temperature *float64           `json:"temperature,omitempty"`
 }
 
-// ConnectorInput is the rendered input of a connector step.
+// ConnectorInput is the rendered input of a connector step: URL, Method,
+// Headers and Body for a webhook, Email for an email.
 type ConnectorInput struct {
 	Kind    string            `json:"kind"`
-	URL     string            `json:"url"`
-	Method  string            `json:"method"`
+	URL     string            `json:"url,omitempty"`
+	Method  string            `json:"method,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
 	Body    json.RawMessage   `json:"body,omitempty"`
+	Email   *connector.Email  `json:"email,omitempty"`
 }
 
 // ToolInput is the input of a tool step: a tool node's, or a tool call of

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
@@ -95,6 +96,9 @@ func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, er
 }
 
 func renderConnector(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, error) {
+	if d.Kind == workflow.ConnectorEmail {
+		return renderEmail(d, env)
+	}
 	in := ConnectorInput{Kind: d.Kind, Method: d.Method}
 	if in.Method == "" {
 		in.Method = "POST"
@@ -117,4 +121,20 @@ func renderConnector(d *workflow.ConnectorData, env workflow.Env) (json.RawMessa
 		}
 	}
 	return json.Marshal(in)
+}
+
+func renderEmail(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, error) {
+	m := &connector.Email{}
+	for _, f := range []struct {
+		name string
+		tmpl string
+		out  *string
+	}{{"from", d.From, &m.From}, {"to", d.To, &m.To}, {"cc", d.Cc, &m.Cc}, {"subject", d.Subject, &m.Subject},
+		{"text", d.Text, &m.Text}, {"html", d.HTML, &m.HTML}} {
+		var err error
+		if *f.out, err = workflow.RenderString(f.tmpl, env); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	return json.Marshal(ConnectorInput{Kind: d.Kind, Email: m})
 }

@@ -13,7 +13,10 @@ const (
 	WorkStream     = "PAL_WORK"
 	CommandsStream = "PAL_CMDS"
 	LeaseBucket    = "PAL_LEASES"
-	WorkConsumer   = "pal-workers"
+	// ReceiptBucket holds signed run receipts, keyed by run id (package
+	// receipt).
+	ReceiptBucket = "PAL_RECEIPTS"
+	WorkConsumer  = "pal-workers"
 	// TimersStream holds scheduled wake-ups (approval timeouts).
 	TimersStream = "PAL_TIMERS"
 	// TimerConsumer is the durable consumer workers take fired timers from.

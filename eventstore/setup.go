@@ -132,6 +132,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", LeaseBucket, err)
 	}
+	// Receipts are kept like the journal they sign: no TTL, one value per
+	// run (a create, never replaced).
+	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:       ReceiptBucket,
+		Description:  "PAL run receipts: run id → signed receipt",
+		History:      1,
+		Storage:      jetstream.FileStorage,
+		Replicas:     cfg.Replicas,
+		MaxValueSize: 16 << 10,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up KV bucket %s: %w", ReceiptBucket, err)
+	}
 	if ownsTTL {
 		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
 	} else if _, err = js.Consumer(ctx, WorkStream, WorkConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {

@@ -34,7 +34,7 @@ func TestMigrateEmptyDatabaseThenNoOp(t *testing.T) {
 	require.NoError(t, err)
 	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"journal_events", "pal_schema_migrations", "projection_checkpoints", "runs",
+	require.Equal(t, []string{"journal_events", "pal_schema_migrations", "projection_checkpoints", "run_receipts", "runs",
 		"side_effect_receipts", "steps"}, tables)
 
 	// The primary keys docs/architecture.md §13 names.
@@ -44,6 +44,7 @@ func TestMigrateEmptyDatabaseThenNoOp(t *testing.T) {
 		"steps":                  {"run_id", "step_id", "attempt"},
 		"side_effect_receipts":   {"run_id", "step_id", "attempt"},
 		"projection_checkpoints": {"projector"},
+		"run_receipts":           {"run_id"},
 	} {
 		rows, err := pool.Query(ctx, `SELECT a.attname FROM pg_index i
 			JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)

@@ -188,9 +188,10 @@ func (p *Projector) Start(ctx context.Context) error {
 	p.done = make(chan struct{})
 	in := make(chan jetstream.Msg, p.cfg.BatchSize)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); p.read(runCtx, cons, in) }()
 	go func() { defer wg.Done(); p.project(runCtx, in) }()
+	go func() { defer wg.Done(); p.projectReceipts(runCtx) }()
 	go func() { wg.Wait(); close(p.done) }()
 	p.log.Info("projector started", "checkpoint", cp, "batch_size", p.cfg.BatchSize)
 	return nil

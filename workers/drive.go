@@ -73,9 +73,24 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 	if end.outcome.over() {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
+		w.signReceipt(actx, d)
 		w.afterDrive(actx, d, end.outcome == driveParked)
 	}
 	return end.failure()
+}
+
+// signReceipt signs the receipt of a run the drive saw end. A failure is
+// only logged: the recovery sweep signs runs that have none.
+func (w *Worker) signReceipt(ctx context.Context, d *drive) {
+	if d.st == nil || !d.st.Status.Terminal() || w.cfg.Receipts == nil || w.cfg.SigningKey == nil {
+		return
+	}
+	r, err := w.cfg.Receipts.Ensure(ctx, w.cfg.SigningKey, d.runID)
+	if err != nil {
+		d.log.Warn("signing the run receipt; the recovery sweep will try again", "err", err)
+		return
+	}
+	d.log.Debug("run receipt", "key_id", r.KeyID, "journal_digest", r.JournalDigest)
 }
 
 // withLease takes the run's lease (waiting out a crashed holder's), drives

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/palrun/pal/connector"
@@ -260,8 +261,12 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, fmt.Errorf("step %s: %w", p.StepID, err)
 	}
+	target := redact.URL(in.URL)
+	if in.Email != nil {
+		target = emailTarget(in.Email)
+	}
 	d.emit(event.SideEffectClaimed, p.StepID, p.Attempt, event.SideEffectClaimedData{
-		IdempotencyKey: p.Key, Connector: in.Kind, Target: redact.URL(in.URL)})
+		IdempotencyKey: p.Key, Connector: in.Kind, Target: target})
 	if err := d.flush(); err != nil {
 		return stepResult{}, err
 	}
@@ -270,7 +275,7 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(p.TimeoutMs, defaultConnectorTimeout))
 	defer cancel()
 	rec, err := conn.Deliver(ctx, connector.Delivery{RunID: d.runID, StepID: p.StepID, IdempotencyKey: p.Key,
-		URL: url, Method: in.Method, Headers: headers, Body: in.Body})
+		URL: url, Method: in.Method, Headers: headers, Body: in.Body, Email: in.Email})
 	if err != nil {
 		return stepResult{}, redact.Error(err, sec.used...)
 	}
@@ -285,4 +290,17 @@ func deliveryResult(delivery string, status int) (stepResult, error) {
 		return stepResult{}, err
 	}
 	return stepResult{output: b, delivery: delivery}, nil
+}
+
+// maxEmailTarget bounds the recipients quoted in side_effect_claimed.
+const maxEmailTarget = 256
+
+// emailTarget names an email's recipients for the claim, as a mailto: URL
+// cut to maxEmailTarget bytes.
+func emailTarget(m *connector.Email) string {
+	t := "mailto:" + m.To
+	if len(t) > maxEmailTarget {
+		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
+	}
+	return t
 }

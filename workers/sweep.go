@@ -8,7 +8,17 @@ import (
 	"time"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/receipt"
 )
+
+// UnsignedSource lists ended runs the read side has no receipt for,
+// oldest first.
+type UnsignedSource interface {
+	Unsigned(ctx context.Context, limit int) ([]string, error)
+}
+
+// MaxReceiptsPerPass bounds how many receipts one sweep signs.
+const MaxReceiptsPerPass = 20
 
 // DefaultRecoveryInterval is how often the recovery sweep runs.
 const DefaultRecoveryInterval = 30 * time.Second
@@ -35,6 +45,10 @@ type Sweeper struct {
 	src      OrphanSource
 	interval time.Duration
 	log      *slog.Logger
+
+	unsigned UnsignedSource
+	receipts *receipt.Store
+	key      *receipt.Key
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -96,6 +110,11 @@ func (s *Sweeper) Start(ctx context.Context) error {
 			case n > 0:
 				s.log.Info("recovery sweep re-enqueued orphaned runs", "runs", n)
 			}
+			if n, err := s.SignMissing(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("recovery sweep: signing receipts failed", "err", err)
+			} else if n > 0 {
+				s.log.Info("recovery sweep signed missing run receipts", "runs", n)
+			}
 		}
 	}()
 	s.log.Info("recovery sweep started", "interval", s.interval)
@@ -153,6 +172,38 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 			return n, err
 		}
 		s.log.Info("re-enqueued orphaned run", "run_id", id)
+		n++
+	}
+	return n, nil
+}
+
+// WithReceipts makes the sweep sign the receipts of ended runs that have
+// none (a worker died between the terminal event and the put, a run was
+// cancelled while no worker drove it, or the run ended before signing was
+// configured). Call it before Start.
+func (s *Sweeper) WithReceipts(src UnsignedSource, rs *receipt.Store, key *receipt.Key) *Sweeper {
+	s.unsigned, s.receipts, s.key = src, rs, key
+	return s
+}
+
+// SignMissing signs up to MaxReceiptsPerPass missing receipts and returns
+// how many it stored or found stored. Store.Ensure is a KV create, so a
+// sweep racing the run's worker (or another sweep) leaves one receipt.
+func (s *Sweeper) SignMissing(ctx context.Context) (int, error) {
+	if s.unsigned == nil || s.receipts == nil || s.key == nil {
+		return 0, nil
+	}
+	ids, err := s.unsigned.Unsigned(ctx, MaxReceiptsPerPass)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		if _, err := s.receipts.Ensure(ctx, s.key, id); err != nil {
+			// One bad journal must not stop the others being signed.
+			s.log.Warn("signing a run receipt", "run_id", id, "err", err)
+			continue
+		}
 		n++
 	}
 	return n, nil

@@ -22,6 +22,7 @@ import (
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -53,6 +54,11 @@ type Config struct {
 	// durable wake-up timers keep the real clock: they are agreed with
 	// NATS.
 	Clock func() time.Time
+	// Receipts and SigningKey, both set, make the worker sign the receipt
+	// of each run it ends (package receipt). The recovery sweep signs the
+	// ones a crash left unsigned.
+	Receipts   *receipt.Store
+	SigningKey *receipt.Key
 }
 
 func (c Config) withDefaults() Config {

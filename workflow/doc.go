@@ -44,11 +44,14 @@
 //     or "sleep" ({"ms": N} waits N milliseconds). data: tool (required),
 //     input (any JSON; every string in it is a template), timeoutMs, retry.
 //
-//   - connector: an external delivery with a receipt. data: kind ("webhook")
-//     and url (required), method (POST, PUT, PATCH, DELETE or GET), headers
-//     (string values), body (any JSON), timeoutMs, retry. The url, header
-//     values and every string in body are templates. A url must start with
-//     http:// or https://, or with a placeholder.
+//   - connector: an external delivery with a receipt. data: kind ("webhook"
+//     or "email"), timeoutMs, retry, and for a webhook url (required),
+//     method (POST, PUT, PATCH, DELETE or GET), headers (string values),
+//     body (any JSON). The url, header values and every string in body are
+//     templates. A url must start with http:// or https://, or with a
+//     placeholder. An email has from, to and subject (required), cc, and
+//     text and/or html, all templates; to and cc are address lists
+//     ("a@example.com, Bea <b@example.com>").
 //
 //   - condition: evaluates data.expression and outputs {"result": value};
 //     the edges out of it branch on steps.<id>.output.result.

@@ -377,6 +377,13 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			decodeProblem(err)
 			return
 		}
+		if d.Kind == ConnectorEmail {
+			w.checkEmail(n.ID, d, tmpl, ps)
+			return
+		}
+		if d.From != "" || d.To != "" || d.Cc != "" || d.Subject != "" || d.Text != "" || d.HTML != "" {
+			ps.node(n.ID, "data", "from, to, cc, subject, text and html are email fields; set kind to \"email\"")
+		}
 		tmpl("data.url", d.URL)
 		if msg := checkURL(d.URL); msg != "" {
 			ps.node(n.ID, "data.url", "%s", msg)
@@ -503,5 +510,22 @@ func (w *Workflow) checkExprRefs(c *condition, self string, ownOK bool, anc ance
 		if r.member != "" && r.member != "[]" && r.member != fieldOut {
 			report(fmt.Sprintf("steps.%s has no field %q (want steps.%s.output…)", r.id, r.member, r.id))
 		}
+	}
+}
+
+// checkEmail checks an email connector: its fields are templates, the
+// header fields may not hold CR or LF (the connector checks the rendered
+// values again), and the webhook fields do not apply.
+func (w *Workflow) checkEmail(id string, d *ConnectorData, tmpl func(field, s string), ps *problems) {
+	for _, f := range []struct{ name, v string }{{"from", d.From}, {"to", d.To}, {"cc", d.Cc}, {"subject", d.Subject}} {
+		tmpl("data."+f.name, f.v)
+		if strings.ContainsAny(f.v, "\r\n") {
+			ps.node(id, "data."+f.name, "contains a line break; CR and LF are refused in email headers")
+		}
+	}
+	tmpl("data.text", d.Text)
+	tmpl("data.html", d.HTML)
+	if d.URL != "" || d.Method != "" || len(d.Headers) > 0 || len(d.Body) > 0 {
+		ps.node(id, "data", "url, method, headers and body are webhook fields; an email has from, to, cc, subject, text and html")
 	}
 }

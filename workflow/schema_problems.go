@@ -29,7 +29,7 @@ var requiredHints = map[string]string{
 	"/$defs/message":       "a message needs role and content",
 	"/$defs/aiStepData":    "an ai-step needs provider, model, and prompt or messages",
 	"/$defs/toolData":      "a tool node needs tool: a tool registered on the worker, or \"http\", \"echo\" or \"sleep\"",
-	"/$defs/connectorData": "a connector needs kind and url",
+	"/$defs/connectorData": "a connector needs kind, and url (webhook) or from, to, subject and text or html (email)",
 	"/$defs/conditionData": "a condition node needs expression",
 }
 

@@ -124,19 +124,29 @@ type ToolData struct {
 const HTTPToolName = "http"
 
 // ConnectorData is the data of a connector node: an external delivery with
-// a receipt. URL, Headers and Body are templates.
+// a receipt. URL, Headers and Body (webhook) and From, To, Cc, Subject,
+// Text and HTML (email) are templates.
 type ConnectorData struct {
 	Kind      string            `json:"kind"`
-	URL       string            `json:"url"`
+	URL       string            `json:"url,omitempty"`
 	Method    string            `json:"method,omitempty"`
 	Headers   map[string]string `json:"headers,omitempty"`
 	Body      json.RawMessage   `json:"body,omitempty"`
+	From      string            `json:"from,omitempty"`
+	To        string            `json:"to,omitempty"`
+	Cc        string            `json:"cc,omitempty"`
+	Subject   string            `json:"subject,omitempty"`
+	Text      string            `json:"text,omitempty"`
+	HTML      string            `json:"html,omitempty"`
 	TimeoutMs int               `json:"timeoutMs,omitempty"`
 	Retry     *RetryPolicy      `json:"retry,omitempty"`
 }
 
-// ConnectorWebhook is the webhook connector kind.
-const ConnectorWebhook = "webhook"
+// Connector kinds.
+const (
+	ConnectorWebhook = "webhook"
+	ConnectorEmail   = "email"
+)
 
 // ConditionData is the data of a condition node: it evaluates Expression and
 // outputs {"result": value}; outgoing edges branch on it.

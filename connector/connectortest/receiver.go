@@ -1,7 +1,11 @@
-// Package connectortest is a webhook receiver for PAL's tests: an HTTP
-// server on 127.0.0.1 (reachable from worker processes the test starts) that
-// records every request with its idempotency key and behaves, on cue, like a
-// slow or flaky receiver.
+// Package connectortest has receivers for PAL's tests: an HTTP webhook
+// receiver (Receiver) and an SMTP server (SMTPReceiver), both on 127.0.0.1
+// (reachable from worker processes the test starts), that record every
+// delivery and behave, on cue, like a slow or flaky receiver.
+//
+// The rest of this comment is about the webhook receiver; SMTPReceiver
+// records a message once its DATA is read and can hold a session before
+// MAIL FROM or before answering DATA.
 //
 // Invariant: a request is recorded the moment its body has been read, before
 // any hold or rule touches it, so a test sees every request that reached

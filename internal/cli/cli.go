@@ -125,6 +125,8 @@ inspect runs.`,
 	root.AddCommand(e.workerCmd(), e.runCmd(), e.devCmd(), e.natsNodeCmd(), e.benchCmd())
 	root.AddCommand(e.serverCmd(), e.versionCmd())
 	root.AddCommand(e.migrateCmd(), e.projectorCmd(), e.projectionsCmd())
+	// Signed receipts.
+	root.AddCommand(e.receiptCmd())
 	return root
 }
 

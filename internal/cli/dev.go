@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/url"
@@ -25,6 +26,7 @@ import (
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/receipt"
 )
 
 func (e *env) devCmd() *cobra.Command {
@@ -106,6 +108,9 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	envPath := filepath.Join(dataDir, devEnvName)
 	if err := os.Remove(envPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return badInput("removing the stale %s: %v", envPath, err)
+	}
+	if err := devSigningKey(dataDir, &wc, &rc, log); err != nil {
+		return err
 	}
 	storeDir := filepath.Join(dataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o755); err != nil {
@@ -309,6 +314,11 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
 		"PAL_REPLICAS":   strconv.Itoa(wc.replicas),
 	}
+	if v := e.getenv(receipt.EnvSigningKey); v != "" {
+		vars[receipt.EnvSigningKey] = v
+	} else {
+		vars[receipt.EnvSigningKey] = filepath.Join(abs, devKeyName)
+	}
 	if len(rc.tokens) > 0 {
 		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = rc.tokensEnv(), rc.tokens[0].Secret
 	}
@@ -357,7 +367,7 @@ func natsStoreNote(abs string, cluster *devCluster) string {
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
-	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev
 // --no-worker (the workers come later). nc is the worker role's.
@@ -462,4 +472,29 @@ func sanitizeID(s string) string {
 		return "local"
 	}
 	return string(out)
+}
+
+// devKeyName is the receipt signing key pal dev makes in its data
+// directory (the public key is next to it, pal.pub).
+const devKeyName = "pal.key"
+
+// devSigningKey gives pal dev a receipt signing key when PAL_SIGNING_KEY
+// names none: dataDir/pal.key, made on the first start and kept.
+func devSigningKey(dataDir string, wc *workerConfig, rc *restConfig, log *slog.Logger) error {
+	if wc.keys != nil {
+		return nil
+	}
+	path := filepath.Join(dataDir, devKeyName)
+	k, err := receipt.LoadKey(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if k, err = receipt.WriteKey(path); err == nil {
+			log.Info("made a receipt signing key", "key", path, "public_key", receipt.PublicPath(path), "key_id", k.ID)
+		}
+	}
+	if err != nil {
+		return badInput("the receipt signing key %s: %v", path, err)
+	}
+	wc.keys = &receipt.Keys{Current: k}
+	rc.keys = wc.keys
+	return nil
 }

@@ -89,6 +89,22 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 		return len(list.Runs) == 1 && list.Runs[0].RunID == id && list.Runs[0].Status == "succeeded"
 	}, 30*time.Second, 100*time.Millisecond, "pal run list in the directory: %s", r)
 
+	// pal dev made a signing key under .pal/ and gave it to the worker
+	// through dev.env: the run has a receipt that verifies with .pal/pal.pub.
+	fi, err = os.Stat(filepath.Join(dataDir, "pal.key"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	rpath := filepath.Join(dir, "receipt.json")
+	require.Eventually(t, func() bool {
+		r = runPalIn(t, bin, dir, nil, "run", "receipt", id, "-o", rpath)
+		return r.code == 0
+	}, 30*time.Second, 100*time.Millisecond, "pal run receipt in the directory: %s", r)
+	r = runPalIn(t, bin, dir, nil, "run", "export", id)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.jsonl"), []byte(r.stdout), 0o644))
+	r = runPalIn(t, bin, dir, nil, "receipt", "verify", rpath, "--journal", "run.jsonl", "--pubkey", filepath.Join(dataDir, "pal.pub"))
+	require.Equal(t, 0, r.code, "%s", r)
+
 	// The environment wins over the file, and a flag over the environment.
 	r = runPalIn(t, bin, dir, []string{"PAL_NATS_URL=nats://127.0.0.1:1"}, "run", "events", id)
 	require.Equal(t, 4, r.code, "%s", r)

@@ -25,6 +25,8 @@ func (e *env) runCmd() *cobra.Command {
 	}
 	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
 		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
+	// Signed receipts.
+	cmd.AddCommand(e.runReceiptCmd())
 	return cmd
 }
 

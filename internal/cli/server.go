@@ -17,6 +17,7 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/receipt"
 )
 
 func (e *env) serverCmd() *cobra.Command {
@@ -71,6 +72,8 @@ type restConfig struct {
 	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
 	// given, so every /v1 request is refused.
 	noTokens bool
+	// keys are the receipt signing keys GET /v1/keys serves.
+	keys *receipt.Keys
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -89,6 +92,9 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	if rc.tokens, err = api.ParseTokens(e.getenv("PAL_API_TOKENS")); err != nil {
 		return rc, badInput("PAL_API_TOKENS: %v", err)
+	}
+	if rc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
+		return rc, badInput("%v", err)
 	}
 	rc.insecure, _ = cmd.Flags().GetBool("insecure-no-auth")
 	if len(rc.tokens) > 0 {
@@ -118,7 +124,7 @@ func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 // startREST serves the REST API on rc.addr over store; pool, when not nil,
 // is the Postgres projection (GET /v1/runs and /readyz).
 func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
-	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log}
+	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
@@ -21,6 +22,7 @@ import (
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
 	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
@@ -76,6 +78,8 @@ type workerConfig struct {
 	durability  string
 	replicas    int
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL     string         // PAL_SMTP_URL, for the email connector
+	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -100,6 +104,16 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.egress, err = egress.Parse(e.getenv(egress.EnvAllow)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	// Unset is fine (email steps then fail with the reason); a wrong value
+	// is refused at start rather than at the first email.
+	if wc.smtpURL = e.getenv(email.EnvURL); wc.smtpURL != "" {
+		if _, err := email.ParseURL(wc.smtpURL); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
+	}
+	if wc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
@@ -134,9 +148,10 @@ func providerWarnings(getenv func(string) string) []string {
 	return out
 }
 
-func connectors(p *egress.Policy) connector.Registry {
-	wh := webhook.New(webhook.WithEgress(p))
-	return connector.Registry{wh.Kind(): wh}
+func connectors(wc workerConfig) connector.Registry {
+	wh := webhook.New(webhook.WithEgress(wc.egress))
+	em := email.New(wc.smtpURL, email.WithEgress(wc.egress))
+	return connector.Registry{wh.Kind(): wh, em.Kind(): em}
 }
 
 // writeSide is a running worker with its command processor, NATS service
@@ -185,8 +200,17 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
-		store, leases, providers, connectors(wc.egress))
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress}
+	var receipts *receipt.Store
+	if wc.keys != nil {
+		if receipts, err = receipt.Open(ctx, js, store); err != nil {
+			return fail(withCode(ExitUnavailable, err))
+		}
+		wcfg.Receipts, wcfg.SigningKey = receipts, wc.keys.Current
+	} else {
+		log.Info("run receipts off: set PAL_SIGNING_KEY to a PEM Ed25519 private key file to sign them")
+	}
+	w := workers.New(wcfg, store, leases, providers, connectors(wc))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
@@ -213,6 +237,9 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	}
 	if pool != nil {
 		sweep = workers.NewSweeper(store, leases, projections.NewReader(pool), interval, log)
+		if receipts != nil {
+			sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
+		}
 		if err := sweep.Start(ctx); err != nil {
 			return fail(err)
 		}

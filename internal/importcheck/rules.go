@@ -9,7 +9,7 @@ var layers = [][]string{
 	{"cmd/...", "examples"},
 	{"internal/cli"},
 	{"api", "runs", "workers", "projections", "internal/bench", "internal/paltest"},
-	{"engine", "workflow", "eventstore", "provider/...", "connector/...", "internal/testenv", "internal/natsauth"},
+	{"engine", "workflow", "eventstore", "receipt", "provider/...", "connector/...", "internal/testenv", "internal/natsauth"},
 	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/importcheck", "internal/retry", "internal/registry", "internal/egress", "internal/redact"},
 }
 

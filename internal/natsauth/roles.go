@@ -5,7 +5,8 @@
 //
 // The roles:
 //
-//   - worker: writes the journal, drives runs (work, timers, leases), runs
+//   - worker: writes the journal, drives runs (work, timers, leases), signs
+//     run receipts (PAL_RECEIPTS, create only: one key per run), runs
 //     the command processor and answers the NATS service; it also creates
 //     PAL's streams and its durable consumers (eventstore.Setup).
 //   - projector: reads the journal through its durable consumer and writes
@@ -63,6 +64,8 @@ const (
 	deadPrefix        = eventstore.DeadPrefix
 	leaseStream       = "KV_" + eventstore.LeaseBucket
 	leasePrefix       = "$KV." + eventstore.LeaseBucket + "."
+	receiptStream     = "KV_" + eventstore.ReceiptBucket
+	receiptPrefix     = "$KV." + eventstore.ReceiptBucket + "."
 	inbox             = "_INBOX.>"
 	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
@@ -117,7 +120,7 @@ func For(role Role) Permissions {
 
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
-	eventstore.TimersStream, deadStream, leaseStream}
+	eventstore.TimersStream, deadStream, leaseStream, receiptStream}
 
 // read is what reading a stream takes: its info, Direct Get (by sequence,
 // by subject, batched) and the stream's message get.
@@ -157,7 +160,7 @@ var serviceSub = []string{"pal.api.>", "$SRV.>"}
 func worker() Permissions {
 	pub := []string{
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
-		eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
+		receiptPrefix + "*", eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
 		jsAPI + "INFO",
 	}
 	for _, s := range palStreams {
@@ -179,8 +182,10 @@ func worker() Permissions {
 
 func projector() Permissions {
 	pub := []string{deadPrefix + ">", jsAPI + "INFO"}
-	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, deadStream)...)
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, deadStream, receiptStream)...)
 	pub = append(pub, durable(eventstore.EventsStream, projectorConsumer)...)
+	// The run_receipts projection watches PAL_RECEIPTS.
+	pub = append(pub, ordered(receiptStream)...)
 	// The projector repositions its consumer at start by recreating it.
 	pub = append(pub, jsAPI+"CONSUMER.DELETE."+eventstore.EventsStream+"."+projectorConsumer)
 	// pal projections rebuild reads the journal with an ordered consumer.
@@ -193,7 +198,7 @@ func api() Permissions {
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.CancelPrefix + "*",
 		eventstore.RejectedSubject, inbox, jsAPI + "INFO",
 	}
-	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream)...)
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	return Permissions{
@@ -207,7 +212,8 @@ func client() Permissions {
 	pub := []string{
 		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
 	}
-	pub = append(pub, read(eventstore.EventsStream, leaseStream)...)
+	// Receipts are signed statements anyone may read (pal run receipt).
+	pub = append(pub, read(eventstore.EventsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	// The allow list already leaves these out; denying them too says so,

@@ -31,6 +31,7 @@ import (
 
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/connectortest"
+	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
@@ -128,6 +129,7 @@ type workerConfig struct {
 	egress      *egress.Policy
 	egressSet   bool
 	secrets     map[string]string
+	smtpURL     string
 }
 
 // WorkerOption configures Stack.Worker.
@@ -151,6 +153,10 @@ func Egress(p *egress.Policy) WorkerOption {
 	return func(c *workerConfig) { c.egress, c.egressSet = p, true }
 }
 
+// SMTP sets the SMTP server the worker's email connector sends to (default:
+// none, and email steps fail).
+func SMTP(url string) WorkerOption { return func(c *workerConfig) { c.smtpURL = url } }
+
 // Secrets sets the worker's secrets, read by {{secrets.NAME}} (default:
 // none).
 func Secrets(m map[string]string) WorkerOption {
@@ -172,9 +178,10 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 		cfg.egress = (*egress.Policy)(nil).With(egress.Loopback...)
 	}
 	wh := webhook.New(webhook.WithEgress(cfg.egress))
+	em := email.New(cfg.smtpURL, email.WithEgress(cfg.egress))
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
 	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress, Secrets: secret},
-		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh})
+		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)
 	}
