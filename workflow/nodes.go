@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -113,6 +114,9 @@ type ProcessData struct {
 	MaxResumes *int           `json:"maxResumes,omitempty"`
 	Limits     *ProcessLimits `json:"limits,omitempty"`
 }
+
+// envName is what a process node's env may name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // DefaultMaxResumes is how often a process step is re-driven after its
 // process did not finish, when the node sets no maxResumes.
@@ -260,7 +264,10 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			tmpl(fmt.Sprintf("data.command[%d]", i), a)
 		}
 		for _, k := range slices.Sorted(maps.Keys(d.Env)) {
-			if strings.HasPrefix(k, "PAL_") {
+			switch {
+			case !envName.MatchString(k):
+				ps.node(n.ID, joinField("data.env", k), "not a variable name (letters, digits and _, not starting with a digit; at most 128)")
+			case strings.HasPrefix(k, "PAL_"):
 				ps.node(n.ID, joinField("data.env", k), "names starting with PAL_ are set by PAL")
 			}
 			tmpl(joinField("data.env", k), d.Env[k])
