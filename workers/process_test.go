@@ -23,6 +23,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
 )
 
 // repoRoot is the module's root (the tests run in workers/).
@@ -216,16 +217,17 @@ func TestProcessResumeExhaustedAfterFourCrashes(t *testing.T) {
 }
 
 // TestProcessReportTokenAuthorizesOneStep: step a hands its token to step
-// b; b's reports with it, or with its own token naming step a, are refused.
+// b; b's reports with it, or with its own token naming step a, are refused,
+// and so are reports over the bounds.
 func TestProcessReportTokenAuthorizesOneStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
 	post := `
 import json, os, urllib.request, urllib.error
-def post(token, step, name):
+def post(token, step, name, status="completed", output=1):
     req = urllib.request.Request(os.environ["PAL_REPORT_URL"], method="POST",
-        data=json.dumps({"step_id": step, "name": name, "status": "completed", "output": 1}).encode(),
+        data=json.dumps({"step_id": step, "name": name, "status": status, "output": output}).encode(),
         headers={"Authorization": "Bearer " + token})
     try:
         return urllib.request.urlopen(req).status
@@ -240,6 +242,9 @@ own = os.environ["PAL_REPORT_TOKEN"]
 print(json.dumps({"other": post(os.environ["A_TOKEN"], "a", "forged"),
                   "claim": post(own, "a", "forged2"),
                   "nobody": post("", "b", "forged3"),
+                  "big": post(own, "b", "big", output="x" * (300 << 10)),
+                  "status": post(own, "b", "odd", status="finished"),
+                  "name": post(own, "b", "n" * 129),
                   "own": post(own, "b", "mine")}))`
 	cmdA, err := json.Marshal([]string{"python3", "-c", a})
 	require.NoError(t, err)
@@ -254,7 +259,8 @@ print(json.dumps({"other": post(os.environ["A_TOKEN"], "a", "forged"),
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	var codes map[string]int
 	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &codes))
-	require.Equal(t, map[string]int{"other": 401, "claim": 403, "nobody": 401, "own": 200}, codes)
+	require.Equal(t, map[string]int{"other": 401, "claim": 403, "nobody": 401, "big": 413, "status": 400, "name": 400,
+		"own": 200}, codes)
 
 	evs := b.Events(t, runID)
 	var names []string
@@ -353,4 +359,31 @@ print(json.dumps({"topic": params["topic"], "mine": os.environ.get("MINE"),
 	d := data[event.StepCompletedData](t, done[0])
 	require.Len(t, d.Stderr, 8<<10)
 	require.True(t, strings.HasSuffix(d.Stderr, "xxx\nthe end\n"))
+}
+
+// TestProcessExampleWorkflows: examples/process's workflows parse, and the
+// Python one runs (from the repository root, as the README says).
+func TestProcessExampleWorkflows(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	for _, f := range []string{"substeps-python.json", "substeps-go.json"} {
+		b, err := os.ReadFile(filepath.Join(root, "examples", "process", f))
+		require.NoError(t, err)
+		_, err = workflow.Parse(b)
+		require.NoError(t, err, f)
+	}
+	b := setup(t)
+	b.worker(t, "w1", nil)
+	raw, err := os.ReadFile(filepath.Join(root, "examples", "process", "substeps-python.json"))
+	require.NoError(t, err)
+	// The worker of this test runs in workers/: make the paths absolute.
+	wf := strings.NewReplacer(`"examples/process/`, `"`+root+`/examples/process/`, `"sdk/python"`, `"`+root+`/sdk/python"`).Replace(string(raw))
+	side := filepath.Join(t.TempDir(), "side-effects")
+	in, err := json.Marshal(map[string]string{"topic": "demo", "sideEffects": side})
+	require.NoError(t, err)
+	runID := b.Start(t, wf, string(in))
+	end := b.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
+	require.Len(t, sideEffects(t, side), 5)
+	require.Contains(t, string(data[event.RunSucceededData](t, end).Output), `"topic":"demo"`)
 }
