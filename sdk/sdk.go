@@ -189,7 +189,7 @@ func (c *client) do(ctx context.Context, method, url string, body, into any) err
 		return fmt.Errorf("pal sdk: %s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20)) // the worker answers at most 4 MiB of outputs
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("pal sdk: %s %s: %s: %s", method, url, resp.Status, bytes.TrimSpace(b))
 	}

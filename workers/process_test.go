@@ -23,6 +23,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -386,4 +387,30 @@ func TestProcessExampleWorkflows(t *testing.T) {
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	require.Len(t, sideEffects(t, side), 5)
 	require.Contains(t, string(data[event.RunSucceededData](t, end).Output), `"topic":"demo"`)
+}
+
+// TestProcessTimeoutKillsAChildThatIgnoresSIGTERM: past timeoutMs the group
+// gets SIGTERM; a child that ignores it is killed after ProcessGrace, and
+// the step fails as timed out.
+func TestProcessTimeoutKillsAChildThatIgnoresSIGTERM(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.worker(t, "w1", nil)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cmd, err := json.Marshal([]string{"/bin/sh", "-c", `trap '' TERM; echo $$ > "$PID_FILE"; while :; do sleep 0.05; done`})
+	require.NoError(t, err)
+	env, err := json.Marshal(map[string]string{"PID_FILE": pidFile})
+	require.NoError(t, err)
+	wf := fmt.Sprintf(`{"name":"stubborn","nodes":[{"id":"start","type":"trigger"},
+	{"id":"nap","type":"process","data":{"command":%s,"env":%s,"timeoutMs":300}}],
+	"edges":[{"from":"start","to":"nap"}]}`, cmd, env)
+	start := time.Now()
+	runID := b.Start(t, wf, `{}`)
+	pid := holdPIDs(t, pidFile, 1)[0]
+	require.Equal(t, event.RunFailed, b.WaitEnd(t, runID).Kind)
+	require.GreaterOrEqual(t, time.Since(start), workers.ProcessGrace, "SIGKILL only after the grace")
+	requireGone(t, pid)
+	failed := find(b.Events(t, runID), event.StepFailed, "nap")
+	require.Len(t, failed, 1)
+	require.Contains(t, data[event.StepFailedData](t, failed[0]).Error, "the process timed out after 300ms and was stopped")
 }

@@ -34,6 +34,9 @@ const (
 	MaxSubstepName = 128
 	// MaxSubsteps bounds the sub-steps of one step attempt.
 	MaxSubsteps = 1000
+	// MaxSubstepBytes bounds the outputs of one step attempt's sub-steps
+	// together: what GET SubstepsPath answers a resumed child.
+	MaxSubstepBytes = 4 << 20
 )
 
 // runtimeServer is the worker's runtime endpoint.
@@ -255,6 +258,16 @@ func (d *drive) answerReport(p engine.StepPlan, req *reportReq) reportAnswer {
 	if b.Status == "completed" {
 		if err := d.fits(p, "sub-step output", b.Output); err != nil {
 			return reportAnswer{http.StatusRequestEntityTooLarge, map[string]string{"error": err.Error()}}
+		}
+		total := len(b.Output)
+		if a != nil {
+			for _, s := range a.Substeps {
+				total += len(s.Output)
+			}
+		}
+		if total > MaxSubstepBytes {
+			return reportAnswer{http.StatusRequestEntityTooLarge, map[string]string{
+				"error": fmt.Sprintf("a step's sub-step outputs come to at most %d bytes together", MaxSubstepBytes)}}
 		}
 		d.emit(event.SubstepCompleted, p.StepID, p.Attempt, event.SubstepCompletedData{Name: b.Name, Output: b.Output})
 	} else {

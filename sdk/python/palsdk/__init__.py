@@ -51,7 +51,7 @@ def _request(method, url, body=None):
     req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=_TIMEOUT) as resp:
-            return json.loads(resp.read(4 << 20) or b"null")
+            return json.loads(resp.read(8 << 20) or b"null")  # the worker answers at most 4 MiB of outputs
     except urllib.error.HTTPError as e:
         raise PalError("%s %s: %s: %s" % (method, url, e.code, e.read(4096).decode("utf-8", "replace").strip())) from None
     except urllib.error.URLError as e:
