@@ -5,6 +5,7 @@ import (
 
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 // The step inputs and outputs that cross between the engine and the
@@ -45,6 +46,17 @@ type ToolInput struct {
 	Tool       string          `json:"tool"`
 	Input      json.RawMessage `json:"input"`
 	ToolCallID string          `json:"tool_call_id,omitempty"`
+}
+
+// ProcessInput is the input of a process step: the rendered command,
+// environment and stdin (a process node's data, templates rendered).
+type ProcessInput struct {
+	Command []string          `json:"command"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	Stdin   json.RawMessage   `json:"stdin"`
+	// Limits are the node's rlimits, journaled with the step.
+	Limits *workflow.ProcessLimits `json:"limits,omitempty"`
 }
 
 // LLMOutput is the output of an LLM step (an ai-step or an agent turn):

@@ -30,6 +30,8 @@ type Fail struct {
 	Code   string
 	Error  string
 	StepID string
+	// Attempts is journaled with process_resume_exhausted.
+	Attempts int
 }
 
 func (Done) isAction()     {}
@@ -45,6 +47,7 @@ const (
 	ExecApproval  = "approval"
 	ExecSubagent  = "subagent"
 	ExecPure      = "pure"
+	ExecProcess   = "process"
 )
 
 // Error codes of run_failed added by the node types that decide routes.
@@ -98,6 +101,9 @@ type StepPlan struct {
 	Wait *WaitPlan
 	// ChildRunID is the child run of a subagent step.
 	ChildRunID string
+	// Resumes counts the drives that found this process step's attempt
+	// running: its earlier processes did not finish (PAL_RESUME).
+	Resumes int
 }
 
 // WaitPlan describes a step that waits. A wait whose time is up is not
@@ -272,7 +278,8 @@ func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 
 func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
 	exec := map[string]string{workflow.TypeAIStep: ExecLLM, workflow.TypeTool: ExecTool, workflow.TypeConnector: ExecConnector,
-		workflow.TypeCondition: ExecPure, workflow.TypeApproval: ExecApproval, workflow.TypeSubagent: ExecSubagent}[node.Type]
+		workflow.TypeCondition: ExecPure, workflow.TypeApproval: ExecApproval, workflow.TypeSubagent: ExecSubagent,
+		workflow.TypeProcess: ExecProcess}[node.Type]
 	p := basePlan(st, node, sid, exec)
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: event.CodeStepFailed, StepID: sid, Error: fmt.Sprintf("step %s: ", sid) + fmt.Sprintf(format, args...)}
@@ -287,6 +294,20 @@ func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 	switch node.Type {
 	case workflow.TypeAIStep, workflow.TypeTool, workflow.TypeConnector:
 		p.TimeoutMs = nodeTimeout(node)
+	case workflow.TypeProcess:
+		d, err := node.Process()
+		if err != nil {
+			return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
+		}
+		p.TimeoutMs = d.TimeoutMs
+		if s, ok := st.Steps[sid]; ok && p.Started {
+			p.Resumes = s.Resumes
+		}
+		if p.Resumes > d.Resumes() {
+			return Fail{Code: event.CodeProcessResumeExhausted, StepID: sid, Attempts: p.Resumes,
+				Error: fmt.Sprintf("step %s: %d processes started for it did not finish, over its maxResumes of %d re-drives; giving up",
+					sid, p.Resumes, d.Resumes())}
+		}
 	case workflow.TypeCondition:
 		d, err := node.Condition()
 		if err != nil {

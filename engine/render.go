@@ -67,6 +67,12 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 			}
 		}
 		return json.Marshal(SubagentInput{Input: in})
+	case workflow.TypeProcess:
+		d, err := node.Process()
+		if err != nil {
+			return nil, err
+		}
+		return renderProcess(d, env)
 	default:
 		return nil, fmt.Errorf("node type %q cannot run here", node.Type)
 	}
@@ -137,4 +143,33 @@ func renderEmail(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, 
 		}
 	}
 	return json.Marshal(ConnectorInput{Kind: d.Kind, Email: m})
+}
+
+func renderProcess(d *workflow.ProcessData, env workflow.Env) (json.RawMessage, error) {
+	in := ProcessInput{Workdir: d.Workdir, Stdin: json.RawMessage("null"), Limits: d.Limits}
+	for i, a := range d.Command {
+		r, err := workflow.RenderString(a, env)
+		if err != nil {
+			return nil, fmt.Errorf("command[%d]: %w", i, err)
+		}
+		in.Command = append(in.Command, r)
+	}
+	if len(d.Env) > 0 {
+		in.Env = make(map[string]string, len(d.Env))
+		for k, v := range d.Env {
+			r, err := workflow.RenderString(v, env)
+			if err != nil {
+				return nil, fmt.Errorf("env.%s: %w", k, err)
+			}
+			in.Env[k] = r
+		}
+	}
+	if len(d.Input) > 0 {
+		r, err := workflow.RenderJSON(d.Input, env)
+		if err != nil {
+			return nil, fmt.Errorf("input: %w", err)
+		}
+		in.Stdin = r
+	}
+	return json.Marshal(in)
 }

@@ -80,6 +80,28 @@ type Attempt struct {
 	// WaitingAt is when the attempt began to wait (step_waiting: an
 	// approval, a child run); zero if it never did.
 	WaitingAt time.Time
+	// Substeps are the sub-steps a process step's child reported, in the
+	// order they first started.
+	Substeps []Substep
+}
+
+// Substep is one sub-step a process step's child reported
+// (substep_started, substep_completed). A completed sub-step stays
+// completed: its output is what a resumed child's SDK helper returns.
+type Substep struct {
+	Name   string          `json:"name"`
+	Status StepStatus      `json:"status"`
+	Output json.RawMessage `json:"output,omitempty"`
+}
+
+// Substep returns the attempt's sub-step name, or nil.
+func (a *Attempt) Substep(name string) *Substep {
+	for i := range a.Substeps {
+		if a.Substeps[i].Name == name {
+			return &a.Substeps[i]
+		}
+	}
+	return nil
 }
 
 // Step is the folded state of one step (its latest attempt).
@@ -116,6 +138,9 @@ type Step struct {
 	DurationMs int64
 	// Attempts holds every attempt, in order.
 	Attempts []*Attempt
+	// Resumes counts the drives (run_resumed) that found this process
+	// step's attempt running: processes that did not finish.
+	Resumes int
 
 	outVal  any
 	decoded bool
@@ -276,6 +301,11 @@ func (st *RunState) apply(ev event.Event) error {
 		st.LastWorker = d.Worker
 		st.DriveOpen = true
 		st.Status = StatusRunning
+		for _, id := range st.Order {
+			if s := st.Steps[id]; s.Status == StepRunning && s.NodeType == workflow.TypeProcess {
+				s.Resumes++
+			}
+		}
 	case event.StepStarted:
 		var d event.StepStartedData
 		if err := ev.DecodeData(&d); err != nil {
@@ -288,6 +318,7 @@ func (st *RunState) apply(ev event.Event) error {
 		s.NodeID, s.NodeType, s.Attempt = d.NodeID, d.NodeType, ev.Attempt
 		s.Input, s.Key = d.Input, d.IdempotencyKey
 		s.Status = StepRunning
+		s.Resumes = 0
 		s.StartedAt = ev.TS
 		s.Error, s.Class = "", ""
 		a := s.attempt(ev.Attempt, ev.Seq)
@@ -442,6 +473,31 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		if _, ok := st.Decisions[ev.StepID]; !ok {
 			st.Decisions[ev.StepID] = d
+		}
+	case event.SubstepStarted:
+		var d event.SubstepStartedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		a := s.attempt(max(ev.Attempt, 1), ev.Seq)
+		if a.Substep(d.Name) == nil {
+			a.Substeps = append(a.Substeps, Substep{Name: d.Name, Status: StepRunning})
+		}
+	case event.SubstepCompleted:
+		var d event.SubstepCompletedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		s := st.step(ev.StepID)
+		a := s.attempt(max(ev.Attempt, 1), ev.Seq)
+		sub := a.Substep(d.Name)
+		if sub == nil {
+			a.Substeps = append(a.Substeps, Substep{Name: d.Name})
+			sub = &a.Substeps[len(a.Substeps)-1]
+		}
+		if sub.Status != StepCompleted {
+			sub.Status, sub.Output = StepCompleted, d.Output
 		}
 	case event.AnomalyDetected, event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
 		// Recorded in the journal; they do not change the run's state.

@@ -35,6 +35,12 @@ const (
 	// ApprovalReceived records a decision on an approval step. It is an
 	// input from outside the run: any writer may append it, fenced.
 	ApprovalReceived Kind = "approval_received"
+
+	// Process step reports (the process tier): a child process run by a
+	// process node reports its own sub-steps; the driving worker journals
+	// them, fenced like every append of its drive.
+	SubstepStarted   Kind = "substep_started"
+	SubstepCompleted Kind = "substep_completed"
 )
 
 // Kinds lists every kind in a stable order.
@@ -43,6 +49,7 @@ var Kinds = []Kind{
 	StepWaiting, SideEffectClaimed, SideEffectDelivered, ChildRunCreated,
 	AnomalyDetected, ConfidenceEvaluated, ConfidenceGateBypassed,
 	RunSucceeded, RunFailed, RunCancelled, ApprovalReceived,
+	SubstepStarted, SubstepCompleted,
 }
 
 // Terminal reports whether k ends a run.

@@ -75,6 +75,8 @@ type StepCompletedData struct {
 	DurationMs int64           `json:"duration_ms"`
 	// Delivery is set on connector steps: delivered or unconfirmed.
 	Delivery string `json:"delivery,omitempty"`
+	// Stderr is the bounded tail of a process step's standard error.
+	Stderr string `json:"stderr,omitempty"`
 }
 
 // Error classes used for retry policies.
@@ -95,6 +97,8 @@ type StepFailedData struct {
 	// OutcomeUnknown reports that the failed call may have reached its
 	// target (a timeout, a connection cut after sending).
 	OutcomeUnknown bool `json:"outcome_unknown,omitempty"`
+	// Stderr is the bounded tail of a process step's standard error.
+	Stderr string `json:"stderr,omitempty"`
 }
 
 // StepRetryingData is the payload of step_retrying, journaled between
@@ -169,6 +173,10 @@ const (
 	// CodeJournalCorrupt fails a run whose journal does not verify
 	// (Chain); the run_failed carries the first bad seq and the reason.
 	CodeJournalCorrupt = "journal_corrupt"
+	// CodeProcessResumeExhausted fails a run whose process step was
+	// re-driven its node's maxResumes times without completing; Attempts
+	// says how many processes were started for it.
+	CodeProcessResumeExhausted = "process_resume_exhausted"
 )
 
 // RunFailedData is the payload of run_failed.
@@ -180,6 +188,9 @@ type RunFailedData struct {
 	// journal_corrupt only).
 	Seq    uint64 `json:"seq,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Attempts counts the processes started for the step (code
+	// process_resume_exhausted only).
+	Attempts int `json:"attempts,omitempty"`
 }
 
 // RunCancelledData is the payload of run_cancelled.
@@ -210,4 +221,18 @@ type ApprovalOutput struct {
 	Approver string `json:"approver,omitempty"`
 	Comment  string `json:"comment,omitempty"`
 	TimedOut bool   `json:"timed_out"`
+}
+
+// SubstepStartedData is the payload of substep_started: a process step's
+// child reported that it began sub-step Name.
+type SubstepStartedData struct {
+	Name string `json:"name"`
+}
+
+// SubstepCompletedData is the payload of substep_completed: the sub-step's
+// output, which the SDK helpers return on a resume instead of running the
+// sub-step again.
+type SubstepCompletedData struct {
+	Name   string          `json:"name"`
+	Output json.RawMessage `json:"output"`
 }

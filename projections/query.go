@@ -177,7 +177,7 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
 	rows, err := q.pool.Query(ctx, `SELECT run_id, step_id, attempt, COALESCE(node_id, ''), COALESCE(node_type, ''), status,
 		input, output, COALESCE(error, ''), COALESCE(error_class, ''), COALESCE(idempotency_key, ''), tries,
 		input_tokens, output_tokens, cost_usd, COALESCE(delivery, ''), started_at, ended_at, duration_ms, last_seq,
-		first_seq, waiting_at
+		first_seq, waiting_at, substeps
 		FROM steps WHERE run_id = $1 ORDER BY first_seq, step_id, attempt`, runID)
 	if err != nil {
 		return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
@@ -189,6 +189,7 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
 			s              StepRow
 			status         string
 			input, output  []byte
+			substeps       []byte
 			attempt, tries int32
 			started, ended pgtype.Timestamptz
 			waiting        pgtype.Timestamptz
@@ -196,10 +197,10 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
 		)
 		if err := rows.Scan(&s.RunID, &s.StepID, &attempt, &s.NodeID, &s.NodeType, &status, &input, &output,
 			&s.Error, &s.ErrorClass, &s.IdempotencyKey, &tries, &s.InputTokens, &s.OutputTokens, &s.CostUSD,
-			&s.Delivery, &started, &ended, &s.DurationMs, &last, &first, &waiting); err != nil {
+			&s.Delivery, &started, &ended, &s.DurationMs, &last, &first, &waiting, &substeps); err != nil {
 			return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
 		}
-		s.Status, s.Input, s.Output = engine.StepStatus(status), input, output
+		s.Status, s.Input, s.Output, s.Substeps = engine.StepStatus(status), input, output, substeps
 		s.Attempt, s.Tries, s.LastSeq, s.FirstSeq = int(attempt), int(tries), uint64(last), uint64(first)
 		if waiting.Valid {
 			s.WaitingAt = waiting.Time

@@ -70,7 +70,10 @@ type StepRow struct {
 	FirstSeq uint64
 	// WaitingAt is when the attempt began to wait; zero if it never did.
 	WaitingAt time.Time
-	LastSeq   uint64
+	// Substeps is the JSON array of the sub-steps a process step's child
+	// reported ([]engine.Substep); nil when it reported none.
+	Substeps json.RawMessage
+	LastSeq  uint64
 }
 
 // Receipt statuses (side_effect_receipts.status).
@@ -182,6 +185,9 @@ func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 		IdempotencyKey: a.Key, Tries: a.Tries, Delivery: a.Delivery,
 		StartedAt: a.StartedAt, EndedAt: a.EndedAt, DurationMs: a.DurationMs, LastSeq: a.LastSeq,
 		FirstSeq: a.FirstSeq, WaitingAt: a.WaitingAt,
+	}
+	if len(a.Substeps) > 0 {
+		r.Substeps, _ = json.Marshal(a.Substeps) // strings and raw JSON from the journal: always marshals
 	}
 	if a.Usage != nil {
 		r.InputTokens, r.OutputTokens, r.CostUSD = a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CostUSD

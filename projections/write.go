@@ -65,23 +65,24 @@ WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps)
 SELECT run_id, step_id, attempt, NULLIF(node_id, ''), NULLIF(node_type, ''), status, input, output,
   NULLIF(error, ''), NULLIF(error_class, ''), NULLIF(idempotency_key, ''), tries, input_tokens, output_tokens,
-  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at
+  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps
 FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[],
   $9::text[], $10::text[], $11::text[], $12::integer[], $13::bigint[], $14::bigint[], $15::float8[], $16::text[],
-  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[])
+  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[], $23::jsonb[])
   AS u(run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps)
 ON CONFLICT (run_id, step_id, attempt) DO UPDATE SET
   node_id = EXCLUDED.node_id, node_type = EXCLUDED.node_type, status = EXCLUDED.status,
   input = EXCLUDED.input, output = EXCLUDED.output, error = EXCLUDED.error, error_class = EXCLUDED.error_class,
   idempotency_key = EXCLUDED.idempotency_key, tries = EXCLUDED.tries, input_tokens = EXCLUDED.input_tokens,
   output_tokens = EXCLUDED.output_tokens, cost_usd = EXCLUDED.cost_usd, delivery = EXCLUDED.delivery,
   started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at, duration_ms = EXCLUDED.duration_ms,
-  last_seq = EXCLUDED.last_seq, first_seq = EXCLUDED.first_seq, waiting_at = EXCLUDED.waiting_at
+  last_seq = EXCLUDED.last_seq, first_seq = EXCLUDED.first_seq, waiting_at = EXCLUDED.waiting_at,
+  substeps = EXCLUDED.substeps
 WHERE s.last_seq < EXCLUDED.last_seq`, q("steps")),
 
 		// A key that another attempt already holds is not projected a
@@ -207,7 +208,7 @@ func stepColumns(rows []StepRow) []any {
 		run, step, node, typ, status = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		errs, class, key, delivery   = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		attempt, tries               = make([]int32, n), make([]int32, n)
-		input, output                = make([][]byte, n), make([][]byte, n)
+		input, output, substeps      = make([][]byte, n), make([][]byte, n), make([][]byte, n)
 		in, out, dur, last, first    = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 		cost                         = make([]float64, n)
 		started, ended, waiting      = make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
@@ -219,10 +220,10 @@ func stepColumns(rows []StepRow) []any {
 		errs[i], class[i], key[i], tries[i] = cleanText(r.Error), cleanText(r.ErrorClass), cleanText(r.IdempotencyKey), int32Of(r.Tries)
 		in[i], out[i], cost[i], delivery[i] = r.InputTokens, r.OutputTokens, r.CostUSD, cleanText(r.Delivery)
 		started[i], ended[i], dur[i], last[i] = tstz(r.StartedAt), tstz(r.EndedAt), r.DurationMs, int64(r.LastSeq)
-		first[i], waiting[i] = int64(r.FirstSeq), tstz(r.WaitingAt)
+		first[i], waiting[i], substeps[i] = int64(r.FirstSeq), tstz(r.WaitingAt), cleanJSON(r.Substeps)
 	}
 	return []any{run, step, attempt, node, typ, status, input, output, errs, class, key, tries, in, out, cost,
-		delivery, started, ended, dur, last, first, waiting}
+		delivery, started, ended, dur, last, first, waiting, substeps}
 }
 
 func receiptColumns(rows []ReceiptRow) []any {

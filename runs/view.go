@@ -69,6 +69,15 @@ type StepView struct {
 	WaitMs       int64  `json:"wait_ms"`
 	// Usage sums the tokens and cost of every attempt.
 	Usage *event.Usage `json:"usage,omitempty"`
+	// Substeps are the sub-steps the latest attempt's process reported.
+	Substeps []SubstepView `json:"substeps,omitempty"`
+}
+
+// SubstepView is one sub-step a process step's child reported.
+type SubstepView struct {
+	Name   string            `json:"name"`
+	Status engine.StepStatus `json:"status"`
+	Output json.RawMessage   `json:"output,omitempty"`
 }
 
 // TimeFormat is the read model's time format: RFC 3339 in UTC with
@@ -168,7 +177,22 @@ func stepView(attempts []projections.StepRow) StepView {
 		}
 	}
 	sv.WaitingSince = FormatTime(last.WaitingAt)
+	sv.Substeps = substepViews(last.Substeps)
 	return sv
+}
+
+// substepViews decodes a steps row's sub-steps, outputs canonical as
+// both sources agree on them.
+func substepViews(raw json.RawMessage) []SubstepView {
+	var subs []engine.Substep
+	if len(raw) == 0 || json.Unmarshal(raw, &subs) != nil || len(subs) == 0 {
+		return nil
+	}
+	out := make([]SubstepView, len(subs))
+	for i, s := range subs {
+		out[i] = SubstepView{Name: s.Name, Status: s.Status, Output: canonical(s.Output)}
+	}
+	return out
 }
 
 // stepStatus is the latest-attempt rule: a step is what its latest

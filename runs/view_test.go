@@ -3,6 +3,7 @@ package runs_test
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,12 +64,25 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 	plain := b.Start(t, seqWorkflow(2, "anthropic"), `{"topic":"plain"}`)
 	b.WaitEnd(t, plain)
 
+	// A process step whose child reported sub-steps (the Python SDK).
+	sdkPath, err := filepath.Abs(filepath.Join("..", "sdk", "python"))
+	require.NoError(t, err)
+	script, err := json.Marshal([]string{"python3", "-c", `import palsdk
+palsdk.step("one", lambda: {"z": 1, "a": [1, 2]})
+palsdk.step("two", lambda: "done")
+print("{}")`})
+	require.NoError(t, err)
+	processed := b.Start(t, `{"name":"proc","nodes":[{"id":"start","type":"trigger"},
+		{"id":"work","type":"process","data":{"command":`+string(script)+`,"env":{"PYTHONPATH":"`+sdkPath+`"}}}],
+		"edges":[{"from":"start","to":"work"}]}`, `{}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, processed).Kind)
+
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(ctx))
 
 	views := map[string]*runs.RunView{}
-	for _, id := range []string{retrying, waiting, decided, plain} {
+	for _, id := range []string{retrying, waiting, decided, plain, processed} {
 		fromJournal, err := b.Runs.Get(ctx, id)
 		require.NoError(t, err)
 		d, err := reader.GetRun(ctx, id)
@@ -115,4 +129,11 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 	require.NotNil(t, pl.Steps[0].Usage)
 	require.Positive(t, pl.Steps[0].Usage.TotalTokens)
 	require.Equal(t, event.IdempotencyKey(plain, "s1", 1), pl.Steps[0].Key)
+
+	pr := views[processed]
+	require.Len(t, pr.Steps, 1)
+	require.Equal(t, []runs.SubstepView{
+		{Name: "one", Status: engine.StepCompleted, Output: json.RawMessage(`{"a":[1,2],"z":1}`)},
+		{Name: "two", Status: engine.StepCompleted, Output: json.RawMessage(`"done"`)},
+	}, pr.Steps[0].Substeps)
 }

@@ -70,6 +70,8 @@ func samplePayloads() map[event.Kind]any {
 	usage := &event.Usage{InputTokens: 10, OutputTokens: 20, TotalTokens: 30, CostUSD: 0.0012}
 	return map[event.Kind]any{
 		event.ApprovalReceived: event.ApprovalReceivedData{Decision: event.DecisionApprove, Approver: "ana", Comment: "ship it"},
+		event.SubstepStarted:   event.SubstepStartedData{Name: "fetch"},
+		event.SubstepCompleted: event.SubstepCompletedData{Name: "fetch", Output: json.RawMessage(`{"pages":3}`)},
 		event.RunCreated: event.RunCreatedData{
 			Workflow:       json.RawMessage(`{"name":"w","nodes":[{"id":"start","type":"trigger"}]}`),
 			WorkflowHash:   "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
@@ -83,8 +85,8 @@ func samplePayloads() map[event.Kind]any {
 		},
 		event.RunResumed:    event.RunResumedData{Worker: "w1", ResumeCount: 2, Crashed: true, CrashesAtStep: 1},
 		event.StepStarted:   event.StepStartedData{NodeID: "draft", NodeType: "ai-step", Input: json.RawMessage(`{"prompt":"x"}`), IdempotencyKey: key},
-		event.StepCompleted: event.StepCompletedData{Output: json.RawMessage(`{"text":"done"}`), Usage: usage, DurationMs: 12, Delivery: event.DeliveryDelivered},
-		event.StepFailed:    event.StepFailedData{Error: "boom", Class: event.ClassLLM, DurationMs: 3},
+		event.StepCompleted: event.StepCompletedData{Output: json.RawMessage(`{"text":"done"}`), Usage: usage, DurationMs: 12, Delivery: event.DeliveryDelivered, Stderr: "warning: slow"},
+		event.StepFailed:    event.StepFailedData{Error: "boom", Class: event.ClassLLM, DurationMs: 3, OutcomeUnknown: true, Stderr: "Traceback"},
 		event.StepRetrying:  event.StepRetryingData{Attempt: 2, Of: 3, Error: "timeout", Class: event.ClassTimeout, DelayMs: 500},
 		event.StepWaiting:   event.StepWaitingData{Reason: event.WaitChild, ChildRunID: "run_child", TimeoutAt: "2030-01-02T03:04:05Z"},
 		event.SideEffectClaimed: event.SideEffectClaimedData{
@@ -177,7 +179,7 @@ func TestInvalidEvents(t *testing.T) {
 		{"empty batch", `[]`, "invalid event: /: minItems: got 0, want 1"},
 		{"not an object", `42`, "invalid event: /: got number, want object"},
 		{"unknown kind", `{` + valid + `,"kind":"step_exploded","data":{}}`,
-			"invalid event: /kind: value must be one of 'run_created', 'run_resumed', 'step_started', 'step_completed', 'step_failed', 'step_retrying', 'step_waiting', 'side_effect_claimed', 'side_effect_delivered', 'child_run_created', 'anomaly_detected', 'confidence_evaluated', 'confidence_gate_bypassed', 'run_succeeded', 'run_failed', 'run_cancelled', 'approval_received'"},
+			"invalid event: /kind: value must be one of 'run_created', 'run_resumed', 'step_started', 'step_completed', 'step_failed', 'step_retrying', 'step_waiting', 'side_effect_claimed', 'side_effect_delivered', 'child_run_created', 'anomaly_detected', 'confidence_evaluated', 'confidence_gate_bypassed', 'run_succeeded', 'run_failed', 'run_cancelled', 'approval_received', 'substep_started', 'substep_completed'"},
 		{"bad run id", `{"v":1,"run_id":"run.1","seq":1,"kind":"run_cancelled","ts":"2030-01-02T03:04:05Z","worker_id":"w","data":{}}`,
 			"invalid event: /run_id: 'run.1' does not match pattern '^[A-Za-z0-9_-]{1,128}$'"},
 		{"seq zero", `{"v":1,"run_id":"run_1","seq":0,"kind":"run_cancelled","ts":"2030-01-02T03:04:05Z","worker_id":"w","data":{}}`,

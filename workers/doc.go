@@ -45,6 +45,12 @@
 //     the step with delivery "unconfirmed".
 //   - A run whose drives keep crashing with no step completing in between
 //     fails with code crash_loop after Config.MaxCrashes drives.
+//   - A process step runs its program as a child in its own process group
+//     with the parent-death signal SIGKILL, so the child dies with the
+//     worker; a drive that ends early stops it (SIGTERM, then SIGKILL after
+//     ProcessGrace). The child reports its sub-steps to the worker's
+//     runtime endpoint on 127.0.0.1 (ReportPath, SubstepsPath), and the
+//     drive journals them with its own fenced writer (see process.go).
 //
 // Graceful stop (Stop, SIGTERM in pal worker): the worker stops fetching,
 // cancels its drives (an in-flight webhook delivery is allowed to finish),

@@ -45,6 +45,9 @@ type drive struct {
 	// resumed: this drive's run_resumed is in the journal, so the next
 	// drive counts a crash of this one toward crash_loop.
 	resumed bool
+	// reportErr is set when a process step's sub-step report could not
+	// be journaled: the process is stopped and the drive ends.
+	reportErr error
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -414,7 +417,7 @@ func (d *drive) run() error {
 			d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
 			return d.flush()
 		case engine.Fail:
-			d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID})
+			d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID, Attempts: a.Attempts})
 			return d.flush()
 		case engine.RunStep:
 			if err := d.runStep(a.Plan); err != nil {

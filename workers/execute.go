@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -27,6 +28,8 @@ type stepResult struct {
 	output   json.RawMessage
 	usage    *event.Usage
 	delivery string
+	// stderr is a process step's stderr tail, journaled with its outcome.
+	stderr string
 }
 
 // runStep executes one planned step and journals its outcome.
@@ -74,6 +77,9 @@ func (d *drive) runStep(p engine.StepPlan) error {
 		// Interrupted (lease lost, shutdown): journal nothing more.
 		return c
 	}
+	if errors.Is(err, errReport) {
+		return err // the drive cannot journal: the next drive resumes the step
+	}
 	return d.settle(p, res, err, time.Since(start))
 }
 
@@ -87,7 +93,7 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	}
 	if err == nil {
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
-			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery})
+			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery, Stderr: res.stderr})
 		return nil
 	}
 	f := classify(p.NodeType, err)
@@ -102,7 +108,7 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
 	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
-		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown})
+		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown, Stderr: res.stderr})
 	return nil
 }
 
@@ -162,6 +168,8 @@ func (d *drive) execute(p engine.StepPlan) (stepResult, error) {
 		return d.execTool(p)
 	case engine.ExecConnector:
 		return d.execConnector(p)
+	case engine.ExecProcess:
+		return d.execProcess(p)
 	default:
 		return stepResult{}, permanent("step %s: nothing executes %q steps", p.StepID, p.Exec)
 	}

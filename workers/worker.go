@@ -116,6 +116,10 @@ type Worker struct {
 	done    chan struct{}
 	drives  sync.WaitGroup
 
+	// rt is the runtime endpoint of process steps, started on first use.
+	rtMu sync.Mutex
+	rt   *runtimeServer
+
 	// beforeDrive, when set (tests), runs at the start of each drive.
 	beforeDrive atomic.Pointer[func(runID string)]
 }
@@ -238,6 +242,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	go func() { w.drives.Wait(); close(wait) }()
 	select {
 	case <-wait:
+		w.closeRuntime()
 		w.log.Info("worker stopped")
 		return nil
 	case <-ctx.Done():

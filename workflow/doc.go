@@ -88,6 +88,17 @@
 //     turn and each tool call is a step: ask.turn[0], ask.turn[0].tool[0].
 //     The output is {"text", "turns"}.
 //
+//   - process: a program the worker runs as a child process. data: command
+//     (argv, required; each element a template), env (values are
+//     templates; names may not start with PAL_), workdir, input (written to
+//     stdin as JSON; strings are templates), timeoutMs (default 1 h),
+//     maxResumes (default 3), limits {memoryMb, cpuSeconds} (rlimits). The
+//     output is the JSON the program writes to fd 3, else its last stdout
+//     line. The program reports its own sub-steps (package sdk, or
+//     sdk/python); a step re-driven more than maxResumes times without
+//     completing fails the run with process_resume_exhausted. Process
+//     steps are not retried.
+//
 // The retry policy, data.retry on ai-step, tool, connector, subagent and
 // agent nodes, is
 // {"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}:

@@ -392,7 +392,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			tmpl(joinField("data.headers", k), d.Headers[k])
 		}
 		tmplJSON("data.body", d.Body)
-	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent:
+	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess:
 		w.checkNewNode(n, tmpl, tmplJSON, decodeProblem, ps)
 	case TypeCondition:
 		d, err := n.Condition()

@@ -89,7 +89,7 @@ func TestValidationErrorProblems(t *testing.T) {
 		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes)"},
 		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
 		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
-		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent)"},
+		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process)"},
 	}, ve.Problems[:4])
 	edge := ve.Problems[4]
 	require.Equal(t, 0, edge.Edge)
@@ -230,4 +230,34 @@ func TestTypedAccessors(t *testing.T) {
 	_, err = w.Trigger().Condition()
 	require.ErrorAs(t, err, &wt)
 	require.Nil(t, w.Trigger().Retry())
+}
+
+func TestProcessNodeValidation(t *testing.T) {
+	t.Parallel()
+	ok := `{"name":"p","nodes":[{"id":"start","type":"trigger"},
+		{"id":"work","type":"process","data":{"command":["python3","agent.py","{{input.topic}}"],"env":{"A":"{{input.topic}}"},
+		 "workdir":"/tmp","timeoutMs":1000,"limits":{"memoryMb":64,"cpuSeconds":5}}}],"edges":[{"from":"start","to":"work"}]}`
+	wf, err := workflow.Parse([]byte(ok))
+	require.NoError(t, err)
+	n, found := wf.Node("work")
+	require.True(t, found)
+	d, err := n.Process()
+	require.NoError(t, err)
+	require.Equal(t, workflow.DefaultMaxResumes, d.Resumes())
+
+	for name, tc := range map[string]struct{ data, want string }{
+		"no command":    {`{}`, "a process node needs command"},
+		"empty command": {`{"command":[]}`, "data.command"},
+		"PAL_ env":      {`{"command":["x"],"env":{"PAL_RESUME":"0"}}`, "names starting with PAL_ are set by PAL"},
+		"bad env name":  {`{"command":["x"],"env":{"1A":"x"}}`, "data.env"},
+		"bad template":  {`{"command":["{{steps.nope.output}}"]}`, `no node "nope"`},
+		"tiny memory":   {`{"command":["x"],"limits":{"memoryMb":1}}`, "memoryMb"},
+		"negative max":  {`{"command":["x"],"maxResumes":-1}`, "maxResumes"},
+	} {
+		doc := `{"name":"p","nodes":[{"id":"start","type":"trigger"},{"id":"work","type":"process","data":` + tc.data +
+			`}],"edges":[{"from":"start","to":"work"}]}`
+		_, err := workflow.Parse([]byte(doc))
+		require.Error(t, err, name)
+		require.Contains(t, err.Error(), tc.want, name)
+	}
 }

@@ -15,7 +15,7 @@ import (
 
 // implementedTypes are the node types the schema accepts, in the order error
 // messages list them.
-var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent}
+var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess}
 
 // plannedTypes are node types that exist in the design but are not
 // implemented yet.
@@ -31,6 +31,7 @@ var requiredHints = map[string]string{
 	"/$defs/toolData":      "a tool node needs tool: a tool registered on the worker, or \"http\", \"echo\" or \"sleep\"",
 	"/$defs/connectorData": "a connector needs kind, and url (webhook) or from, to, subject and text or html (email)",
 	"/$defs/conditionData": "a condition node needs expression",
+	"/$defs/processData":   "a process node needs command: the program and its arguments",
 }
 
 // dataDefs maps a node type to its data definition.

@@ -324,6 +324,14 @@ func summary(ev event.Event) string {
 			s += ": " + truncate(d.Comment, 60)
 		}
 		return s
+	case event.SubstepStarted:
+		var d event.SubstepStartedData
+		_ = ev.DecodeData(&d)
+		return "substep=" + d.Name
+	case event.SubstepCompleted:
+		var d event.SubstepCompletedData
+		_ = ev.DecodeData(&d)
+		return "substep=" + d.Name + " output=" + truncate(string(d.Output), 60)
 	case event.RunSucceeded:
 		var d event.RunSucceededData
 		_ = ev.DecodeData(&d)

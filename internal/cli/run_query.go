@@ -239,6 +239,11 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt,
 				start, dur, wait, fmtTokens(tokens), cost, dash(result))
+			// A process step's own sub-steps, as its child reported them.
+			for _, sub := range s.Substeps {
+				fmt.Fprintf(tw, "  └ %s\tsubstep\t%s\t-\t-\t-\t-\t-\t-\t%s\n", sub.Name, sub.Status,
+					dash(truncate(resultText(sub.Output), 60)))
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -486,7 +491,8 @@ func (e *env) runWatch(cmd *cobra.Command, args []string) error {
 func notable(k event.Kind) bool {
 	switch k {
 	case event.RunResumed, event.StepStarted, event.StepCompleted, event.StepFailed, event.StepRetrying,
-		event.StepWaiting, event.ApprovalReceived, event.ChildRunCreated, event.AnomalyDetected:
+		event.StepWaiting, event.ApprovalReceived, event.ChildRunCreated, event.AnomalyDetected,
+		event.SubstepCompleted:
 		return true
 	}
 	return false

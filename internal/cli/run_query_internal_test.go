@@ -1,0 +1,33 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/runs"
+)
+
+// TestPrintRunShowsSubsteps: pal run get lists a process step's sub-steps
+// under it.
+func TestPrintRunShowsSubsteps(t *testing.T) {
+	t.Parallel()
+	v := &runs.RunView{RunID: "run_x", Status: engine.StatusRunning, CreatedAt: "2026-01-01T00:00:00.000000Z",
+		Steps: []runs.StepView{{StepID: "work", NodeType: "process", Status: engine.StepRunning, Attempt: 1,
+			StartedAt: "2026-01-01T00:00:01.000000Z", Substeps: []runs.SubstepView{
+				{Name: "fetch", Status: engine.StepCompleted, Output: json.RawMessage(`{"pages":3}`)},
+				{Name: "summarise", Status: engine.StepRunning}}}}}
+	var b strings.Builder
+	require.NoError(t, printRun(&b, v, "journal", time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)))
+	out := b.String()
+	work := strings.Index(out, "\nwork ")
+	fetch := strings.Index(out, "└ fetch")
+	sum := strings.Index(out, "└ summarise")
+	require.True(t, work >= 0 && fetch > work && sum > fetch, "sub-steps under their step:\n%s", out)
+	require.Regexp(t, `└ fetch\s+substep\s+completed\s.*pages`, out)
+	require.Regexp(t, `└ summarise\s+substep\s+running`, out)
+}
