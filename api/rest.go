@@ -17,6 +17,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
@@ -57,6 +58,9 @@ type HandlerConfig struct {
 	// KeepAlive is the interval of comment lines on idle event streams
 	// (DefaultKeepAlive).
 	KeepAlive time.Duration
+	// MetricsOpen serves GET /metrics without a token (PAL_METRICS_OPEN);
+	// otherwise it needs a token with scope read, like every /v1 route.
+	MetricsOpen bool
 }
 
 type handler struct {
@@ -78,6 +82,7 @@ type handler struct {
 //	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
+//	GET  /metrics                  Prometheus metrics        scope read, or none with MetricsOpen
 //
 // Every /v1 request needs "Authorization: Bearer <token>" of a token with
 // the route's scope. The token's name is who starts, approves or cancels;
@@ -114,6 +119,12 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	root := http.NewServeMux()
 	root.Handle("/healthz", probes)
 	root.Handle("/readyz", probes)
+	// Observability: the process's Prometheus metrics (internal/telemetry).
+	if cfg.MetricsOpen {
+		root.Handle("GET /metrics", telemetry.Handler())
+	} else {
+		v1.Handle("GET /metrics", need(ScopeRead, telemetry.Handler().ServeHTTP))
+	}
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
 	return root
 }

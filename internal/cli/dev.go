@@ -83,6 +83,11 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	stopTracing, err := e.startTracing(ctx, "pal-dev", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
 	noWorker, _ := cmd.Flags().GetBool("no-worker")
 	host, port, err := listenAddr(wc.nats.url)

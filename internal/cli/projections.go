@@ -236,6 +236,11 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		log.Info("migration applied", "name", m.Name, "took", m.Duration)
 	}
 
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	nc, err := connectDurable(natsAt, "pal-projector", log)
 	if err != nil {
 		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))

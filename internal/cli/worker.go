@@ -241,6 +241,16 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 	if err != nil {
 		return err
 	}
+	stopTracing, err := e.startTracing(ctx, "pal-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	var pool *pgxpool.Pool
 	if dbURL != "" {
 		if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
