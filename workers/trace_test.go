@@ -181,4 +181,3 @@ func children(spans []testenv.Span, parent testenv.Span) []testenv.Span {
 	}
 	return out
 }
-
