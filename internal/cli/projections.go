@@ -186,7 +186,10 @@ checkpoint. It runs until SIGTERM. Run one per database.
 
 While Postgres is down it retries and acknowledges nothing, and catches up
 when Postgres returns; the workers do not need Postgres. Killed at any
-moment, it starts again from the checkpoint and changes nothing twice.`,
+moment, it starts again from the checkpoint and changes nothing twice.
+
+With PAL_METRICS_ADDR (host:port) it serves Prometheus metrics at /metrics
+there, without a token: its lag and its consumer's pending count.`,
 		Args: cobra.NoArgs,
 		RunE: e.runProjector,
 	}
