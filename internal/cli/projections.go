@@ -221,6 +221,12 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	// Served while Postgres and NATS are awaited too.
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 
 	pool, err := connectPGDurable(ctx, url, log)
 	if err != nil {
@@ -239,11 +245,6 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		log.Info("migration applied", "name", m.Name, "took", m.Duration)
 	}
 
-	stopMetrics, err := e.startMetrics(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
 	nc, err := connectDurable(natsAt, "pal-projector", log)
 	if err != nil {
 		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
