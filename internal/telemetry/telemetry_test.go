@@ -86,3 +86,15 @@ func TestLabelValuesAreBounded(t *testing.T) {
 	require.Equal(t, "m1", b.value("m1"), "a value seen before keeps its label")
 	require.Equal(t, long[:maxLabelLen], b.value(long))
 }
+
+// BenchmarkStepOff is what a step attempt costs PAL's instrumentation
+// with tracing off: a no-op span and two metric updates.
+func BenchmarkStepOff(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		sctx, s := StartStep(ctx, "run_a", "s1", 1, "tool")
+		_ = TraceID(sctx)
+		s.End("completed")
+	}
+}

@@ -213,9 +213,11 @@ type Step struct {
 // StartStep opens the span of one step attempt under the drive's span
 // in ctx.
 func StartStep(ctx context.Context, runID, stepID string, attempt int, nodeType string) (context.Context, *Step) {
-	ctx, span := tracer().Start(ctx, "pal.step", trace.WithAttributes(
-		attribute.String("pal.run_id", runID), attribute.String("pal.step_id", stepID),
-		attribute.Int("pal.attempt", attempt), attribute.String("pal.node_type", nodeType)))
+	ctx, span := tracer().Start(ctx, "pal.step")
+	if span.IsRecording() { // with tracing off, build nothing
+		span.SetAttributes(attribute.String("pal.run_id", runID), attribute.String("pal.step_id", stepID),
+			attribute.Int("pal.attempt", attempt), attribute.String("pal.node_type", nodeType))
+	}
 	return ctx, &Step{span: span, nodeType: nodeType, start: time.Now()}
 }
 
@@ -223,9 +225,11 @@ func StartStep(ctx context.Context, runID, stepID string, attempt int, nodeType 
 // waiting, interrupted) and counts it (pal_steps_total,
 // pal_step_duration_seconds).
 func (s *Step) End(outcome string) {
-	s.span.SetAttributes(attribute.String("pal.outcome", outcome))
-	if outcome == "failed" {
-		s.span.SetStatus(codes.Error, "step failed")
+	if s.span.IsRecording() {
+		s.span.SetAttributes(attribute.String("pal.outcome", outcome))
+		if outcome == "failed" {
+			s.span.SetStatus(codes.Error, "step failed")
+		}
 	}
 	s.span.End()
 	steps.WithLabelValues(s.nodeType, outcome).Inc()
