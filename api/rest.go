@@ -18,6 +18,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
@@ -62,6 +63,9 @@ type HandlerConfig struct {
 	// Keys are the signing keys whose public halves GET /v1/keys serves;
 	// nil serves an empty list.
 	Keys *receipt.Keys
+	// MetricsOpen serves GET /metrics without a token (PAL_METRICS_OPEN);
+	// otherwise it needs a token with scope read, like every /v1 route.
+	MetricsOpen bool
 }
 
 type handler struct {
@@ -88,6 +92,7 @@ type handler struct {
 //	GET  /v1/keys                  the receipt signing public keys            scope read
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
+//	GET  /metrics                  Prometheus metrics        scope read, or none with MetricsOpen
 //
 // On the same address, HTTP/2 requests with content type application/grpc
 // go to the gRPC service pal.v1.RunService (StreamRunEvents, GetRun; see
@@ -132,6 +137,12 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	root := http.NewServeMux()
 	root.Handle("/healthz", probes)
 	root.Handle("/readyz", probes)
+	// Observability: the process's Prometheus metrics (internal/telemetry).
+	if cfg.MetricsOpen {
+		root.Handle("GET /metrics", telemetry.Handler())
+	} else {
+		v1.Handle("GET /metrics", need(ScopeRead, telemetry.Handler().ServeHTTP))
+	}
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
 	return withGRPC(newGRPCServer(h), root)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // Head is a writer's view of the end of a run's journal.
@@ -110,7 +111,28 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 // ErrPayloadTooLarge; an invalid run id (event.ValidateRunID); ctx.Err()
 // when ctx ends first.
 func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
-	return s.append(ctx, runID, head, "", evs)
+	start := time.Now()
+	h, err := s.append(ctx, runID, head, "", evs)
+	observeAppend(start, evs[:h.Seq-head.Seq], err)
+	return h, err
+}
+
+// observeAppend is where appends are measured (latency by result) and
+// counted (runs started and finished: every writer appends through here);
+// landed are the events that landed.
+func observeAppend(start time.Time, landed []event.Event, err error) {
+	result := "ok"
+	switch {
+	case errors.Is(err, ErrConflict):
+		result = "conflict"
+	case err != nil:
+		result = "error"
+	}
+	kinds := make([]string, len(landed))
+	for i, ev := range landed {
+		kinds[i] = string(ev.Kind)
+	}
+	telemetry.Appended(time.Since(start), result, kinds)
 }
 
 // append is Append with a suffix for each message's Nats-Msg-Id.
@@ -467,7 +489,9 @@ func (s *Store) Seal(ctx context.Context, runID string, head Head, cerr *event.C
 	// message that took "<run_id>:<seq>" cannot hold the seal off for the
 	// dedup window, and no message can take the seal's id before it: that
 	// would need one whose id holds its own hash.
+	start := time.Now()
 	h, err := s.append(ctx, runID, head, ":seal-"+head.Hash[:min(16, len(head.Hash))], []event.Event{ev})
+	observeAppend(start, []event.Event{ev}[:h.Seq-head.Seq], err)
 	if err != nil {
 		return ev, head, fmt.Errorf("sealing the corrupt journal of run %s: %w", runID, err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // DefaultName names the projector: its durable consumer on PAL_EVENTS and
@@ -192,7 +193,8 @@ func (p *Projector) Start(ctx context.Context) error {
 	go func() { defer wg.Done(); p.read(runCtx, cons, in) }()
 	go func() { defer wg.Done(); p.project(runCtx, in) }()
 	go func() { defer wg.Done(); p.projectReceipts(runCtx) }()
-	go func() { wg.Wait(); close(p.done) }()
+	unwatch := telemetry.WatchConsumer(p.store.JetStream(), eventstore.EventsStream, p.cfg.Name)
+	go func() { wg.Wait(); unwatch(); close(p.done) }()
 	p.log.Info("projector started", "checkpoint", cp, "batch_size", p.cfg.BatchSize)
 	return nil
 }
@@ -552,6 +554,9 @@ func (p *Projector) writeLoop(ctx context.Context, idle chan<- struct{}, work <-
 		if err := h.last.Ack(); err != nil {
 			// Harmless: the messages come again and change nothing.
 			p.log.Debug("acknowledging a batch", "err", err)
+		}
+		if md, err := h.last.Metadata(); err == nil {
+			telemetry.ProjectorCommitted(p.cfg.Name, time.Since(md.Timestamp), md.NumPending)
 		}
 		p.stats.events.Add(uint64(len(h.b.journal)))
 		p.stats.batches.Add(1)

@@ -113,7 +113,8 @@ func (c *Client) appendInput(ctx context.Context, runID, what string, decide fun
 //
 // Errors: *InputError, ErrRunNotFound, ErrRunFinished (nothing is
 // written).
-func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) error {
+func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) (err error) {
+	defer observeRefusal(CmdCancel, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
 	}
@@ -151,7 +152,8 @@ func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) error {
 // Errors: *InputError (including an approver the step does not list),
 // ErrRunNotFound, ErrRunFinished, ErrNotWaiting (not an approval step, or
 // already decided). Nothing is written when it fails.
-func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) error {
+func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
+	defer observeRefusal(CmdApprove, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
 	}
@@ -193,7 +195,8 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) error {
 // Signal delivers a named signal to a run waiting for it. No node type
 // waits for signals yet, so every signal is refused with ErrNotWaiting
 // after its run is checked; nothing is written.
-func (c *Client) Signal(ctx context.Context, cmd SignalCommand) error {
+func (c *Client) Signal(ctx context.Context, cmd SignalCommand) (err error) {
+	defer observeRefusal(CmdSignal, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
 	}

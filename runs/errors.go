@@ -5,6 +5,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -97,4 +98,32 @@ func Classify(err error) (code string, field string, final bool) {
 	default:
 		return CodeUnavailable, "", false
 	}
+}
+
+// observeRefusal is where refused commands are counted
+// (pal_commands_refused_total): every command passes through a Client
+// method, which defers this with its error. Only the caller's mistakes
+// and conflicts count (Classify's final answers); a failure of the
+// infrastructure is not a refusal.
+func observeRefusal(command string, errp *error) {
+	err := *errp
+	if err == nil {
+		return
+	}
+	code, _, final := Classify(err)
+	if !final {
+		return
+	}
+	reason := code
+	switch {
+	case errors.Is(err, ErrRunFinished):
+		reason = "run_finished"
+	case errors.Is(err, ErrNotWaiting):
+		reason = "not_waiting"
+	case errors.Is(err, ErrRunExists):
+		reason = "run_exists"
+	case errors.Is(err, ErrPayloadTooLarge):
+		reason = "too_large"
+	}
+	telemetry.Refused(command, reason)
 }

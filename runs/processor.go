@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // ReplyToHeader names a subject on which a durable command's outcome is
@@ -184,7 +185,9 @@ type CommandProcessor struct {
 	mu   sync.Mutex
 	cc   jetstream.ConsumeContext
 	quit chan struct{}
-	wg   sync.WaitGroup
+	// unwatch stops /metrics reporting the commands consumer.
+	unwatch func()
+	wg      sync.WaitGroup
 }
 
 // NewCommandProcessor returns a processor that carries commands out
@@ -239,16 +242,20 @@ func (p *CommandProcessor) Start(ctx context.Context) error {
 		p.wg.Wait()
 		return fmt.Errorf("consuming commands: %w", err)
 	}
+	p.unwatch = telemetry.WatchConsumer(p.client.store.JetStream(), eventstore.CommandsStream, eventstore.CommandConsumer)
 	return nil
 }
 
 // Stop stops consuming and waits for commands in progress.
 func (p *CommandProcessor) Stop(ctx context.Context) error {
 	p.mu.Lock()
-	cc := p.cc
+	cc, unwatch := p.cc, p.unwatch
 	p.mu.Unlock()
 	if cc == nil {
 		return nil
+	}
+	if unwatch != nil {
+		unwatch()
 	}
 	cc.Drain()
 	select {

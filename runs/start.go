@@ -35,7 +35,8 @@ func RunIDForKey(key string) string {
 // Errors: *InputError; *workflow.ValidationError for an invalid workflow;
 // ErrRunExists when RunID is taken (and no idempotency key says this is
 // the same start); ErrPayloadTooLarge.
-func (c *Client) Start(ctx context.Context, cmd StartCommand) (StartResult, error) {
+func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, err error) {
+	defer observeRefusal(CmdStart, &err)
 	if err := cmd.Validate(); err != nil {
 		return StartResult{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // errRunEnded: another writer ended the run (run_cancelled) while we drove it.
@@ -48,6 +49,11 @@ type drive struct {
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
+	// trace is the drive's trace, opened by resume; nil until then (and
+	// a no-op with tracing off). earlier holds the trace ids the run's
+	// earlier drives journaled on their run_resumed, oldest first.
+	trace   *telemetry.Drive
+	earlier []string
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -103,10 +109,12 @@ func (w *Worker) signReceipt(ctx context.Context, d *drive) {
 // the work queue (Drive, an inline child). Every drive, top-level or
 // inline, goes through here.
 func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) driveEnd {
+	start := time.Now()
 	lease, err := w.acquire(ctx, d.runID, msg)
 	if err != nil {
 		end := driveEnd{err: err, stopped: ctx.Err()}
 		end.outcome = classifyDrive(end)
+		observeDrive(d, end, start)
 		w.dispose(ctx, d, msg, end, nil)
 		return end
 	}
@@ -119,8 +127,17 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	held := d.keeper.stop()
 	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err()}
 	end.outcome = classifyDrive(end)
+	observeDrive(d, end, start)
 	w.dispose(ctx, d, msg, end, &held)
 	return end
+}
+
+// observeDrive is where a drive's end is measured: its trace ends with
+// the outcome, and pal_drives_total and pal_drive_duration_seconds count
+// it.
+func observeDrive(d *drive, end driveEnd, start time.Time) {
+	d.trace.End(end.outcome.String(), end.failure())
+	telemetry.DriveEnded(end.outcome.String(), time.Since(start))
 }
 
 // driveOutcome is how a drive ended. classifyDrive decides it once; the
@@ -451,6 +468,12 @@ func (d *drive) load() error {
 			return d.unfoldable(evs, head, err)
 		}
 		d.st, d.head, d.pending = st, head, nil
+		d.earlier = d.earlier[:0]
+		for _, ev := range evs {
+			if ev.Kind == event.RunResumed && ev.TraceID != "" {
+				d.earlier = append(d.earlier, ev.TraceID)
+			}
+		}
 		return nil
 	}
 }
@@ -521,6 +544,13 @@ func (d *drive) resume() error {
 		if crashed {
 			crashes = d.st.CrashesAtStep + 1
 		}
+		info := telemetry.DriveInfo{RunID: d.runID, Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1,
+			Crashed: crashed, Earlier: d.earlier}
+		if d.trace == nil {
+			// The drive's trace opens here, so its id is on run_resumed.
+			d.ctx, d.trace = telemetry.StartDrive(d.ctx, info)
+		}
+		lastEvent := d.st.UpdatedAt
 		d.emit(event.RunResumed, "", 0, event.RunResumedData{
 			Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
 		if crashes >= d.w.cfg.MaxCrashes {
@@ -531,6 +561,10 @@ func (d *drive) resume() error {
 		err := d.flush()
 		if err == nil {
 			d.resumed = true
+			d.trace.Resumed(d.ctx, info)
+			if crashed {
+				telemetry.Takeover(d.w.now().Sub(lastEvent))
+			}
 			if crashed {
 				d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
 			}
@@ -569,6 +603,7 @@ func (d *drive) emit(kind event.Kind, stepID string, attempt int, payload any) {
 	ev.WorkerID = d.w.cfg.ID
 	ev.Seq = d.st.LastSeq + 1
 	ev.TS = d.w.now()
+	ev.TraceID = telemetry.TraceID(d.ctx) // "" with tracing off
 	if err := d.st.Apply(ev); err != nil {
 		// The engine produced an event its own fold rejects: a bug. Stop
 		// the drive before anything is appended.

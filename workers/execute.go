@@ -13,6 +13,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/redact"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/provider"
 )
 
@@ -32,8 +33,41 @@ type stepResult struct {
 	stderr string
 }
 
-// runStep executes one planned step and journals its outcome.
+// runStep executes one planned step attempt and journals its outcome,
+// under the attempt's span; the span's end counts the attempt
+// (pal_steps_total by node type and outcome).
 func (d *drive) runStep(p engine.StepPlan) error {
+	outer := d.ctx
+	ctx, span := telemetry.StartStep(d.ctx, d.runID, p.StepID, p.Attempt, p.NodeType)
+	d.ctx = ctx
+	err := d.step(p)
+	d.ctx = outer
+	span.End(d.stepOutcome(p, err))
+	return err
+}
+
+// stepOutcome names how a step attempt ended: as the state has it after
+// the attempt, or waiting (parked), or interrupted (the drive ended first).
+func (d *drive) stepOutcome(p engine.StepPlan, err error) string {
+	switch {
+	case errors.Is(err, errParked):
+		return "waiting"
+	case err != nil:
+		return "interrupted"
+	}
+	s := d.st.Steps[p.StepID]
+	if s == nil {
+		return "failed" // failed before it could be journaled as started
+	}
+	switch s.Status {
+	case engine.StepCompleted, engine.StepFailed, engine.StepRetrying, engine.StepWaiting:
+		return string(s.Status)
+	}
+	return "interrupted"
+}
+
+// step is runStep's work.
+func (d *drive) step(p engine.StepPlan) error {
 	if wait := p.NotBefore.Sub(d.w.now()); wait > 0 {
 		// A retry's backoff; flush first so nothing waits in memory.
 		if err := d.flush(); err != nil {
@@ -195,8 +229,10 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key}
 	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultLLMTimeout))
 	defer cancel()
+	ctx, call := telemetry.StartLLM(ctx, in.Provider, in.Model)
 	resp, err := prov.Complete(ctx, req)
 	if err != nil {
+		call.End(telemetry.LLMResult{}, err)
 		return stepResult{}, err
 	}
 	out, err := json.Marshal(engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
@@ -210,6 +246,8 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	}
 	u := &event.Usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens,
 		TotalTokens: resp.Usage.InputTokens + resp.Usage.OutputTokens, CostUSD: provider.Cost(model, resp.Usage)}
+	call.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
+		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
 	return stepResult{output: out, usage: u}, nil
 }
 

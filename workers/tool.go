@@ -15,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/redact"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // Tool is a Go function callable from tool nodes. It receives the rendered
@@ -136,6 +137,7 @@ func httpTool(client *http.Client) Tool {
 		if si, ok := StepFromContext(ctx); ok {
 			req.Header.Set("Idempotency-Key", si.IdempotencyKey)
 		}
+		telemetry.Inject(ctx, req.Header) // traceparent of the step's span, with tracing on
 		start := time.Now()
 		resp, err := client.Do(req)
 		if err != nil {

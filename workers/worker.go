@@ -21,6 +21,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/workflow"
@@ -108,6 +109,7 @@ type Worker struct {
 	active    map[string]context.CancelCauseFunc // run id → its drive
 	cancelSub *nats.Subscription
 	timers    jetstream.ConsumeContext
+	unwatch   []func() // the consumers /metrics reports
 
 	mu      sync.Mutex
 	started bool
@@ -203,6 +205,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("consuming timers: %w", err)
 	}
 	w.started = true
+	js := w.store.JetStream()
+	w.unwatch = []func(){telemetry.WatchConsumer(js, eventstore.WorkStream, eventstore.WorkConsumer),
+		telemetry.WatchConsumer(js, eventstore.TimersStream, eventstore.TimerConsumer)}
 	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	w.done = make(chan struct{})
 	go func() {
@@ -223,6 +228,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	}
 	w.stopped = true
+	for _, f := range w.unwatch {
+		f()
+	}
 	_ = w.cancelSub.Unsubscribe()
 	w.timers.Drain()
 	w.cancel(errShutdown)

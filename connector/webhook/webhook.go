@@ -55,6 +55,7 @@ import (
 
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/telemetry"
 )
 
 // Kind is the connector kind used in workflows.
@@ -173,6 +174,7 @@ func (w *Webhook) Deliver(ctx context.Context, d connector.Delivery) (*connector
 	if d.StepID != "" {
 		req.Header.Set(connector.HeaderStepID, d.StepID)
 	}
+	telemetry.Inject(ctx, req.Header) // traceparent of the step's span, with tracing on
 
 	resp, err := w.client.Do(req)
 	if err != nil {

@@ -86,6 +86,11 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	stopTracing, err := e.startTracing(ctx, "pal-dev", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
 	noWorker, _ := cmd.Flags().GetBool("no-worker")
 	clusterN, _ := cmd.Flags().GetInt("cluster")

@@ -186,7 +186,10 @@ checkpoint. It runs until SIGTERM. Run one per database.
 
 While Postgres is down it retries and acknowledges nothing, and catches up
 when Postgres returns; the workers do not need Postgres. Killed at any
-moment, it starts again from the checkpoint and changes nothing twice.`,
+moment, it starts again from the checkpoint and changes nothing twice.
+
+With PAL_METRICS_ADDR (host:port) it serves Prometheus metrics at /metrics
+there, without a token: its lag and its consumer's pending count.`,
 		Args: cobra.NoArgs,
 		RunE: e.runProjector,
 	}
@@ -218,6 +221,12 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	// Served while Postgres and NATS are awaited too.
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 
 	pool, err := connectPGDurable(ctx, url, log)
 	if err != nil {

@@ -33,6 +33,8 @@ func (e *env) serverCmd() *cobra.Command {
   POST /v1/runs/{id}/approve    decide an approval step
   POST /v1/runs/{id}/cancel     cancel a run
   GET  /healthz, GET /readyz    liveness and readiness (no token)
+  GET  /metrics                 Prometheus metrics (scope read; no token
+                                with PAL_METRICS_OPEN=1)
 
 and registers the NATS micro service pal (pal.api.runs.*). It drives no
 runs: start pal worker for that.
@@ -74,6 +76,8 @@ type restConfig struct {
 	noTokens bool
 	// keys are the receipt signing keys GET /v1/keys serves.
 	keys *receipt.Keys
+	// metricsOpen: PAL_METRICS_OPEN=1, /metrics needs no token.
+	metricsOpen bool
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -89,6 +93,9 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	if host != "" && host != "localhost" && net.ParseIP(host) == nil {
 		return rc, badInput("PAL_HTTP_ADDR=%q: the host must be an IP address or localhost", rc.addr)
+	}
+	if rc.metricsOpen, err = e.metricsOpen(); err != nil {
+		return rc, err
 	}
 	if rc.tokens, err = api.ParseTokens(e.getenv("PAL_API_TOKENS")); err != nil {
 		return rc, badInput("PAL_API_TOKENS: %v", err)
@@ -124,7 +131,8 @@ func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 // startREST serves the REST API on rc.addr over store; pool, when not nil,
 // is the Postgres projection (GET /v1/runs and /readyz).
 func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
-	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys}
+	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys,
+		MetricsOpen: rc.metricsOpen}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {

@@ -39,7 +39,11 @@ runs to the others at once.
 Workers also carry out the durable commands of PAL_CMDS and answer the NATS
 service pal. With DATABASE_URL set they run the recovery sweep every
 PAL_RECOVERY_INTERVAL (default 30s): runs the projection shows running or
-queued, with no live lease and no pending work, are queued again.`,
+queued, with no live lease and no pending work, are queued again.
+
+With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
+/metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
+exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			wc, err := e.workerConfig(cmd)
@@ -268,6 +272,16 @@ func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn,
 	if err != nil {
 		return err
 	}
+	stopTracing, err := e.startTracing(ctx, "pal-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	var pool *pgxpool.Pool
 	if dbURL != "" {
 		if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
