@@ -57,6 +57,11 @@ type HandlerConfig struct {
 	// KeepAlive is the interval of comment lines on idle event streams
 	// (DefaultKeepAlive).
 	KeepAlive time.Duration
+	// SessionTTL is how long a web UI login lasts (DefaultSessionTTL).
+	SessionTTL time.Duration
+	// TrustForwardedProto marks session cookies Secure when a proxy in
+	// front says X-Forwarded-Proto: https (set it only behind one).
+	TrustForwardedProto bool
 }
 
 type handler struct {
@@ -66,6 +71,8 @@ type handler struct {
 	auth   *authenticator
 	log    *slog.Logger
 	feeds  *feeds
+	// sessions are the web UI's logged-in browsers (browser.go).
+	sessions *sessionStore
 }
 
 // NewHandler returns PAL's REST API:
@@ -76,11 +83,13 @@ type handler struct {
 //	GET  /v1/runs/{id}/events      the journal as server-sent events          scope read
 //	POST /v1/runs/{id}/approve     decide an approval step                    scope approve
 //	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
+//	GET  /v1/runs/{id}/waterfall   a run's timeline, for the web UI           scope read
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //
 // Every /v1 request needs "Authorization: Bearer <token>" of a token with
-// the route's scope. The token's name is who starts, approves or cancels;
+// the route's scope, or a web UI session cookie standing for one (see
+// browser.go; the UI's pages are served on the same address). The token's name is who starts, approves or cancels;
 // a body naming another approver or canceller needs scope admin. Bodies
 // are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
 // message} with code one of bad_input (400), unauthorized (401),
@@ -99,6 +108,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
 	h.feeds = newFeeds(cfg.Store, h.log)
+	h.sessions = newSessionStore(cfg.SessionTTL)
 	v1 := http.NewServeMux()
 	v1.HandleFunc("POST /v1/runs", need(ScopeStart, h.startRun))
 	v1.HandleFunc("GET /v1/runs", need(ScopeRead, h.listRuns))
@@ -106,6 +116,8 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	v1.HandleFunc("GET /v1/runs/{id}/events", need(ScopeRead, h.streamEvents))
 	v1.HandleFunc("POST /v1/runs/{id}/approve", need(ScopeApprove, h.approve))
 	v1.HandleFunc("POST /v1/runs/{id}/cancel", need(ScopeCancel, h.cancel))
+	// The web UI's timeline of a run, and its pages (browser.go).
+	v1.HandleFunc("GET /v1/runs/{id}/waterfall", need(ScopeRead, h.getWaterfall))
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -115,6 +127,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	root.Handle("/healthz", probes)
 	root.Handle("/readyz", probes)
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
+	h.browserRoutes(root)
 	return root
 }
 
@@ -430,6 +443,9 @@ func sameRun(pathID, bodyID string) error {
 	return nil
 }
 
+// maxWorkflowFilter bounds GET /v1/runs?workflow=.
+const maxWorkflowFilter = 256
+
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Runs == nil {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs needs DATABASE_URL", "")
@@ -460,8 +476,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 			f.Limit = n
 		case "before":
 			f.Before = v
+		case "workflow":
+			if len(v) > maxWorkflowFilter {
+				h.fail(w, r, &runs.InputError{Field: "workflow", Msg: fmt.Sprintf("longer than %d bytes", maxWorkflowFilter)})
+				return
+			}
+			f.Workflow = v
 		default:
-			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, limit or before)"})
+			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, workflow, limit or before)"})
 			return
 		}
 	}

@@ -10,7 +10,7 @@ var layers = [][]string{
 	{"internal/cli"},
 	{"api", "runs", "workers", "projections", "internal/bench", "internal/paltest"},
 	{"engine", "workflow", "eventstore", "provider/...", "connector/...", "internal/testenv", "internal/natsauth"},
-	{"event", "schemas", "internal/pgcluster", "internal/importcheck", "internal/retry", "internal/registry", "internal/egress", "internal/redact"},
+	{"event", "schemas", "internal/pgcluster", "internal/importcheck", "internal/retry", "internal/registry", "internal/egress", "internal/redact", "api/ui"},
 }
 
 // testOnly packages set up tests. Only test files, and other test-only
