@@ -122,7 +122,7 @@
   function drawMarkers(span) {
     const frag = document.createDocumentFragment();
     for (const d of wf.drives) {
-      const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : ""));
+      const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : "") + (pct(d.at_ms, span) > 70 ? " flip" : ""));
       m.style.left = pct(d.at_ms, span) + "%";
       m.dataset.worker = d.worker;
       const label = "drive " + d.count + " · " + d.worker + (d.interrupted ? " · previous drive interrupted" : "");
@@ -131,7 +131,7 @@
       frag.appendChild(m);
     }
     for (const k of wf.marks) {
-      const m = pal.el("div", "marker mark kind-" + k.kind);
+      const m = pal.el("div", "marker mark kind-" + k.kind + (pct(k.at_ms, span) > 70 ? " flip" : ""));
       m.style.left = pct(k.at_ms, span) + "%";
       m.dataset.kind = k.kind;
       m.title = k.kind + (k.step_id ? " (" + k.step_id + ")" : "") + " at " + pal.ms(k.at_ms) + (k.data ? ": " + JSON.stringify(k.data) : "");
