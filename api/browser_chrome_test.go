@@ -168,6 +168,15 @@ func TestBrowserRunsList(t *testing.T) {
 		} `json:"runs"`
 	}
 	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs").body, &v))
+	requireError(t, b.get(t, "/v1/runs?workflow="+strings.Repeat("w", 257)), http.StatusBadRequest, "bad_input")
+	var echoOnly struct {
+		Runs []struct {
+			RunID string `json:"run_id"`
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs?workflow=echo").body, &echoOnly))
+	require.Len(t, echoOnly.Runs, 1)
+	require.Equal(t, echo, echoOnly.Runs[0].RunID)
 	require.Len(t, v.Runs, 2)
 	require.NotZero(t, v.Runs[1].Usage.TotalTokens, "the ai run used tokens")
 	tokens := eval[string](br, fmt.Sprintf(`document.querySelector('tr[data-run-id=%q] .tokens').textContent`, ai))
