@@ -338,6 +338,40 @@ func TestBrowserRetriesAndDrives(t *testing.T) {
 	br.screenshot(t, "retries-and-drives")
 }
 
+// TestBrowserChildRun folds a child run's steps out under the step that
+// waits for it.
+func TestBrowserChildRun(t *testing.T) {
+	b := setup(t)
+	b.Worker(t, "w1")
+	wf := `{"name":"parent","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"kid","type":"subagent","data":{"input":{"q":1},"workflow":{"name":"child","nodes":[{"id":"start","type":"trigger"},
+	    {"id":"c1","type":"tool","data":{"tool":"echo","input":{"n":1}}},{"id":"ok","type":"approval","data":{"prompt":"child?"}}],
+	    "edges":[{"from":"start","to":"c1"},{"from":"c1","to":"ok"}]}}}],
+	  "edges":[{"from":"start","to":"kid"}]}`
+	id := b.Start(t, wf, `{}`)
+	wait := b.WaitFor(t, id, "the wait for the child", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	var d event.StepWaitingData
+	require.NoError(t, wait.DecodeData(&d))
+	child := d.ChildRunID
+	require.NotEmpty(t, child)
+	b.WaitFor(t, child, "the child's approval wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+
+	br := newBrowser(t)
+	br.loginAt(b, "/runs/"+id, testToken)
+	br.waitJS("the subagent step", `!!document.querySelector('.wf-row[data-step="kid"] [data-toggle]')`)
+	require.True(t, eval[bool](br, `!!document.querySelector('.wf-row[data-step="kid"] .wait[data-reason="child"]')`), "the wait for the child is hatched")
+	require.Equal(t, "/runs/"+child, eval[string](br, `new URL(document.querySelector('.wf-row[data-step="kid"] a.child').href).pathname`))
+	br.do(chromedp.Click(chromedp.CSS(`.wf-row[data-step="kid"] [data-toggle]`)))
+	br.waitJS("the child's steps", fmt.Sprintf(`document.querySelectorAll('.wf-row[data-run=%q]').length === 2`, child))
+	steps := eval[[]string](br, `[...document.querySelectorAll('.wf-row')].map(r => r.dataset.step)`)
+	require.Equal(t, []string{"kid", "c1", "ok"}, steps, "the child's steps under the step that waits for it")
+	br.screenshot(t, "child-run")
+
+	// The child ends; the parent's page follows it to the end.
+	require.Equal(t, http.StatusOK, b.post(t, "/v1/runs/"+child+"/approve", `{"step_id":"ok","decision":"approve"}`).status)
+	br.waitJS("the parent's end", fmt.Sprintf(`document.body.dataset.status === "succeeded" && !!document.querySelector('.wf-row[data-run=%q][data-step="ok"] .seg.completed')`, child))
+}
+
 func TestBrowserLiveWaterfall(t *testing.T) {
 	b := setup(t)
 	release := make(chan struct{})
