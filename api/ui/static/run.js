@@ -293,6 +293,7 @@
     }
     inflight = false;
     if (again) { again = false; setTimeout(refresh, 150); return; }
+    if (wf && terminal.has(wf.status) && es) { es.close(); es = null; }
     if (wf && !terminal.has(wf.status)) {
       follow();
       // Open bars grow with time even when no event arrives.
