@@ -253,7 +253,8 @@ func identity(ctx context.Context) string { return principalOf(ctx).name }
 // requireToken wraps next with bearer-token authentication. With insecure
 // set and no tokens, every request passes as "api" with scope admin. With
 // no tokens and insecure unset every request is refused: a handler built
-// without tokens by mistake fails closed.
+// without tokens by mistake fails closed. A request without a bearer
+// token may instead carry a web UI session cookie (browser.go).
 func (h *handler) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(h.auth.digests) == 0 {
@@ -266,6 +267,12 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 		}
 		tok, ok := bearer(r)
 		if !ok {
+			if ctx, handled, ok := h.fromSession(w, r); ok {
+				if !handled {
+					next.ServeHTTP(w, r.WithContext(ctx))
+				}
+				return
+			}
 			unauthorized(w, "", "missing bearer token: send the header 'Authorization: Bearer <token>' with a token from PAL_API_TOKENS")
 			return
 		}

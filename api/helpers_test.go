@@ -48,6 +48,8 @@ type bundleCfg struct {
 	tokens    []api.Token
 	insecure  bool
 	stack     []paltest.Option
+	// handler, when set, adjusts the handler's config last.
+	handler func(*api.HandlerConfig)
 }
 
 type bundleOpt func(*bundleCfg)
@@ -64,6 +66,9 @@ func withReady(f func(context.Context) error) bundleOpt { return func(c *bundleC
 func withTokens(tokens []api.Token, insecure bool) bundleOpt {
 	return func(c *bundleCfg) { c.tokens, c.insecure = tokens, insecure }
 }
+
+// withHandler adjusts the handler's config.
+func withHandler(f func(*api.HandlerConfig)) bundleOpt { return func(c *bundleCfg) { c.handler = f } }
 
 // withoutJournalCheck is for a test that corrupts a journal on purpose.
 func withoutJournalCheck() bundleOpt {
@@ -82,6 +87,9 @@ func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	}
 	hc := api.HandlerConfig{Store: b.Store, NC: b.NC, Runs: cfg.runs, Ready: cfg.ready, Tokens: cfg.tokens,
 		Insecure: cfg.insecure, Logger: paltest.Logger(t), KeepAlive: cfg.keepAlive}
+	if cfg.handler != nil {
+		cfg.handler(&hc)
+	}
 	b.srv = api.NewServer("127.0.0.1:0", api.NewHandler(hc), paltest.Logger(t))
 	require.NoError(t, b.srv.Start(context.Background()))
 	t.Cleanup(func() {

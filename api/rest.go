@@ -66,6 +66,11 @@ type HandlerConfig struct {
 	// MetricsOpen serves GET /metrics without a token (PAL_METRICS_OPEN);
 	// otherwise it needs a token with scope read, like every /v1 route.
 	MetricsOpen bool
+	// SessionTTL is how long a web UI login lasts (DefaultSessionTTL).
+	SessionTTL time.Duration
+	// TrustForwardedProto marks session cookies Secure when a proxy in
+	// front says X-Forwarded-Proto: https (set it only behind one).
+	TrustForwardedProto bool
 }
 
 type handler struct {
@@ -78,6 +83,8 @@ type handler struct {
 
 	receiptsMu sync.Mutex
 	receipts   *receipt.Store // opened on first use
+	// sessions are the web UI's logged-in browsers (browser.go).
+	sessions *sessionStore
 }
 
 // NewHandler returns PAL's REST API:
@@ -90,6 +97,7 @@ type handler struct {
 //	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
 //	GET  /v1/runs/{id}/receipt     the run's signed receipt (KV PAL_RECEIPTS) scope read
 //	GET  /v1/keys                  the receipt signing public keys            scope read
+//	GET  /v1/runs/{id}/waterfall   a run's timeline, for the web UI           scope read
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //	GET  /metrics                  Prometheus metrics        scope read, or none with MetricsOpen
@@ -100,7 +108,8 @@ type handler struct {
 // metadata and scope read.
 //
 // Every /v1 request needs "Authorization: Bearer <token>" of a token with
-// the route's scope. The token's name is who starts, approves or cancels;
+// the route's scope, or a web UI session cookie standing for one (see
+// browser.go; the UI's pages are served on the same address). The token's name is who starts, approves or cancels;
 // a body naming another approver or canceller needs scope admin. Bodies
 // are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
 // message} with code one of bad_input (400), unauthorized (401),
@@ -119,6 +128,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
 	h.feeds = newFeeds(cfg.Store, h.log)
+	h.sessions = newSessionStore(cfg.SessionTTL)
 	v1 := http.NewServeMux()
 	v1.HandleFunc("POST /v1/runs", need(ScopeStart, h.startRun))
 	v1.HandleFunc("GET /v1/runs", need(ScopeRead, h.listRuns))
@@ -129,6 +139,8 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	// Signed receipts.
 	v1.HandleFunc("GET /v1/runs/{id}/receipt", need(ScopeRead, h.getReceipt))
 	v1.HandleFunc("GET /v1/keys", need(ScopeRead, h.listKeys))
+	// The web UI's timeline of a run, and its pages (browser.go).
+	v1.HandleFunc("GET /v1/runs/{id}/waterfall", need(ScopeRead, h.getWaterfall))
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -144,6 +156,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 		v1.Handle("GET /metrics", need(ScopeRead, telemetry.Handler().ServeHTTP))
 	}
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
+	h.browserRoutes(root)
 	return withGRPC(newGRPCServer(h), root)
 }
 
@@ -459,6 +472,9 @@ func sameRun(pathID, bodyID string) error {
 	return nil
 }
 
+// maxWorkflowFilter bounds GET /v1/runs?workflow=.
+const maxWorkflowFilter = 256
+
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Runs == nil {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs needs DATABASE_URL", "")
@@ -489,8 +505,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 			f.Limit = n
 		case "before":
 			f.Before = v
+		case "workflow":
+			if len(v) > maxWorkflowFilter {
+				h.fail(w, r, &runs.InputError{Field: "workflow", Msg: fmt.Sprintf("longer than %d bytes", maxWorkflowFilter)})
+				return
+			}
+			f.Workflow = v
 		default:
-			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, limit or before)"})
+			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, workflow, limit or before)"})
 			return
 		}
 	}

@@ -43,6 +43,8 @@ const (
 type RunFilter struct {
 	// Status keeps runs with this status; empty keeps all.
 	Status engine.Status
+	// Workflow keeps runs of the workflow of this name; empty keeps all.
+	Workflow string
 	// Limit caps the rows returned (DefaultListLimit; at most MaxListLimit).
 	Limit int
 	// Before continues a listing: pass the Cursor of the last row of the
@@ -119,6 +121,10 @@ func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
 	if f.Status != "" {
 		args = append(args, string(f.Status))
 		where = append(where, fmt.Sprintf("status = $%d", len(args)))
+	}
+	if f.Workflow != "" {
+		args = append(args, f.Workflow)
+		where = append(where, fmt.Sprintf("workflow_name = $%d", len(args)))
 	}
 	if f.Before != "" {
 		ts, id, err := parseCursor(f.Before)

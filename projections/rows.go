@@ -199,13 +199,14 @@ func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 func receiptRowOf(runID string, s *engine.Step, a *engine.Attempt) ReceiptRow {
 	return ReceiptRow{
 		RunID: runID, StepID: s.ID, Attempt: a.Attempt, IdempotencyKey: a.Key,
-		Connector: a.Connector, Target: a.Target, Status: receiptStatus(a),
+		Connector: a.Connector, Target: a.Target, Status: ReceiptStatus(a),
 		HTTPStatus: a.DeliveryStatus, ClaimedAt: a.ClaimedAt, DeliveredAt: a.DeliveredAt, LastSeq: a.LastSeq,
 	}
 }
 
-// receiptStatus says where a claimed delivery stands.
-func receiptStatus(a *engine.Attempt) string {
+// ReceiptStatus says where the claimed delivery of attempt a stands: one of
+// the Receipt* statuses.
+func ReceiptStatus(a *engine.Attempt) string {
 	switch {
 	case a.Delivered:
 		return ReceiptDelivered

@@ -153,6 +153,7 @@ func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *
 func printREST(w io.Writer, srv *api.Server, rc restConfig) {
 	u := srv.URL()
 	fmt.Fprintf(w, "  REST     %s/v1/runs   (events: %s/v1/runs/<run_id>/events; health: %s/healthz, %s/readyz)\n", u, u, u, u)
+	fmt.Fprintf(w, "  web UI   %s/   (log in with an API token; runs at %s/runs/<run_id>)\n", u, u)
 	switch {
 	case rc.generated != "":
 		fmt.Fprintf(w, "  token    %s   (scope admin; generated because PAL_API_TOKENS is unset)\n", rc.generated)

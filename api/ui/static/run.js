@@ -1,0 +1,371 @@
+// A run's waterfall. The server computes it from the fold of the journal
+// (GET /v1/runs/{id}/waterfall); this page only draws it, and draws it
+// again on each event of the run's SSE feed while the run is in flight.
+"use strict";
+
+(function () {
+  const runID = pal.meta("pal-run");
+  const user = pal.meta("pal-user");
+  const rowsEl = document.getElementById("rows");
+  const overlay = document.getElementById("overlay");
+  const axis = document.getElementById("axis");
+  const detail = document.getElementById("detail");
+  const approvals = document.getElementById("approvals");
+  const cancelBtn = document.getElementById("cancel");
+  const terminal = new Set(["succeeded", "failed", "cancelled"]);
+  const expanded = new Set();
+  const collapsed = new Set(); // rows the user folded that would open by default
+  const children = new Map(); // child run id → its waterfall, while folded out
+  let wf = null;
+  let selected = "";
+  let es = null;
+
+  // Rows with few children open by default; a 1,000-iteration loop stays
+  // folded until asked.
+  const openByDefault = r => r.children > 0 && r.children <= 10;
+  const isOpen = (key, r) => expanded.has(key) || (openByDefault(r) && !collapsed.has(key));
+
+  function pct(ms, span) { return span > 0 ? Math.max(0, Math.min(100, (ms / span) * 100)) : 0; }
+
+  // niceStep picks a tick interval giving about 8 ticks.
+  function niceStep(span) {
+    const raw = span / 8;
+    const p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 0.001))));
+    for (const m of [1, 2, 5, 10]) if (raw <= m * p) return m * p;
+    return 10 * p;
+  }
+
+  function drawAxis(span) {
+    const frag = document.createDocumentFragment();
+    const step = niceStep(span || 1);
+    for (let t = 0; t <= span + 1e-9; t += step) {
+      const tick = pal.el("span", "tick", pal.ms(t));
+      tick.style.left = pct(t, span) + "%";
+      frag.appendChild(tick);
+    }
+    axis.replaceChildren(frag);
+  }
+
+  // visibleRows flattens the tree as it is folded: a run's rows, and the
+  // rows of child runs folded out under their step, shifted onto this
+  // run's axis.
+  function visibleRows(w, shift, depth0, prefix, out) {
+    let hideBelow = Infinity;
+    for (const r of w.rows) {
+      if (r.depth > hideBelow) continue;
+      hideBelow = Infinity;
+      const key = prefix + r.step_id;
+      const hasKids = r.children > 0 || !!r.child_run_id;
+      const open = hasKids && (r.child_run_id ? expanded.has(key) : isOpen(key, r));
+      out.push({ r, key, shift, depth: depth0 + r.depth, hasKids, open, run: w.run_id });
+      if (hasKids && !open) { hideBelow = r.depth; continue; }
+      const child = r.child_run_id && children.get(r.child_run_id);
+      if (child) {
+        const off = (Date.parse(child.created_at) - Date.parse(w.created_at)) + shift;
+        visibleRows(child, off, depth0 + r.depth + 1, key + "/", out);
+      }
+    }
+    return out;
+  }
+
+  function drawRow(v, span) {
+    const r = v.r;
+    const row = pal.el("div", "wf-row status-" + r.status + (v.key === selected ? " selected" : ""));
+    row.dataset.step = r.step_id;
+    row.dataset.key = v.key;
+    row.dataset.run = v.run;
+    const name = pal.el("div", "wf-name");
+    name.style.paddingLeft = (6 + v.depth * 14) + "px";
+    if (v.hasKids) {
+      const t = pal.el("button", "toggle", v.open ? "▾" : "▸");
+      t.title = v.open ? "fold" : (r.child_run_id ? "show the child run's steps" : "show " + r.children + " nested steps");
+      t.dataset.toggle = v.key;
+      name.appendChild(t);
+    } else {
+      name.appendChild(pal.el("span", "toggle-space"));
+    }
+    name.appendChild(pal.el("span", "step-id", r.step_id));
+    name.appendChild(pal.el("span", "node-type", r.node_type || ""));
+    if (r.retries) name.appendChild(pal.el("span", "badge", r.retries + " retr" + (r.retries === 1 ? "y" : "ies")));
+    if (r.child_run_id) {
+      const a = pal.el("a", "child", "child run");
+      a.href = "/runs/" + encodeURIComponent(r.child_run_id);
+      name.appendChild(a);
+    }
+    row.appendChild(name);
+    const track = pal.el("div", "wf-track");
+    for (const s of r.segments) {
+      const start = s.start_ms + v.shift, end = s.end_ms + v.shift;
+      const seg = pal.el("div", "seg " + s.outcome + (s.open ? " open" : ""));
+      seg.style.left = pct(start, span) + "%";
+      seg.style.width = (pct(end, span) - pct(start, span)) + "%";
+      seg.dataset.attempt = s.attempt;
+      seg.dataset.outcome = s.outcome;
+      seg.title = "attempt " + s.attempt + (s.tries > 1 ? " (" + s.tries + " tries)" : "") + ": " + s.outcome +
+        ", " + pal.ms(s.end_ms - s.start_ms) + (s.error ? " — " + s.error : "");
+      if (s.wait) {
+        const ws = s.wait.start_ms + v.shift;
+        const wait = pal.el("div", "wait");
+        const segW = Math.max(end - start, 1e-9);
+        wait.style.left = ((ws - start) / segW) * 100 + "%";
+        wait.style.width = ((s.wait.end_ms - s.wait.start_ms) / segW) * 100 + "%";
+        wait.dataset.reason = s.wait.reason || "";
+        wait.title = "waited for " + (s.wait.reason || "input") + ": " + pal.ms(s.wait.end_ms - s.wait.start_ms) + (s.wait.open ? " so far" : "");
+        seg.appendChild(wait);
+      }
+      track.appendChild(seg);
+    }
+    row.appendChild(track);
+    return row;
+  }
+
+  function drawMarkers(span) {
+    const frag = document.createDocumentFragment();
+    for (const d of wf.drives) {
+      const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : "") + (pct(d.at_ms, span) > 70 ? " flip" : ""));
+      m.style.left = pct(d.at_ms, span) + "%";
+      m.dataset.worker = d.worker;
+      const label = "drive " + d.count + " · " + d.worker + (d.interrupted ? " · previous drive interrupted" : "");
+      m.title = label + " at " + pal.ms(d.at_ms);
+      m.appendChild(pal.el("span", "label", label));
+      frag.appendChild(m);
+    }
+    for (const k of wf.marks) {
+      const m = pal.el("div", "marker mark kind-" + k.kind + (pct(k.at_ms, span) > 70 ? " flip" : ""));
+      m.style.left = pct(k.at_ms, span) + "%";
+      m.dataset.kind = k.kind;
+      m.title = k.kind + (k.step_id ? " (" + k.step_id + ")" : "") + " at " + pal.ms(k.at_ms) + (k.data ? ": " + JSON.stringify(k.data) : "");
+      m.appendChild(pal.el("span", "label", k.kind.replace(/_/g, " ")));
+      frag.appendChild(m);
+    }
+    overlay.replaceChildren(frag);
+  }
+
+  function draw() {
+    const t0 = performance.now();
+    const span = wf.span_ms;
+    document.getElementById("run-status").textContent = wf.status;
+    document.getElementById("run-status").className = "status " + wf.status;
+    document.body.dataset.status = wf.status;
+    document.body.dataset.lastSeq = wf.last_seq;
+    const meta = [wf.workflow || "plain LLM run", "created " + pal.time(wf.created_at),
+      (terminal.has(wf.status) ? "took " : "running for ") + pal.ms(span), wf.drives.length + " drive" + (wf.drives.length === 1 ? "" : "s")];
+    if (wf.usage.total_tokens) meta.push(wf.usage.total_tokens + " tokens");
+    if (wf.usage.cost_usd) meta.push(pal.cost(wf.usage.cost_usd));
+    if (wf.error) meta.push("error: " + wf.error);
+    document.getElementById("run-meta").textContent = meta.join(" · ");
+    if (wf.parent_run_id) {
+      const a = pal.el("a", "", " parent run");
+      a.href = "/runs/" + encodeURIComponent(wf.parent_run_id);
+      document.getElementById("run-meta").appendChild(a);
+    }
+    drawAxis(span);
+    const frag = document.createDocumentFragment();
+    for (const v of visibleRows(wf, 0, 0, "", [])) frag.appendChild(drawRow(v, span));
+    rowsEl.replaceChildren(overlay, frag);
+    drawMarkers(span);
+    drawApprovals();
+    cancelBtn.hidden = terminal.has(wf.status) || !pal.may("cancel");
+    if (selected) drawDetail();
+    // How long drawing took, for the benchmark and the curious.
+    document.body.dataset.drawMs = (performance.now() - t0).toFixed(1);
+    document.body.dataset.drawnAt = performance.now().toFixed(1);
+  }
+
+  function mayDecide(r) {
+    if (!pal.may("approve")) return false;
+    const a = r.approval && r.approval.approvers;
+    return !a || a.length === 0 || a.includes(user);
+  }
+
+  function approvalBox(r) {
+    const box = pal.el("div", "approval");
+    box.dataset.step = r.step_id;
+    box.appendChild(pal.el("h3", "", "Step " + r.step_id + " waits for approval"));
+    box.appendChild(pal.el("p", "prompt", (r.approval && r.approval.prompt) || "(no prompt)"));
+    const who = r.approval && r.approval.approvers && r.approval.approvers.length ? r.approval.approvers.join(", ") : "anyone with scope approve";
+    box.appendChild(pal.el("p", "approvers", "May decide: " + who));
+    if (mayDecide(r)) {
+      const comment = pal.el("input", "comment");
+      comment.placeholder = "comment (optional)";
+      comment.maxLength = 1000;
+      const ok = pal.el("button", "approve", "Approve");
+      const no = pal.el("button", "reject danger", "Reject");
+      const decide = async decision => {
+        ok.disabled = no.disabled = true;
+        try {
+          await pal.api("POST", "/v1/runs/" + encodeURIComponent(runID) + "/approve",
+            { step_id: r.step_id, decision, comment: comment.value });
+          pal.showError(null);
+        } catch (e) { pal.showError(e); ok.disabled = no.disabled = false; }
+        refresh();
+      };
+      ok.addEventListener("click", () => decide("approve"));
+      no.addEventListener("click", () => decide("reject"));
+      box.append(comment, ok, no);
+    } else {
+      box.appendChild(pal.el("p", "note", "You (" + user + ") may not decide this step."));
+    }
+    return box;
+  }
+
+  function drawApprovals() {
+    const waiting = wf.rows.filter(r => r.status === "waiting" && r.wait_reason === "approval");
+    approvals.hidden = waiting.length === 0;
+    // Keep boxes being typed in; rebuild when the set changes.
+    const ids = waiting.map(r => r.step_id).join("\n");
+    if (approvals.dataset.ids === ids) return;
+    approvals.dataset.ids = ids;
+    approvals.replaceChildren(...waiting.map(approvalBox));
+  }
+
+  function kv(dl, k, v) {
+    if (v === undefined || v === null || v === "") return;
+    dl.appendChild(pal.el("dt", "", k));
+    dl.appendChild(pal.el("dd", "", v));
+  }
+
+  function json(v) {
+    if (v === undefined || v === null) return "";
+    return typeof v === "string" ? JSON.stringify(v) : JSON.stringify(v, null, 2);
+  }
+
+  function findSelected() {
+    for (const v of visibleRows(wf, 0, 0, "", [])) if (v.key === selected) return v;
+    return null;
+  }
+
+  function drawDetail() {
+    const v = findSelected();
+    if (!v) { detail.hidden = true; return; }
+    const r = v.r;
+    detail.hidden = false;
+    const close = pal.el("button", "close", "×");
+    close.addEventListener("click", () => { selected = ""; detail.hidden = true; draw(); });
+    const h = pal.el("h2", "", r.step_id);
+    const dl = pal.el("dl");
+    kv(dl, "Node type", r.node_type);
+    kv(dl, "Status", r.status + (r.wait_reason ? " (" + r.wait_reason + ")" : ""));
+    kv(dl, "Idempotency key", r.idempotency_key);
+    if (r.usage) {
+      kv(dl, "Tokens", r.usage.input_tokens + " in, " + r.usage.output_tokens + " out, " + r.usage.total_tokens + " total");
+      kv(dl, "Cost", pal.cost(r.usage.cost_usd) || "$0");
+    }
+    kv(dl, "Delivery", r.delivery);
+    if (r.receipt) kv(dl, "Receipt", r.receipt.status + (r.receipt.http_status ? " (HTTP " + r.receipt.http_status + ")" : "") +
+      (r.receipt.connector ? " · " + r.receipt.connector : "") + (r.receipt.target ? " → " + r.receipt.target : ""));
+    kv(dl, "Child run", r.child_run_id);
+    kv(dl, "Error", r.error ? r.error + (r.class ? " [" + r.class + "]" : "") : "");
+    const tbl = pal.el("table", "attempts");
+    const head = pal.el("tr");
+    for (const c of ["Attempt", "Start", "Duration", "Waited", "Outcome", "Error"]) head.appendChild(pal.el("th", "", c));
+    tbl.appendChild(head);
+    for (const s of r.segments) {
+      const tr = pal.el("tr", "attempt");
+      tr.appendChild(pal.el("td", "", s.attempt + (s.tries > 1 ? " ×" + s.tries : "")));
+      tr.appendChild(pal.el("td", "", "+" + pal.ms(s.start_ms)));
+      tr.appendChild(pal.el("td", "", pal.ms(s.end_ms - s.start_ms) + (s.open ? " so far" : "")));
+      tr.appendChild(pal.el("td", "", s.wait ? pal.ms(s.wait.end_ms - s.wait.start_ms) : ""));
+      tr.appendChild(pal.el("td", "outcome " + s.outcome, s.outcome));
+      tr.appendChild(pal.el("td", "", s.error || ""));
+      tbl.appendChild(tr);
+    }
+    const parts = [close, h, dl, pal.el("h3", "", "Attempts"), tbl];
+    if (r.input !== undefined) parts.push(pal.el("h3", "", "Input (rendered)"), pal.el("pre", "input", json(r.input)));
+    if (r.output !== undefined) parts.push(pal.el("h3", "", "Output"), pal.el("pre", "output", json(r.output)));
+    detail.replaceChildren(...parts);
+  }
+
+  let inflight = false, again = false, timer = null;
+  async function refresh() {
+    if (inflight) { again = true; return; }
+    inflight = true;
+    clearTimeout(timer);
+    try {
+      wf = await pal.api("GET", "/v1/runs/" + encodeURIComponent(runID) + "/waterfall");
+      for (const id of [...children.keys()]) {
+        children.set(id, await pal.api("GET", "/v1/runs/" + encodeURIComponent(id) + "/waterfall"));
+      }
+      draw();
+      pal.showError(null);
+    } catch (e) {
+      pal.showError(e);
+    }
+    inflight = false;
+    if (again) { again = false; setTimeout(refresh, 150); return; }
+    if (wf && terminal.has(wf.status) && es) { es.close(); es = null; }
+    if (wf && !terminal.has(wf.status)) {
+      follow();
+      // Open bars grow with time even when no event arrives.
+      timer = setTimeout(refresh, 3000);
+    }
+  }
+
+  // follow listens to the run's events (the session cookie authenticates
+  // the EventSource) and redraws on each.
+  const kinds = ["run_created", "run_resumed", "step_started", "step_completed", "step_failed", "step_retrying", "step_waiting",
+    "side_effect_claimed", "side_effect_delivered", "child_run_created", "anomaly_detected", "confidence_evaluated",
+    "confidence_gate_bypassed", "approval_received", "budget_warning", "budget_exceeded", "run_succeeded", "run_failed", "run_cancelled"];
+  function follow() {
+    if (es) return;
+    es = new EventSource("/v1/runs/" + encodeURIComponent(runID) + "/events?after=" + wf.last_seq);
+    const on = ev => {
+      refresh();
+      if (ev.type === "run_succeeded" || ev.type === "run_failed" || ev.type === "run_cancelled") { es.close(); es = null; }
+    };
+    for (const k of kinds) es.addEventListener(k, on);
+    es.onmessage = on;
+  }
+
+  rowsEl.addEventListener("click", async ev => {
+    const t = ev.target.closest("[data-toggle]");
+    if (t) {
+      ev.stopPropagation();
+      const key = t.dataset.toggle;
+      const v = visibleRows(wf, 0, 0, "", []).find(x => x.key === key);
+      if (!v) return;
+      if (v.open) { expanded.delete(key); collapsed.add(key); if (v.r.child_run_id) children.delete(v.r.child_run_id); }
+      else {
+        expanded.add(key); collapsed.delete(key);
+        if (v.r.child_run_id) {
+          try { children.set(v.r.child_run_id, await pal.api("GET", "/v1/runs/" + encodeURIComponent(v.r.child_run_id) + "/waterfall")); }
+          catch (e) { pal.showError(e); }
+        }
+      }
+      draw();
+      return;
+    }
+    if (ev.target.closest("a")) return;
+    const row = ev.target.closest(".wf-row");
+    if (!row) return;
+    selected = row.dataset.key;
+    draw();
+  });
+
+  document.getElementById("expand-all").addEventListener("click", () => {
+    for (const r of wf.rows) if (r.children > 0) { expanded.add(r.step_id); collapsed.delete(r.step_id); }
+    draw();
+  });
+  document.getElementById("collapse-all").addEventListener("click", () => {
+    expanded.clear();
+    for (const r of wf.rows) if (r.children > 0) collapsed.add(r.step_id);
+    children.clear();
+    draw();
+  });
+
+  let confirming = false;
+  cancelBtn.addEventListener("click", async () => {
+    if (!confirming) { confirming = true; cancelBtn.textContent = "Click again to cancel the run"; return; }
+    cancelBtn.disabled = true;
+    try {
+      await pal.api("POST", "/v1/runs/" + encodeURIComponent(runID) + "/cancel", { reason: "cancelled from the web UI" });
+      pal.showError(null);
+    } catch (e) { pal.showError(e); }
+    cancelBtn.disabled = false;
+    confirming = false;
+    cancelBtn.textContent = "Cancel run";
+    refresh();
+  });
+
+  refresh();
+})();

@@ -1,0 +1,295 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/workflow"
+)
+
+// Waterfall is the timeline of one run, as the web UI's waterfall draws
+// it (GET /v1/runs/{id}/waterfall): every step attempt as a segment on a
+// time axis, waits as spans, drives and notable events as markers. It is
+// computed on the server from the fold of the journal, so the browser only
+// draws. Times are milliseconds from the run's creation (run_created).
+type Waterfall struct {
+	RunID       string        `json:"run_id"`
+	Status      engine.Status `json:"status"`
+	Workflow    string        `json:"workflow,omitempty"`
+	ParentRunID string        `json:"parent_run_id,omitempty"`
+	Error       string        `json:"error,omitempty"`
+	Usage       event.Usage   `json:"usage"`
+	LastSeq     uint64        `json:"last_seq"`
+	CreatedAt   string        `json:"created_at"`
+	EndedAt     string        `json:"ended_at,omitempty"`
+	// SpanMs is the length of the axis: to the run's end, or to the time
+	// the waterfall was computed while the run is in flight. Open
+	// segments and waits end there (with Open set).
+	SpanMs float64 `json:"span_ms"`
+	// Rows are the steps in tree order: each step is followed by the
+	// steps nested in it (loop iterations, agent turns and tool calls),
+	// and siblings keep journal order.
+	Rows   []WaterfallRow `json:"rows"`
+	Drives []Drive        `json:"drives"`
+	Marks  []Mark         `json:"marks"`
+}
+
+// WaterfallRow is one step of a Waterfall.
+type WaterfallRow struct {
+	StepID string `json:"step_id"`
+	// Parent is the step this one is nested in ("" at the top level);
+	// Depth counts the steps above it; Children the steps directly in it.
+	Parent   string            `json:"parent,omitempty"`
+	Depth    int               `json:"depth"`
+	Children int               `json:"children"`
+	NodeType string            `json:"node_type,omitempty"`
+	Status   engine.StepStatus `json:"status"`
+	Retries  int               `json:"retries"`
+	Segments []Segment         `json:"segments"`
+	// The latest attempt's key, input (as rendered), output, error and
+	// delivery; Usage sums every attempt.
+	Key        string          `json:"idempotency_key,omitempty"`
+	Input      json.RawMessage `json:"input,omitempty"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	Class      string          `json:"class,omitempty"`
+	Usage      *event.Usage    `json:"usage,omitempty"`
+	Delivery   string          `json:"delivery,omitempty"`
+	Receipt    *Receipt        `json:"receipt,omitempty"`
+	ChildRunID string          `json:"child_run_id,omitempty"`
+	// WaitReason is set while the step waits (approval, child, signal).
+	WaitReason string `json:"wait_reason,omitempty"`
+	// Approval is the rendered prompt and the approvers of an approval
+	// step.
+	Approval *engine.ApprovalInput `json:"approval,omitempty"`
+}
+
+// Segment is one attempt of a step: a bar from its start to its end,
+// coloured by Outcome (running, waiting, completed, failed, or retried:
+// failed and followed by a journaled retry). The gap before the next
+// segment is the retry's backoff. An attempt retried with its outcome
+// unknown keeps its number (and key), so one segment may span several
+// Tries.
+type Segment struct {
+	Attempt int     `json:"attempt"`
+	Tries   int     `json:"tries"`
+	Outcome string  `json:"outcome"`
+	StartMs float64 `json:"start_ms"`
+	EndMs   float64 `json:"end_ms"`
+	Open    bool    `json:"open,omitempty"`
+	Error   string  `json:"error,omitempty"`
+	// Wait is the part of the attempt spent waiting, when it waited.
+	Wait *Wait `json:"wait,omitempty"`
+}
+
+// Wait is a span during which a step waited for outside input.
+type Wait struct {
+	Reason  string  `json:"reason,omitempty"`
+	StartMs float64 `json:"start_ms"`
+	EndMs   float64 `json:"end_ms"`
+	Open    bool    `json:"open,omitempty"`
+}
+
+// Receipt is the claimed delivery of a step's latest attempt.
+type Receipt struct {
+	Connector  string `json:"connector,omitempty"`
+	Target     string `json:"target,omitempty"`
+	Status     string `json:"status"`
+	HTTPStatus int    `json:"http_status,omitempty"`
+}
+
+// Drive is one run_resumed: a worker taking the run over. Interrupted
+// reports that the drive before it ended without finishing or parking
+// the run.
+type Drive struct {
+	Seq         uint64  `json:"seq"`
+	AtMs        float64 `json:"at_ms"`
+	Worker      string  `json:"worker"`
+	Count       int     `json:"count"`
+	Interrupted bool    `json:"interrupted"`
+}
+
+// Mark is a journal event drawn as a marker on the axis: anomalies,
+// budget warnings, confidence gates, approvals received, a cancel. Data
+// is the event's payload as journaled.
+type Mark struct {
+	Seq    uint64          `json:"seq"`
+	AtMs   float64         `json:"at_ms"`
+	Kind   event.Kind      `json:"kind"`
+	StepID string          `json:"step_id,omitempty"`
+	Data   json.RawMessage `json:"data,omitempty"`
+}
+
+// markKinds are the kinds drawn as marks. The budget kinds are named by
+// their journal names so they show as soon as workers write them.
+var markKinds = map[event.Kind]bool{
+	event.AnomalyDetected: true, "budget_warning": true, "budget_exceeded": true,
+	event.ConfidenceEvaluated: true, event.ConfidenceGateBypassed: true,
+	event.ApprovalReceived: true, event.RunCancelled: true, event.RunFailed: true,
+}
+
+// WaterfallOf computes the waterfall of a journal and its fold; now ends
+// the axis of a run in flight.
+func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfall {
+	t0 := st.CreatedAt
+	end := now
+	if !st.EndedAt.IsZero() {
+		end = st.EndedAt
+	}
+	if end.Before(t0) {
+		end = t0
+	}
+	ms := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return math.Round(float64(t.Sub(t0).Microseconds())) / 1000
+	}
+	w := &Waterfall{RunID: st.RunID, Status: st.Status, Workflow: st.Created.WorkflowName,
+		ParentRunID: st.Created.ParentRunID, Error: st.Error, Usage: st.Usage, LastSeq: st.LastSeq,
+		CreatedAt: FormatTime(st.CreatedAt), EndedAt: FormatTime(st.EndedAt), SpanMs: ms(end),
+		Rows: []WaterfallRow{}, Drives: []Drive{}, Marks: []Mark{}}
+
+	// The journal gives what the fold does not keep: each drive, the
+	// marks, and why each attempt waited.
+	type stepAttempt struct {
+		step    string
+		attempt int
+	}
+	reasons := map[stepAttempt]string{}
+	for _, ev := range evs {
+		switch {
+		case ev.Kind == event.RunResumed:
+			var d event.RunResumedData
+			if ev.DecodeData(&d) == nil {
+				w.Drives = append(w.Drives, Drive{Seq: ev.Seq, AtMs: ms(ev.TS), Worker: d.Worker, Count: d.ResumeCount, Interrupted: d.Crashed})
+			}
+		case ev.Kind == event.StepWaiting:
+			var d event.StepWaitingData
+			if ev.DecodeData(&d) == nil {
+				reasons[stepAttempt{ev.StepID, max(ev.Attempt, 1)}] = d.Reason
+			}
+		case markKinds[ev.Kind]:
+			w.Marks = append(w.Marks, Mark{Seq: ev.Seq, AtMs: ms(ev.TS), Kind: ev.Kind, StepID: ev.StepID, Data: ev.Data})
+		}
+	}
+
+	// Nesting: a step's parent is the nearest step above it in its id
+	// (ask.turn[2].tool[0] → ask.turn[2] → ask; each[3].fetch → each).
+	children := map[string][]string{}
+	parents := map[string]string{}
+	var top []string
+	for _, id := range st.Order {
+		p := parentStep(id, st.Steps)
+		parents[id] = p
+		if p == "" {
+			top = append(top, id)
+		} else {
+			children[p] = append(children[p], id)
+		}
+	}
+	var walk func(id string, depth int)
+	walk = func(id string, depth int) {
+		s := st.Steps[id]
+		row := WaterfallRow{StepID: id, Parent: parents[id], Depth: depth, Children: len(children[id]),
+			NodeType: s.NodeType, Status: stepStatus(s.Status), Retries: s.Retries, Key: s.Key,
+			Input: s.Input, Output: s.Output, Error: s.Error, Class: s.Class, Delivery: s.Delivery,
+			ChildRunID: s.ChildRunID, WaitReason: s.WaitReason, Segments: make([]Segment, 0, len(s.Attempts))}
+		if s.Status != engine.StepWaiting {
+			row.WaitReason = ""
+		}
+		var usage event.Usage
+		for _, a := range s.Attempts {
+			if a.Usage != nil {
+				usage.Add(*a.Usage)
+			}
+			row.Segments = append(row.Segments, segmentOf(a, reasons[stepAttempt{id, a.Attempt}], ms, ms(end)))
+		}
+		if usage != (event.Usage{}) {
+			row.Usage = &usage
+		}
+		if a := s.AttemptState(s.Attempt); a != nil && a.Claimed {
+			row.Receipt = &Receipt{Connector: a.Connector, Target: a.Target, Status: projections.ReceiptStatus(a), HTTPStatus: a.DeliveryStatus}
+		}
+		if s.NodeType == workflow.TypeApproval {
+			var ai engine.ApprovalInput
+			if json.Unmarshal(s.Input, &ai) == nil {
+				row.Approval = &ai
+			}
+		}
+		w.Rows = append(w.Rows, row)
+		for _, c := range children[id] {
+			walk(c, depth+1)
+		}
+	}
+	for _, id := range top {
+		walk(id, 0)
+	}
+	return w
+}
+
+// segmentOf draws one attempt; an attempt not ended ends at endMs, open.
+func segmentOf(a *engine.Attempt, reason string, ms func(time.Time) float64, endMs float64) Segment {
+	seg := Segment{Attempt: a.Attempt, Tries: a.Tries, Outcome: string(a.Status), Error: a.Error}
+	start := a.StartedAt
+	if start.IsZero() {
+		start = a.WaitingAt
+	}
+	seg.StartMs = ms(start)
+	seg.EndMs, seg.Open = endMs, true
+	if !a.EndedAt.IsZero() {
+		seg.EndMs, seg.Open = ms(a.EndedAt), false
+	}
+	if !a.WaitingAt.IsZero() {
+		seg.Wait = &Wait{Reason: reason, StartMs: ms(a.WaitingAt), EndMs: seg.EndMs, Open: seg.Open}
+	}
+	return seg
+}
+
+// parentStep returns the nearest step above id that the run has, or "".
+func parentStep(id string, steps map[string]*engine.Step) string {
+	sid, err := engine.ParseStepID(id)
+	if err != nil {
+		return ""
+	}
+	for {
+		switch {
+		case sid.Kind == engine.StepOfToolCall:
+			sid.Kind = engine.StepOfTurn
+		case sid.Kind == engine.StepOfTurn:
+			sid.Kind = engine.StepOfNode
+		case len(sid.Loops) > 0:
+			last := sid.Loops[len(sid.Loops)-1]
+			sid = engine.StepID{Loops: sid.Loops[:len(sid.Loops)-1], Node: last.Loop}
+		default:
+			return ""
+		}
+		if p := sid.String(); steps[p] != nil {
+			return p
+		}
+	}
+}
+
+// Waterfall reads and folds a run and computes its waterfall. Errors:
+// *InputError, ErrRunNotFound.
+func (c *Client) Waterfall(ctx context.Context, runID string) (*Waterfall, error) {
+	if err := checkRunID("run_id", runID); err != nil {
+		return nil, err
+	}
+	evs, _, err := c.store.Read(ctx, runID)
+	if err != nil && !errors.Is(err, event.ErrJournalCorrupt) {
+		return nil, err
+	}
+	st, err := engine.FoldRead(evs, err)
+	if err != nil {
+		return nil, fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	return WaterfallOf(evs, st, time.Now()), nil
+}
