@@ -15,8 +15,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/runs"
 )
 
 func (e *env) serverCmd() *cobra.Command {
@@ -71,6 +74,8 @@ type restConfig struct {
 	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
 	// given, so every /v1 request is refused.
 	noTokens bool
+	// anomalies are the PAL_ANOMALY_* defaults the runs it starts record.
+	anomalies map[string]event.AnomalyRule
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -79,6 +84,10 @@ type restConfig struct {
 // serves but refuses every /v1 request.
 func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
 	var rc restConfig
+	var err error
+	if rc.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+		return rc, badInput("%v", err)
+	}
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
 	host, port, err := net.SplitHostPort(rc.addr)
 	if err != nil || port == "" {
@@ -118,7 +127,8 @@ func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 // startREST serves the REST API on rc.addr over store; pool, when not nil,
 // is the Postgres projection (GET /v1/runs and /readyz).
 func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
-	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log}
+	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log,
+		Client: runs.New(store, runs.WithConn(nc), runs.WithAnomalyDefaults(rc.anomalies))}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {

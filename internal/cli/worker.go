@@ -15,6 +15,7 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/projections"
@@ -185,8 +186,12 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
-		store, leases, providers, connectors(wc.egress))
+	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	if err != nil {
+		return fail(withCode(ExitBadInput, err))
+	}
+	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+		AnomalyDefaults: anomalies}, store, leases, providers, connectors(wc.egress))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
 	}
