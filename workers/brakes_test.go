@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -258,8 +260,17 @@ func TestBudgetPauseThenRaiseResumes(t *testing.T) {
 	require.ErrorAs(t, err, &ie)
 	require.Contains(t, err.Error(), "widens")
 
-	out := testenv.StartProcess(t, p.bin, []string{"run", "budget", runID, "--add-usd", "2", "--by", "ana"},
-		[]string{"PAL_NATS_URL=" + p.natsURL})
+	env := []string{"PAL_NATS_URL=" + p.natsURL}
+	get := testenv.StartProcess(t, p.bin, []string{"run", "get", runID, "--journal"}, env)
+	require.NoError(t, get.Wait(ctx), get.Output())
+	require.Contains(t, get.Output(), fmt.Sprintf("$%.4f of $0.0012 (on exceed: pause; paused on budget)", 2*stepCost))
+	wfFile := filepath.Join(t.TempDir(), "wf.json")
+	require.NoError(t, os.WriteFile(wfFile, []byte(wf), 0o600))
+	wide := testenv.StartProcess(t, p.bin, []string{"run", "start", "--workflow", wfFile, "--budget", `{"maxCostUsd":5}`}, env)
+	require.Error(t, wide.Wait(ctx))
+	require.Contains(t, wide.Output(), "budget.maxCostUsd: 5 widens the workflow's limit of 0.0012")
+
+	out := testenv.StartProcess(t, p.bin, []string{"run", "budget", runID, "--add-usd", "2", "--by", "ana"}, env)
 	require.NoError(t, out.Wait(ctx), out.Output())
 	require.Contains(t, out.Output(), "raised the budget of run "+runID)
 	end := p.WaitEnd(t, runID)
