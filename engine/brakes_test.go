@@ -263,3 +263,62 @@ func TestAnomalyJournaledOnce(t *testing.T) {
 		require.Equal(t, event.CodeAnomaly, f.Code)
 	}
 }
+
+func TestAnomalyPauseRejectedFailsTheRun(t *testing.T) {
+	t.Parallel()
+	h := spikes(t, testRun)
+	h.append(event.ApprovalReceived, "d", 0, event.ApprovalReceivedData{Decision: event.DecisionReject, Approver: "bo", Comment: "too dear"})
+	f, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.Fail)
+	require.True(t, ok)
+	require.Equal(t, event.CodeAnomaly, f.Code)
+	require.Equal(t, "d", f.StepID)
+	require.Contains(t, f.Error, "cost_spike")
+	require.Contains(t, f.Error, "bo rejected going on: too dear")
+}
+
+func TestIdenticalRequestsAreARunawayLoop(t *testing.T) {
+	t.Parallel()
+	// A loop whose body sends the same prompt every iteration.
+	wf := `{"name":"again","nodes":[{"id":"start","type":"trigger"},
+		{"id":"each","type":"loop","data":{"over":"{{input.xs}}","body":{"name":"one","nodes":[{"id":"start","type":"trigger"},
+			{"id":"ask","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"same"}}],
+			"edges":[{"from":"start","to":"ask"}]}}}],"edges":[{"from":"start","to":"each"}],
+		"policy":{"anomalies":{"runaway_loop":{"requests":3}}}}`
+	h := newStarted(t, testRun, wf, `{"xs":[1,2,3,4]}`, nil).resume("w")
+	h.llm("each[0].ask", "x", "gpt-4o-mini", 10, 1).llm("each[1].ask", "x", "gpt-4o-mini", 10, 1)
+	h.start("each[2].ask") // the third identical request is the one that was sent
+	n, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.Note)
+	require.True(t, ok)
+	a := n.Data.(event.AnomalyDetectedData)
+	require.Equal(t, event.AnomalyRunawayLoop, a.Type)
+	require.Equal(t, "each[2].ask", a.StepID)
+	require.Equal(t, 3.0, a.Observed)
+	require.Equal(t, event.ActionHalt, a.Action, "the default action")
+}
+
+func TestTokenAndTimeLimits(t *testing.T) {
+	t.Parallel()
+	// draft's worst case: its request / 4 plus 4096 output tokens.
+	wf := withPolicy(t, wfSummarise, `{"budget":{"maxTokens":4000}}`)
+	h := newStarted(t, testRun, wf, inputSummarise, nil).resume("w")
+	n, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.Note)
+	require.True(t, ok, "the first call does not fit in 4000 tokens")
+	x := n.Data.(event.BudgetExceededData)
+	require.Equal(t, event.LimitTokens, x.Limit)
+	require.Greater(t, x.Need, 4096.0)
+
+	wf = withPolicy(t, wfSummarise, `{"budget":{"maxDurationMs":1000}}`)
+	h = newStarted(t, testRun, wf, inputSummarise, nil).resume("w")
+	h.llm("draft", "x", "gpt-4o-mini", 10, 1)
+	_, ok = engine.Next(h.st.Workflow, h.st, h.now).(engine.RunStep)
+	require.True(t, ok, "within the second")
+	n, ok = engine.Next(h.st.Workflow, h.st, h.now.Add(time.Second)).(engine.Note)
+	require.True(t, ok, "a second after run_created, review is not started")
+	require.Equal(t, event.LimitDuration, n.Data.(event.BudgetExceededData).Limit)
+
+	// A model without a price is held only to the other limits.
+	tokens, cost, priced := engine.EstimateCall(json.RawMessage(`{"model":"no-such-model","maxTokens":10,"messages":[]}`))
+	require.False(t, priced)
+	require.Zero(t, cost)
+	require.Greater(t, tokens, 10.0)
+}

@@ -154,6 +154,11 @@ func TestBudgetStopsBeforeTheCallThatWouldExceedIt(t *testing.T) {
 	pgCost := spendInPG(t, ctx, pool, runID)
 	require.InDelta(t, 5*stepCost, pgCost, 1e-12)
 	require.LessOrEqual(t, pgCost, max)
+	var limit float64
+	var steps int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (budget->>'max_cost_usd')::float8, steps_spent FROM runs WHERE run_id = $1", runID).Scan(&limit, &steps))
+	require.Equal(t, max, limit)
+	require.Equal(t, int64(5), steps)
 	warned := find(evs, event.BudgetWarning, "")
 	require.Len(t, warned, 1, "warned once, at 70%")
 	require.Equal(t, event.BudgetWarningData{Limit: event.LimitCost, Spent: 4 * stepCost, Max: max, StepID: "s5"},
