@@ -313,7 +313,7 @@ func TestBrowserRetriesAndDrives(t *testing.T) {
 		ms += 20
 		if n == 25 {
 			evs = append(evs, mk(ms, event.RunResumed, "", 0, event.RunResumedData{Worker: "w2", ResumeCount: 2, Crashed: true, CrashesAtStep: 1}),
-				mk(ms+1, event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Anomaly: "retry_storm", Value: 25, Threshold: 20, Action: "warn"}))
+				mk(ms+1, event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Type: "retry_storm", Observed: 25, Threshold: 20, Action: "record", StepID: "r"}))
 			ms += 2
 		}
 	}

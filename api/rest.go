@@ -22,6 +22,7 @@ import (
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
 )
 
 // MaxBodyBytes bounds a request body; a larger one is refused with 413.
@@ -71,6 +72,9 @@ type HandlerConfig struct {
 	// TrustForwardedProto marks session cookies Secure when a proxy in
 	// front says X-Forwarded-Proto: https (set it only behind one).
 	TrustForwardedProto bool
+	// Client starts and controls runs; default runs.New on Store (pass
+	// one to set its options, e.g. runs.WithAnomalyDefaults).
+	Client *runs.Client
 }
 
 type handler struct {
@@ -98,6 +102,7 @@ type handler struct {
 //	GET  /v1/runs/{id}/receipt     the run's signed receipt (KV PAL_RECEIPTS) scope read
 //	GET  /v1/keys                  the receipt signing public keys            scope read
 //	GET  /v1/runs/{id}/waterfall   a run's timeline, for the web UI           scope read
+//	POST /v1/runs/{id}/budget      raise a run's budget                       scope approve
 //	GET  /healthz                  the process is up (no token)
 //	GET  /readyz                   NATS (and Ready) reachable (no token)
 //	GET  /metrics                  Prometheus metrics        scope read, or none with MetricsOpen
@@ -123,7 +128,10 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	if h.nc == nil && cfg.Store != nil {
 		h.nc = cfg.Store.JetStream().Conn()
 	}
-	h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
+	h.client = cfg.Client
+	if h.client == nil {
+		h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
+	}
 	if h.cfg.KeepAlive <= 0 {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
@@ -141,6 +149,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	v1.HandleFunc("GET /v1/keys", need(ScopeRead, h.listKeys))
 	// The web UI's timeline of a run, and its pages (browser.go).
 	v1.HandleFunc("GET /v1/runs/{id}/waterfall", need(ScopeRead, h.getWaterfall))
+	v1.HandleFunc("POST /v1/runs/{id}/budget", need(ScopeApprove, h.raiseBudget))
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -306,6 +315,9 @@ type startBody struct {
 	Input          json.RawMessage `json:"input,omitempty"`
 	RunID          string          `json:"run_id,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	// Budget narrows the workflow's policy.budget; a widening one is
+	// refused with 400.
+	Budget *workflow.Budget `json:"budget,omitempty"`
 }
 
 // StartAnswer is the answer to POST /v1/runs.
@@ -340,7 +352,7 @@ func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	res, err := h.client.Start(ctx, runs.StartCommand{RunID: b.RunID, Workflow: b.Workflow, LLM: b.LLM,
-		Input: b.Input, IdempotencyKey: key, By: identity(r.Context())})
+		Input: b.Input, IdempotencyKey: key, Budget: b.Budget, By: identity(r.Context())})
 	if err != nil && res.RunID == "" {
 		h.fail(w, r, err)
 		return
@@ -458,6 +470,52 @@ func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	if err := h.client.Cancel(ctx, runs.CancelCommand{RunID: id, Reason: b.Reason, By: b.By}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
+}
+
+// budgetBody is POST /v1/runs/{id}/budget: the durable budget command
+// without reply_to; by is the token's name (another needs scope admin).
+type budgetBody struct {
+	RunID     string  `json:"run_id,omitempty"`
+	AddUSD    float64 `json:"add_usd,omitempty"`
+	AddTokens int64   `json:"add_tokens,omitempty"`
+	AddSteps  int64   `json:"add_steps,omitempty"`
+	AddMs     int64   `json:"add_ms,omitempty"`
+	By        string  `json:"by,omitempty"`
+}
+
+func (h *handler) raiseBudget(w http.ResponseWriter, r *http.Request) {
+	id, err := pathRunID(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	body, _, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var b budgetBody
+	if err := runs.DecodeStrict(body, &b); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := sameRun(id, b.RunID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var ok bool
+	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
+		return
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	err = h.client.RaiseBudget(ctx, runs.BudgetCommand{RunID: id, AddUSD: b.AddUSD, AddTokens: b.AddTokens,
+		AddSteps: b.AddSteps, AddMs: b.AddMs, By: b.By})
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}

@@ -26,7 +26,7 @@ type getRequest struct {
 }
 
 // StartService registers the NATS micro service "pal" with the endpoints
-// pal.api.runs.start, .get, .approve and .cancel on nc. Each takes a JSON
+// pal.api.runs.start, .get, .approve, .cancel and .budget on nc. Each takes a JSON
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
@@ -39,7 +39,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ServiceVersion,
-		Description: "PAL: start, read, approve and cancel durable AI-agent runs",
+		Description: "PAL: start, read, approve, cancel and budget durable AI-agent runs",
 	})
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	for _, ep := range []struct {
 		name string
 		h    micro.Handler
-	}{{"start", do(runs.CmdStart)}, {"get", get}, {"approve", do(runs.CmdApprove)}, {"cancel", do(runs.CmdCancel)}} {
+	}{{"start", do(runs.CmdStart)}, {"get", get}, {"approve", do(runs.CmdApprove)}, {"cancel", do(runs.CmdCancel)}, {"budget", do(runs.CmdBudget)}} {
 		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
 			_ = svc.Stop()
 			return nil, err

@@ -35,7 +35,7 @@ func TestNATSService(t *testing.T) {
 	for _, ep := range si.Endpoints {
 		subjects = append(subjects, ep.Subject)
 	}
-	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel"}, subjects)
+	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget"}, subjects)
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()
@@ -65,6 +65,9 @@ func TestNATSService(t *testing.T) {
 		{"pal.api.runs.get", `{"run_id":"a>"}`, "bad_input", "400"},
 		{"pal.api.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"a","decision":"approve","approver":"x"}`, runID), "conflict", "409"},
 		{"pal.api.runs.cancel", `{"run_id":"missing"}`, "not_found", "404"},
+		{"pal.api.runs.budget", fmt.Sprintf(`{"run_id":%q,"add_usd":1}`, runID), "bad_input", "400"}, // it has no budget
+		{"pal.api.runs.budget", `{"run_id":"missing","add_usd":1}`, "not_found", "404"},
+		{"pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"budget":{"maxCostUsd":-1}}`, wf), "bad_input", "400"},
 	} {
 		out, m := req(tc.subject, tc.body)
 		require.Equal(t, tc.code, out["code"], tc.body)

@@ -50,7 +50,7 @@ const (
 )
 
 func scenarios() []scenario {
-	return []scenario{
+	return append([]scenario{
 		{name: "succeeded_three_steps", build: buildSucceeded},
 		// The same journal, packed as strict durability mode may write it:
 		// each step_completed with the next step_started.
@@ -73,7 +73,7 @@ func scenarios() []scenario {
 		{name: "approval_waiting", build: buildApprovalWaiting},
 		{name: "approval_timeout_failed", build: buildApprovalTimeoutFailed},
 		{name: "approval_timeout_routed", build: buildApprovalTimeoutRouted},
-	}
+	}, brakeScenarios()...)
 }
 
 // summariseRun is the first part of every wfSummarise run: the draft.
@@ -135,7 +135,6 @@ func buildRetryNextAttempt(t testing.TB) []event.Event {
 	// A definite failure: the provider answered 503. The next try is a new
 	// attempt with a new key.
 	require.True(t, h.failTry("draft", "openai: 503 Service Unavailable", event.ClassLLM, true, false, 1100*time.Millisecond))
-	h.append(event.AnomalyDetected, "draft", 0, event.AnomalyDetectedData{Anomaly: "retry_storm", Value: 2, Threshold: 2, Action: "warn"})
 	return h.events()
 }
 
@@ -387,9 +386,25 @@ func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
 		require.Equal(t, event.IdempotencyKey(st.RunID, rs.Plan.StepID, rs.Plan.Attempt), rs.Plan.Key, at)
 	}
 	switch ev.Kind {
+	case event.AnomalyDetected, event.BudgetWarning, event.BudgetExceeded:
+		// The brakes' notes are Next's, to the letter.
+		n, ok := next.(engine.Note)
+		require.True(t, ok, "%s: Next says %#v", at, next)
+		require.Equal(t, n.Kind, ev.Kind, at)
+		require.Equal(t, n.StepID, ev.StepID, at)
+		want, err := json.Marshal(n.Data)
+		require.NoError(t, err)
+		require.JSONEq(t, string(want), string(ev.Data), at)
+		return
 	case event.StepWaiting:
 		var d event.StepWaitingData
 		require.NoError(t, ev.DecodeData(&d))
+		if d.Reason == event.WaitBudget || d.Reason == event.WaitAnomaly {
+			p, ok := next.(engine.Park)
+			require.True(t, ok, "%s: Next says %#v", at, next)
+			require.Equal(t, engine.Park{Reason: d.Reason, StepID: ev.StepID}, p, at)
+			return
+		}
 		if d.Reason != event.WaitApproval {
 			return // a subagent waits for its child: the worker's finding
 		}

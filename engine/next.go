@@ -13,7 +13,7 @@ import (
 )
 
 // Action is what a run does next. It is one of Done, RunStep, Complete,
-// Fail.
+// Fail, and the brakes' Note and Park.
 type Action interface{ isAction() }
 
 // Done means the run has ended: nothing to do.
@@ -144,7 +144,15 @@ func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now t
 		}
 		return Fail{Code: event.CodeInvalidWorkflow, Error: msg}
 	}
+	if b := st.brakesBefore(); b != nil {
+		return b
+	}
 	a, out := walk(ctx, wf, st, nil, st.Input(), now)
+	if rs, ok := a.(RunStep); ok {
+		if b := st.brakesAt(rs.Plan, now); b != nil {
+			return b
+		}
+	}
 	if a != nil {
 		return a
 	}

@@ -216,6 +216,23 @@ type RunState struct {
 	UpdatedAt time.Time
 	EndedAt   time.Time
 
+	// The brakes (brakes.go). Budget is the effective budget: run_created's
+	// plus every budget_raised; nil when the run has none. StepsStarted
+	// counts the acting steps started (what maxSteps limits). Warned
+	// holds the limits warned of; Exceeded the budget_exceeded not yet
+	// answered by a budget_raised; Pause the brake the run is parked on.
+	// Anomalies holds the journaled anomalies by type@step_id, in
+	// AnomalyOrder.
+	Budget       *event.Budget
+	StepsStarted int64
+	Warned       map[string]bool
+	Exceeded     *event.BudgetExceededData
+	Pause        *Pause
+	Anomalies    map[string]event.AnomalyDetectedData
+	AnomalyOrder []string
+	cleared      map[string]bool
+	br           brakes
+
 	input   any
 	decoded bool
 	// outputs maps the id of every completed step (and the trigger) to its
@@ -291,6 +308,7 @@ func (st *RunState) apply(ev event.Event) error {
 				st.setOutput(t.ID, st.Created.Input)
 			}
 		}
+		st.initBrakes()
 	case event.RunResumed:
 		var d event.RunResumedData
 		if err := ev.DecodeData(&d); err != nil {
@@ -312,6 +330,12 @@ func (st *RunState) apply(ev event.Event) error {
 			return err
 		}
 		s := st.step(ev.StepID)
+		if s.StartedAt.IsZero() {
+			if acting(d.NodeType, ev.StepID) {
+				st.StepsStarted++
+			}
+			st.seeStarted(ev.StepID, d.NodeType, d.Input)
+		}
 		if s.Attempt != ev.Attempt {
 			s.Claimed, s.Delivered = false, false
 		}
@@ -377,6 +401,7 @@ func (st *RunState) apply(ev event.Event) error {
 		s.RetryAt = time.Time{}
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Output, a.Usage, a.Delivery, a.DurationMs, a.EndedAt = StepCompleted, d.Output, d.Usage, d.Delivery, d.DurationMs, ev.TS
+		st.seeCompleted(s, d.Usage, d.Output)
 	case event.StepFailed:
 		var d event.StepFailedData
 		if err := ev.DecodeData(&d); err != nil {
@@ -386,6 +411,11 @@ func (st *RunState) apply(ev event.Event) error {
 		s.Status = StepFailed
 		s.Error, s.Class, s.DurationMs = d.Error, d.Class, d.DurationMs
 		s.EndedAt = ev.TS
+		if d.Usage != nil {
+			// A failed child run's spend is spent all the same.
+			s.Usage = d.Usage
+			st.Usage.Add(*d.Usage)
+		}
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Error, a.Class, a.DurationMs, a.EndedAt = StepFailed, d.Error, d.Class, d.DurationMs, ev.TS
 		a.Failed = !d.OutcomeUnknown
@@ -411,10 +441,15 @@ func (st *RunState) apply(ev event.Event) error {
 		s.Status = StepRetrying
 		s.Error, s.Class = d.Error, d.Class
 		s.RetryAt = ev.TS.Add(time.Duration(d.DelayMs) * time.Millisecond)
+		st.seeRetry(s)
 	case event.StepWaiting:
 		var d event.StepWaitingData
 		if err := ev.DecodeData(&d); err != nil {
 			return err
+		}
+		if d.Reason == event.WaitBudget || d.Reason == event.WaitAnomaly {
+			st.parkOn(d.Reason, ev.StepID)
+			break
 		}
 		s := st.step(ev.StepID)
 		s.Status = StepWaiting
@@ -471,6 +506,9 @@ func (st *RunState) apply(ev event.Event) error {
 		if err := ev.DecodeData(&d); err != nil {
 			return err
 		}
+		if st.decidePause(ev.StepID, d) {
+			break
+		}
 		if _, ok := st.Decisions[ev.StepID]; !ok {
 			st.Decisions[ev.StepID] = d
 		}
@@ -499,7 +537,9 @@ func (st *RunState) apply(ev event.Event) error {
 		if sub.Status != StepCompleted {
 			sub.Status, sub.Output = StepCompleted, d.Output
 		}
-	case event.AnomalyDetected, event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
+	case event.AnomalyDetected, event.BudgetWarning, event.BudgetExceeded, event.BudgetRaised:
+		return st.applyBrake(ev)
+	case event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
 		// Recorded in the journal; they do not change the run's state.
 	default:
 		return fmt.Errorf("run %s: unknown event kind %q at seq %d", ev.RunID, ev.Kind, ev.Seq)

@@ -33,6 +33,14 @@ type summary struct {
 	CreatedAt     string          `json:"created_at"`
 	UpdatedAt     string          `json:"updated_at"`
 	EndedAt       string          `json:"ended_at,omitempty"`
+	// The brakes.
+	Budget       *event.Budget               `json:"budget,omitempty"`
+	Spent        engine.Spend                `json:"spent"`
+	Warned       []string                    `json:"warned,omitempty"`
+	Exceeded     *event.BudgetExceededData   `json:"exceeded,omitempty"`
+	Pause        *engine.Pause               `json:"pause,omitempty"`
+	Anomalies    []event.AnomalyDetectedData `json:"anomalies,omitempty"`
+	PendingAnoms []event.AnomalyDetectedData `json:"pending_anomalies,omitempty"`
 	// Next is Next's action at the time of the last event.
 	Next nextSummary `json:"next"`
 	// NextAtDeadline is Next's action at the deadline of a waiting step,
@@ -96,6 +104,11 @@ type nextSummary struct {
 	Code      string          `json:"code,omitempty"`
 	Error     string          `json:"error,omitempty"`
 	Wait      *waitSummary    `json:"wait,omitempty"`
+	// Kind and Data are a Note's; Reason and Waiting a Park's.
+	Kind    event.Kind `json:"kind,omitempty"`
+	Data    any        `json:"data,omitempty"`
+	Reason  string     `json:"reason,omitempty"`
+	Waiting bool       `json:"waiting,omitempty"`
 }
 
 // waitSummary is a planned wait.
@@ -125,6 +138,18 @@ func summarise(st *engine.RunState, next engine.Action) summary {
 	if st.WorkflowErr != nil {
 		s.WorkflowError = st.WorkflowErr.Error()
 	}
+	if st.RunID != "" {
+		s.Budget, s.Spent, s.Exceeded, s.Pause = st.Budget, st.Spent(), st.Exceeded, st.Pause
+		s.Anomalies, s.PendingAnoms = st.AnomalyList(), st.PendingAnomalies()
+		for _, l := range []string{event.LimitCost, event.LimitTokens, event.LimitSteps, event.LimitDuration} {
+			if st.Warned[l] {
+				s.Warned = append(s.Warned, l)
+			}
+		}
+		if len(s.Anomalies) == 0 {
+			s.Anomalies = nil
+		}
+	}
 	for _, id := range st.Order {
 		x := st.Steps[id]
 		s.Steps = append(s.Steps, stepSummary{
@@ -152,6 +177,10 @@ func summariseAction(a engine.Action) nextSummary {
 		return nextSummary{Type: "complete", Output: a.Output}
 	case engine.Fail:
 		return nextSummary{Type: "fail", Code: a.Code, StepID: a.StepID, Error: a.Error}
+	case engine.Note:
+		return nextSummary{Type: "note", Kind: a.Kind, StepID: a.StepID, Data: a.Data}
+	case engine.Park:
+		return nextSummary{Type: "park", Reason: a.Reason, StepID: a.StepID, Waiting: a.Waiting}
 	case engine.RunStep:
 		p := a.Plan
 		n := nextSummary{Type: "run_step", StepID: p.StepID, NodeType: p.NodeType, Attempt: p.Attempt,

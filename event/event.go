@@ -43,6 +43,14 @@ const (
 	SubstepCompleted Kind = "substep_completed"
 )
 
+// Budget kinds (docs/architecture.md §budgets). BudgetRaised is an input
+// from outside the run, like ApprovalReceived.
+const (
+	BudgetWarning  Kind = "budget_warning"
+	BudgetExceeded Kind = "budget_exceeded"
+	BudgetRaised   Kind = "budget_raised"
+)
+
 // Kinds lists every kind in a stable order.
 var Kinds = []Kind{
 	RunCreated, RunResumed, StepStarted, StepCompleted, StepFailed, StepRetrying,
@@ -50,6 +58,7 @@ var Kinds = []Kind{
 	AnomalyDetected, ConfidenceEvaluated, ConfidenceGateBypassed,
 	RunSucceeded, RunFailed, RunCancelled, ApprovalReceived,
 	SubstepStarted, SubstepCompleted,
+	BudgetWarning, BudgetExceeded, BudgetRaised,
 }
 
 // Terminal reports whether k ends a run.
@@ -60,16 +69,16 @@ func (k Kind) Terminal() bool {
 // Input reports whether k is an input from outside the run rather than
 // the driving worker's own record: such events may land while a worker
 // drives the run without taking the run from it.
-func (k Kind) Input() bool { return k == ApprovalReceived }
+func (k Kind) Input() bool { return k == ApprovalReceived || k == BudgetRaised }
 
 // Driven reports whether only the worker driving the run (the writer of
 // its latest run_resumed) may append k: every kind but run_created (the
 // first, by the starter or a parent's drive), run_resumed (which opens a
 // drive) and the kinds any writer may append (approval_received,
-// run_cancelled).
+// budget_raised, run_cancelled).
 func (k Kind) Driven() bool {
 	switch k {
-	case RunCreated, RunResumed, RunCancelled, ApprovalReceived:
+	case RunCreated, RunResumed, RunCancelled, ApprovalReceived, BudgetRaised:
 		return false
 	}
 	return true

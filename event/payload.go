@@ -19,6 +19,57 @@ type RunCreatedData struct {
 	TriggerMeta  map[string]any  `json:"trigger_meta,omitempty"`
 	// IdempotencyKey is the start request's key, when the client gave one.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Budget is the run's effective budget: the workflow's policy.budget,
+	// narrowed by the start request, and for a child run by what its
+	// parent had left. Absent: no budget.
+	Budget *Budget `json:"budget,omitempty"`
+	// Anomalies is the run's effective anomaly policy: the settings'
+	// defaults overridden by the workflow's policy.anomalies, by type.
+	// Absent: the built-in defaults (engine.DefaultAnomalies).
+	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
+}
+
+// Budget limits what a run may spend. A zero field sets no limit.
+type Budget struct {
+	MaxCostUSD    float64 `json:"max_cost_usd,omitempty"`
+	MaxTokens     int64   `json:"max_tokens,omitempty"`
+	MaxSteps      int64   `json:"max_steps,omitempty"`
+	MaxDurationMs int64   `json:"max_duration_ms,omitempty"`
+	// WarnAt is the fraction of a limit at which budget_warning is
+	// journaled (0 < warn_at ≤ 1).
+	WarnAt float64 `json:"warn_at,omitempty"`
+	// OnExceed is fail or pause.
+	OnExceed string `json:"on_exceed,omitempty"`
+}
+
+// What a budget does when a limit would be exceeded.
+const (
+	OnExceedFail  = "fail"
+	OnExceedPause = "pause"
+)
+
+// Budget limits, as named in budget_warning and budget_exceeded.
+const (
+	LimitCost     = "max_cost_usd"
+	LimitTokens   = "max_tokens"
+	LimitSteps    = "max_steps"
+	LimitDuration = "max_duration_ms"
+)
+
+// AnomalyRule is one anomaly type's thresholds and action. Which
+// thresholds a type reads is documented with the types (engine).
+type AnomalyRule struct {
+	// Threshold is the main threshold: a count, or for the spikes the
+	// factor over the run's median step.
+	Threshold float64 `json:"threshold,omitempty"`
+	// PerStep is retry_storm's per-step count; Requests runaway_loop's
+	// count of identical LLM requests; Floor the spikes' absolute floor
+	// (USD or tokens).
+	PerStep  float64 `json:"per_step,omitempty"`
+	Requests float64 `json:"requests,omitempty"`
+	Floor    float64 `json:"floor,omitempty"`
+	// Action is record, halt or pause.
+	Action string `json:"action,omitempty"`
 }
 
 // RunResumedData is the payload of run_resumed, appended by a worker each
@@ -99,6 +150,9 @@ type StepFailedData struct {
 	OutcomeUnknown bool `json:"outcome_unknown,omitempty"`
 	// Stderr is the bounded tail of a process step's standard error.
 	Stderr string `json:"stderr,omitempty"`
+	// Usage is what the failed step spent anyway: a subagent step whose
+	// child run failed carries the child's spend.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // StepRetryingData is the payload of step_retrying, journaled between
@@ -118,6 +172,11 @@ const (
 	WaitApproval = "approval"
 	WaitChild    = "child"
 	WaitSignal   = "signal"
+	// WaitBudget parks a run whose budget would be exceeded (on_exceed
+	// pause) until budget_raised; WaitAnomaly parks it at an anomaly whose
+	// action is pause until approval_received for the anomaly's step.
+	WaitBudget  = "budget"
+	WaitAnomaly = "anomaly"
 )
 
 // StepWaitingData is the payload of step_waiting: the run parks until an
@@ -150,12 +209,64 @@ type ChildRunCreatedData struct {
 	Workflow   string `json:"workflow,omitempty"`
 }
 
-// AnomalyDetectedData is the payload of anomaly_detected.
+// Anomaly types.
+const (
+	AnomalyRunawayLoop    = "runaway_loop"
+	AnomalyExcessiveSteps = "excessive_steps"
+	AnomalyRetryStorm     = "retry_storm"
+	AnomalyCostSpike      = "cost_spike"
+	AnomalyTokenSpike     = "token_spike"
+)
+
+// Anomaly actions.
+const (
+	ActionRecord = "record"
+	ActionHalt   = "halt"
+	ActionPause  = "pause"
+)
+
+// AnomalyDetectedData is the payload of anomaly_detected. A run journals
+// each (type, step_id) at most once.
 type AnomalyDetectedData struct {
-	Anomaly   string  `json:"anomaly"` // runaway_loop, excessive_steps, retry_storm, cost_spike, token_spike
-	Value     float64 `json:"value"`
+	Type      string  `json:"type"`
+	Observed  float64 `json:"observed"`
 	Threshold float64 `json:"threshold"`
-	Action    string  `json:"action"` // warn or halt
+	Action    string  `json:"action"`
+	StepID    string  `json:"step_id"`
+	// Detail says what was seen, for people (the tool and its arguments).
+	Detail string `json:"detail,omitempty"`
+}
+
+// BudgetWarningData is the payload of budget_warning, journaled once per
+// limit when the spend reaches warn_at of it.
+type BudgetWarningData struct {
+	Limit  string  `json:"limit"`
+	Spent  float64 `json:"spent"`
+	Max    float64 `json:"max"`
+	StepID string  `json:"step_id,omitempty"`
+}
+
+// BudgetExceededData is the payload of budget_exceeded: the step step_id
+// was not dispatched because spent plus its worst case would pass max.
+// Action is on_exceed: fail or pause.
+type BudgetExceededData struct {
+	Limit  string  `json:"limit"`
+	Spent  float64 `json:"spent"`
+	Max    float64 `json:"max"`
+	StepID string  `json:"step_id,omitempty"`
+	Action string  `json:"action"`
+	// Need is the step's worst case in the limit's unit.
+	Need float64 `json:"need,omitempty"`
+}
+
+// BudgetRaisedData is the payload of budget_raised: an input that adds
+// to a run's limits (and wakes a run paused on its budget).
+type BudgetRaisedData struct {
+	AddUSD    float64 `json:"add_usd,omitempty"`
+	AddTokens int64   `json:"add_tokens,omitempty"`
+	AddSteps  int64   `json:"add_steps,omitempty"`
+	AddMs     int64   `json:"add_ms,omitempty"`
+	By        string  `json:"by"`
 }
 
 // RunSucceededData is the payload of run_succeeded.
@@ -177,6 +288,10 @@ const (
 	// re-driven its node's maxResumes times without completing; Attempts
 	// says how many processes were started for it.
 	CodeProcessResumeExhausted = "process_resume_exhausted"
+	// CodeBudgetExceeded fails a run whose budget (on_exceed fail) would
+	// be exceeded; CodeAnomaly one halted by an anomaly.
+	CodeBudgetExceeded = "budget_exceeded"
+	CodeAnomaly        = "anomaly"
 )
 
 // RunFailedData is the payload of run_failed.

@@ -66,7 +66,7 @@ func workload(t *testing.T, b *bundle) (ending []string) {
 	cancelled := event.NewRunID()
 	b.AppendRaw(t, cancelled, created,
 		ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 1}),
-		ev(event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Anomaly: "cost_spike", Value: 2, Threshold: 1, Action: "warn"}),
+		ev(event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Type: event.AnomalyCostSpike, Observed: 2, Threshold: 1, Action: event.ActionRecord, StepID: "draft"}),
 		ev(event.RunCancelled, "", 0, event.RunCancelledData{Reason: "operator", By: "ops"}))
 
 	queued := event.NewRunID()

@@ -41,6 +41,12 @@ type RunRow struct {
 	// EndedAt is zero while the run has not ended.
 	EndedAt time.Time
 	LastSeq uint64
+	// Budget is the effective budget (event.Budget JSON), nil if none;
+	// StepsSpent the acting steps started; PausedOn the brake the run
+	// is paused on (budget, anomaly), or "".
+	Budget     json.RawMessage
+	StepsSpent int64
+	PausedOn   string
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -155,6 +161,13 @@ func runRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		UpdatedAt:    st.UpdatedAt,
 		EndedAt:      st.EndedAt,
 		LastSeq:      st.LastSeq,
+		StepsSpent:   st.StepsStarted,
+	}
+	if st.Budget != nil {
+		r.Budget, _ = json.Marshal(st.Budget)
+	}
+	if st.Pause != nil && !st.Status.Terminal() {
+		r.PausedOn = st.Pause.Reason
 	}
 	if withBlobs {
 		r.Workflow, r.Input = st.Created.Workflow, st.Created.Input

@@ -39,18 +39,20 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
-  error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq)
+  error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
+  budget, steps_spent, paused_on)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
-  created_at, updated_at, ended_at, last_seq
+  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, '')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
-  $22::timestamptz[], $23::bigint[])
+  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
-  error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq)
+  error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
+  budget, steps_spent, paused_on)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -60,7 +62,8 @@ ON CONFLICT (run_id) DO UPDATE SET
   total_tokens = EXCLUDED.total_tokens, error = EXCLUDED.error, error_code = EXCLUDED.error_code,
   failed_step = EXCLUDED.failed_step, resumes = EXCLUDED.resumes, last_worker = EXCLUDED.last_worker,
   created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, ended_at = EXCLUDED.ended_at,
-  last_seq = EXCLUDED.last_seq
+  last_seq = EXCLUDED.last_seq, budget = EXCLUDED.budget, steps_spent = EXCLUDED.steps_spent,
+  paused_on = EXCLUDED.paused_on
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
@@ -182,7 +185,9 @@ func runColumns(rows []RunRow) []any {
 	var (
 		id, status, name, hash, parent, parentStep = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		errs, code, failed, worker                 = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		wf, input, output                          = make([][]byte, n), make([][]byte, n), make([][]byte, n)
+		wf, input, output, budget                  = make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+		paused                                     = make([]string, n)
+		steps                                      = make([]int64, n)
 		depth, resumes                             = make([]int32, n), make([]int32, n)
 		cost                                       = make([]float64, n)
 		in, out, total, last                       = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
@@ -197,9 +202,10 @@ func runColumns(rows []RunRow) []any {
 		errs[i], code[i], failed[i] = cleanText(r.Error), cleanText(r.ErrorCode), cleanText(r.FailedStep)
 		resumes[i], worker[i] = int32Of(r.Resumes), cleanText(r.LastWorker)
 		created[i], updated[i], ended[i], last[i] = r.CreatedAt, r.UpdatedAt, tstz(r.EndedAt), int64(r.LastSeq)
+		budget[i], steps[i], paused[i] = cleanJSON(r.Budget), r.StepsSpent, cleanText(r.PausedOn)
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
-		errs, code, failed, resumes, worker, created, updated, ended, last}
+		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused}
 }
 
 func stepColumns(rows []StepRow) []any {

@@ -21,9 +21,17 @@ import (
 // to a run's journal (run_created, approval_received, run_cancelled),
 // each with a fenced append, and leaves driving to the workers.
 type Client struct {
-	store *eventstore.Store
-	nc    *nats.Conn
-	reply []string
+	store     *eventstore.Store
+	nc        *nats.Conn
+	reply     []string
+	anomalies map[string]event.AnomalyRule
+}
+
+// WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*,
+// engine.ParseAnomalySettings) that the runs this client starts record
+// under their workflow's own (default: the built-in rules).
+func WithAnomalyDefaults(rules map[string]event.AnomalyRule) Option {
+	return func(c *Client) { c.anomalies = rules }
 }
 
 // Option configures a Client.
@@ -158,6 +166,18 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 		return err
 	}
 	st, err := c.appendInput(ctx, cmd.RunID, "approving step "+cmd.StepID, func(st *engine.RunState) (event.Event, error) {
+		if p := st.Pause; p != nil && p.Reason == event.WaitAnomaly && p.StepID == cmd.StepID && p.Rejected == nil {
+			// The run is paused at an anomaly: the decision is whether it
+			// goes on.
+			decision := event.DecisionReject
+			if cmd.Decision == "approve" {
+				decision = event.DecisionApprove
+			}
+			ev := event.MustNew(event.ApprovalReceived, cmd.StepID, 0, event.ApprovalReceivedData{
+				Decision: decision, Approver: cmd.Approver, Comment: cmd.Comment})
+			ev.WorkerID = cmd.Approver
+			return ev, nil
+		}
 		var node *workflow.Node
 		if st.Workflow != nil {
 			node, _ = engine.NodeForStep(st.Workflow, cmd.StepID)
@@ -188,6 +208,49 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 	}
 	if st.Status == engine.StatusWaiting {
 		return c.store.Enqueue(ctx, cmd.RunID, "approve")
+	}
+	return nil
+}
+
+// RaiseBudget adds to a run's budget: it appends budget_raised (fenced)
+// and wakes the run if it is parked. Only limits the run has grow.
+//
+// Errors: *InputError (nothing to add, or an add to a limit the run does
+// not have), ErrRunNotFound, ErrRunFinished. Nothing is written when it
+// fails.
+func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) error {
+	if err := cmd.Validate(); err != nil {
+		return err
+	}
+	by := cmd.By
+	if by == "" {
+		by = "pal"
+	}
+	st, err := c.appendInput(ctx, cmd.RunID, "raising the budget", func(st *engine.RunState) (event.Event, error) {
+		b := st.Budget
+		if b == nil {
+			return event.Event{}, &InputError{Field: "run_id", Msg: fmt.Sprintf("run %s has no budget to raise", cmd.RunID)}
+		}
+		for _, f := range []struct {
+			field string
+			add   bool
+			limit bool
+		}{{"add_usd", cmd.AddUSD > 0, b.MaxCostUSD > 0}, {"add_tokens", cmd.AddTokens > 0, b.MaxTokens > 0},
+			{"add_steps", cmd.AddSteps > 0, b.MaxSteps > 0}, {"add_ms", cmd.AddMs > 0, b.MaxDurationMs > 0}} {
+			if f.add && !f.limit {
+				return event.Event{}, &InputError{Field: f.field, Msg: fmt.Sprintf("run %s has no such limit to raise", cmd.RunID)}
+			}
+		}
+		ev := event.MustNew(event.BudgetRaised, "", 0, event.BudgetRaisedData{AddUSD: cmd.AddUSD, AddTokens: cmd.AddTokens,
+			AddSteps: cmd.AddSteps, AddMs: cmd.AddMs, By: by})
+		ev.WorkerID = by
+		return ev, nil
+	})
+	if err != nil {
+		return err
+	}
+	if st.Status == engine.StatusWaiting {
+		return c.store.Enqueue(ctx, cmd.RunID, "budget")
 	}
 	return nil
 }

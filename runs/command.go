@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/palrun/pal/workflow"
 )
 
 // Command kinds: the last token of pal.cmd.runs.<kind>.
@@ -15,6 +17,7 @@ const (
 	CmdApprove = "approve"
 	CmdCancel  = "cancel"
 	CmdSignal  = "signal"
+	CmdBudget  = "budget"
 )
 
 // MaxCommandBytes bounds a command body (and REST bodies, and what the
@@ -55,6 +58,9 @@ type StartCommand struct {
 	// the same run, which is created once.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	ReplyTo        string `json:"reply_to,omitempty"`
+	// Budget narrows the workflow's policy.budget for this run (same
+	// shape); a limit over the workflow's is refused, not clamped.
+	Budget *workflow.Budget `json:"budget,omitempty"`
 
 	// TriggerMeta is recorded in run_created (not settable from JSON).
 	TriggerMeta map[string]any `json:"-"`
@@ -81,6 +87,43 @@ type CancelCommand struct {
 	Reason  string `json:"reason,omitempty"`
 	By      string `json:"by,omitempty"`
 	ReplyTo string `json:"reply_to,omitempty"`
+}
+
+// BudgetCommand raises a run's budget: pal.cmd.runs.budget,
+// pal.api.runs.budget, POST /v1/runs/{id}/budget, pal run budget. Each
+// add goes to a limit the run has; a run paused on its budget goes on
+// if the step it stopped at now fits.
+type BudgetCommand struct {
+	RunID     string  `json:"run_id"`
+	AddUSD    float64 `json:"add_usd,omitempty"`
+	AddTokens int64   `json:"add_tokens,omitempty"`
+	AddSteps  int64   `json:"add_steps,omitempty"`
+	AddMs     int64   `json:"add_ms,omitempty"`
+	By        string  `json:"by,omitempty"`
+	ReplyTo   string  `json:"reply_to,omitempty"`
+}
+
+// MaxBudgetAdd bounds one raise of each limit (USD, tokens, steps, ms),
+// so a typo cannot make a budget meaningless.
+const MaxBudgetAdd = 1e12
+
+// Validate checks a budget command.
+func (c *BudgetCommand) Validate() error {
+	if err := checkRunID("run_id", c.RunID); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"add_usd", c.AddUSD}, {"add_tokens", float64(c.AddTokens)}, {"add_steps", float64(c.AddSteps)}, {"add_ms", float64(c.AddMs)}} {
+		if f.v < 0 || f.v > MaxBudgetAdd || f.v != f.v {
+			return &InputError{Field: f.name, Msg: fmt.Sprintf("%v: want a number from 0 to %g (a budget only grows)", f.v, MaxBudgetAdd)}
+		}
+	}
+	if c.AddUSD == 0 && c.AddTokens == 0 && c.AddSteps == 0 && c.AddMs == 0 {
+		return &InputError{Field: "add_usd", Msg: "nothing to add: give add_usd, add_tokens, add_steps or add_ms"}
+	}
+	return checkLen("by", c.By, MaxNameBytes)
 }
 
 // SignalCommand sends a named signal to a run.
@@ -170,12 +213,36 @@ func (c *StartCommand) Validate() error {
 	case c.LLM != nil && hasWF:
 		return &InputError{Field: "llm", Msg: "give either workflow or llm, not both"}
 	case c.LLM != nil:
-		return nil
+		return c.validateBudget()
 	case !hasWF:
 		return &InputError{Field: "workflow", Msg: "required: the workflow graph as a JSON object (or llm for a plain model call)"}
 	}
 	if b := bytes.TrimSpace(c.Workflow); b[0] != '{' {
 		return &InputError{Field: "workflow", Msg: "want a JSON object"}
+	}
+	return c.validateBudget()
+}
+
+// validateBudget checks the request budget's own values (the schema's
+// bounds); NarrowBudget then checks it against the workflow's.
+func (c *StartCommand) validateBudget() error {
+	b := c.Budget
+	if b == nil {
+		return nil
+	}
+	switch {
+	case b.MaxCostUSD < 0 || b.MaxCostUSD > 1e6 || b.MaxCostUSD != b.MaxCostUSD:
+		return &InputError{Field: "budget.maxCostUsd", Msg: "want a number above 0, at most 1000000"}
+	case b.MaxTokens < 0 || b.MaxTokens > 1e12:
+		return &InputError{Field: "budget.maxTokens", Msg: "want a whole number from 1 to 10^12"}
+	case b.MaxSteps < 0 || b.MaxSteps > 1e6:
+		return &InputError{Field: "budget.maxSteps", Msg: "want a whole number from 1 to 1000000"}
+	case b.MaxDurationMs < 0 || b.MaxDurationMs > 31536000000:
+		return &InputError{Field: "budget.maxDurationMs", Msg: "want a whole number of ms from 1 to a year"}
+	case b.WarnAt < 0 || b.WarnAt > 1 || b.WarnAt != b.WarnAt:
+		return &InputError{Field: "budget.warnAt", Msg: "want a fraction above 0, at most 1"}
+	case b.OnExceed != "" && b.OnExceed != "fail" && b.OnExceed != "pause":
+		return &InputError{Field: "budget.onExceed", Msg: fmt.Sprintf("%q: want \"fail\" or \"pause\"", b.OnExceed)}
 	}
 	return nil
 }

@@ -97,7 +97,7 @@ func truncate(s string, n int) string {
 }
 
 // Do carries out one command of the given kind (start, approve, cancel,
-// signal) from its JSON body. key, when not empty, is the transport's
+// budget, signal) from its JSON body. key, when not empty, is the transport's
 // deduplication id (Nats-Msg-Id), used as the start's idempotency key
 // when the body names none; by is the transport's identity of the caller.
 // It returns the answer and the reply subject named in the body, if any;
@@ -145,6 +145,19 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		}
 		err := c.Cancel(ctx, cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
+	case CmdBudget:
+		var cmd BudgetCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		if cmd.By == "" {
+			cmd.By = by
+		}
+		err := c.RaiseBudget(ctx, cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdSignal:
 		var cmd SignalCommand
 		if err := DecodeStrict(body, &cmd); err != nil {
@@ -156,7 +169,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		err := c.Signal(ctx, cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	default:
-		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel or signal)", kind)}
+		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget or signal)", kind)}
 	}
 }
 

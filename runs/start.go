@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/workflow"
@@ -66,9 +67,24 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, er
 	if writer == "" {
 		writer = "pal"
 	}
+	var base *event.Budget
+	if wf.Policy != nil {
+		base = engine.BudgetOf(wf.Policy.Budget)
+	}
+	// The effective budget is journaled: replays and workers read it
+	// from run_created, never from the request or the settings again.
+	budget, err := engine.NarrowBudget(base, engine.BudgetOf(cmd.Budget))
+	if err != nil {
+		var we *engine.WideningError
+		if errors.As(err, &we) {
+			return StartResult{}, &InputError{Field: "budget", Msg: err.Error()}
+		}
+		return StartResult{}, err
+	}
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
-		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey})
+		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
+		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf)})
 	ev.WorkerID = writer
 	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {

@@ -36,7 +36,14 @@ type RunView struct {
 	CreatedAt    string          `json:"created_at"`
 	UpdatedAt    string          `json:"updated_at"`
 	EndedAt      string          `json:"ended_at,omitempty"`
-	Steps        []StepView      `json:"steps"`
+	// Budget is the run's effective budget (its workflow's, narrowed at
+	// start, plus every raise); absent when it has none. Spent is what
+	// the run has spent against it, from the journal; PausedOn the brake
+	// (budget, anomaly) the run waits on.
+	Budget   *event.Budget `json:"budget,omitempty"`
+	Spent    engine.Spend  `json:"spent"`
+	PausedOn string        `json:"paused_on,omitempty"`
+	Steps    []StepView    `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -111,7 +118,14 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 		LastWorker: r.LastWorker, LastSeq: r.LastSeq,
 		Usage:     event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
-		Steps: []StepView{}}
+		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
+		PausedOn: r.PausedOn, Steps: []StepView{}}
+	if len(r.Budget) > 0 && string(r.Budget) != "null" {
+		var b event.Budget
+		if json.Unmarshal(r.Budget, &b) == nil {
+			v.Budget = &b
+		}
+	}
 	// Attempts grouped by step, steps in journal order (the first seq of
 	// their first attempt), attempts by number.
 	rows = slices.Clone(rows)

@@ -76,13 +76,19 @@ print("{}")`})
 		{"id":"work","type":"process","data":{"command":`+string(script)+`,"env":{"PYTHONPATH":"`+sdkPath+`"}}}],
 		"edges":[{"from":"start","to":"work"}]}`, `{}`)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, processed).Kind)
+	// Paused on its budget: one of two steps allowed.
+	paused := b.Start(t, `{"name":"capped","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"tool","data":{"tool":"echo"}},{"id":"b","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}],
+		"policy":{"budget":{"maxSteps":1,"maxCostUsd":0.25,"onExceed":"pause"}}}`, `{}`)
+	b.WaitFor(t, paused, "the budget wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
 
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(ctx))
 
 	views := map[string]*runs.RunView{}
-	for _, id := range []string{retrying, waiting, decided, plain, processed} {
+	for _, id := range []string{retrying, waiting, decided, plain, processed, paused} {
 		fromJournal, err := b.Runs.Get(ctx, id)
 		require.NoError(t, err)
 		d, err := reader.GetRun(ctx, id)
@@ -96,6 +102,12 @@ print("{}")`})
 		require.Equal(t, string(j), string(pg), "byte for byte")
 		views[id] = fromJournal
 	}
+
+	pv := views[paused]
+	require.Equal(t, engine.StatusWaiting, pv.Status)
+	require.Equal(t, event.WaitBudget, pv.PausedOn)
+	require.Equal(t, &event.Budget{MaxSteps: 1, MaxCostUSD: 0.25, OnExceed: event.OnExceedPause}, pv.Budget)
+	require.Equal(t, int64(1), pv.Spent.Steps)
 
 	r := views[retrying]
 	require.Equal(t, engine.StatusRunning, r.Status)

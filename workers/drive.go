@@ -440,6 +440,15 @@ func (d *drive) run() error {
 			if err := d.runStep(a.Plan); err != nil {
 				return err
 			}
+		case engine.Note:
+			// A brake's record (budget_warning, budget_exceeded,
+			// anomaly_detected): journaled with what comes next, and Next
+			// asked again, which now sees it.
+			d.emit(a.Kind, a.StepID, 0, a.Data)
+		case engine.Park:
+			if err := d.park(a); err != nil {
+				return err
+			}
 		default:
 			return fmt.Errorf("run %s: unexpected action %T", d.runID, a)
 		}
@@ -692,11 +701,31 @@ func (d *drive) onConflict(cerr error) error {
 	return fmt.Errorf("%w: %v", errOwnership, cerr)
 }
 
+// park parks the run on a brake: step_waiting with the brake's reason,
+// once; flushing may fold in the input that releases it (a budget_raised,
+// an approval) that came meanwhile, so Next decides again before the
+// drive ends.
+func (d *drive) park(p engine.Park) error {
+	if !p.Waiting {
+		d.log.Info("run paused by its brakes", "reason", p.Reason, "step_id", p.StepID)
+		d.emit(event.StepWaiting, p.StepID, 0, event.StepWaitingData{Reason: p.Reason})
+		return d.flush()
+	}
+	if err := d.flush(); err != nil {
+		return err
+	}
+	return errParked
+}
+
 // wakeable reports whether a waiting run has something to do now: a
 // decision arrived, its wait timed out (Next decides that, at the
 // worker's clock), or the child it waits for can go on or has ended.
 func (d *drive) wakeable() bool {
-	rs, ok := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now()).(engine.RunStep)
+	a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
+	if p, ok := a.(engine.Park); ok {
+		return !p.Waiting
+	}
+	rs, ok := a.(engine.RunStep)
 	if !ok {
 		return true
 	}

@@ -142,8 +142,14 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
 	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
-		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown, Stderr: res.stderr})
+		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown, Stderr: res.stderr, Usage: res.usage})
 	return nil
+}
+
+// settleFailed journals a step that failed after spending usage (a
+// subagent whose child run failed): step_failed carries the spend.
+func (d *drive) settleFailed(p engine.StepPlan, usage *event.Usage, err error, took time.Duration) error {
+	return d.settle(p, stepResult{usage: usage}, err, took)
 }
 
 // runWait journals a waiting step (an approval) with the deadline Next

@@ -51,15 +51,21 @@ func (d *drive) runSubagent(p engine.StepPlan) error {
 	case err != nil:
 		return err
 	}
+	// The child's spend is the parent's: the step carries it, so the
+	// parent's journal alone says what the run spent.
+	var usage *event.Usage
+	if u := child.Usage; u != (event.Usage{}) {
+		usage = &u
+	}
 	switch child.Status {
 	case engine.StatusSucceeded:
 		out := child.Output
 		if len(out) == 0 {
 			out = json.RawMessage("null")
 		}
-		return d.settle(p, stepResult{output: out}, nil, time.Since(start))
+		return d.settle(p, stepResult{output: out, usage: usage}, nil, time.Since(start))
 	case engine.StatusFailed, engine.StatusCancelled:
-		return d.settle(p, stepResult{}, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
+		return d.settleFailed(p, usage, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
 	default:
 		return d.waitForChild(p, string(child.Status))
 	}
@@ -92,10 +98,13 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return permanent("step %s: bad input: %v", p.StepID, err)
 	}
+	// The child draws on what its parent has left of its budget; its
+	// anomaly rules are the settings' and its own workflow's.
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name, Input: in.Input,
 		ParentRunID: d.runID, ParentStepID: p.StepID, Depth: d.st.Created.Depth + 1,
-		TriggerMeta: engine.ChildTriggerMeta(d.st, p.StepID)})
+		TriggerMeta: engine.ChildTriggerMeta(d.st, p.StepID),
+		Budget:      engine.ChildBudget(d.st, wf, d.w.now()), Anomalies: engine.EffectiveAnomalies(d.w.cfg.AnomalyDefaults, wf)})
 	ev.WorkerID = d.w.cfg.ID
 	_, err = d.w.store.Append(d.ctx, p.ChildRunID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/retry"
@@ -60,6 +61,10 @@ type Config struct {
 	// ones a crash left unsigned.
 	Receipts   *receipt.Store
 	SigningKey *receipt.Key
+	// AnomalyDefaults are the settings' anomaly rules (PAL_ANOMALY_*, see
+	// engine.ParseAnomalySettings) recorded in the run_created of the
+	// child runs this worker starts. Nil: the built-in defaults.
+	AnomalyDefaults map[string]event.AnomalyRule
 }
 
 func (c Config) withDefaults() Config {

@@ -105,6 +105,17 @@
 // maxAttempts counts the first try (default 1), classes are any, timeout,
 // llm, connector and tool.
 //
+// # Policy
+//
+// A workflow may carry run-wide brakes under "policy" (Policy):
+// "budget" {maxCostUsd, maxTokens, maxSteps, maxDurationMs, warnAt,
+// onExceed: fail | pause} and "anomalies" {<type>: {threshold, perStep,
+// requests, floor, action: record | halt | pause}} for the types
+// runaway_loop, excessive_steps, retry_storm, cost_spike and token_spike.
+// The engine enforces them (docs/architecture.md §7.8, §7.9); a loop
+// body's policy is ignored, a subagent's workflow's applies to its child
+// run.
+//
 // # Graph
 //
 // Edges go from one node to another and may carry a condition. The graph

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,7 +87,7 @@ func TestValidationErrorProblems(t *testing.T) {
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, "summarise", ve.Workflow)
 	require.Equal(t, []workflow.Problem{
-		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes)"},
+		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes, policy)"},
 		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
 		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
 		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process)"},
@@ -259,5 +260,25 @@ func TestProcessNodeValidation(t *testing.T) {
 		_, err := workflow.Parse([]byte(doc))
 		require.Error(t, err, name)
 		require.Contains(t, err.Error(), tc.want, name)
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	t.Parallel()
+	const base = `{"name":"p","nodes":[{"id":"start","type":"trigger"}],"policy":%s}`
+	wf, err := workflow.Parse([]byte(fmt.Sprintf(base, `{"budget":{"maxCostUsd":1.5,"maxSteps":20,"warnAt":0.5,"onExceed":"pause"},
+		"anomalies":{"runaway_loop":{"threshold":3,"action":"halt"},"cost_spike":{"threshold":4,"floor":0.2}}}`)))
+	require.NoError(t, err)
+	require.Equal(t, &workflow.Budget{MaxCostUSD: 1.5, MaxSteps: 20, WarnAt: 0.5, OnExceed: "pause"}, wf.Policy.Budget)
+	require.Equal(t, workflow.AnomalyRule{Threshold: 3, Action: "halt"}, wf.Policy.Anomalies["runaway_loop"])
+	for _, bad := range []string{
+		`{"budget":{"maxCostUsd":-1}}`, `{"budget":{"maxCostUsd":0}}`, `{"budget":{"warnAt":1.5}}`,
+		`{"budget":{"onExceed":"explode"}}`, `{"budget":{"maxTokens":1.5}}`, `{"budget":{"maxUsd":1}}`,
+		`{"anomalies":{"loopy":{}}}`, `{"anomalies":{"retry_storm":{"action":"panic"}}}`, `{"anomalies":{"retry_storm":{"threshold":0}}}`,
+		`{"other":1}`,
+	} {
+		_, err := workflow.Parse([]byte(fmt.Sprintf(base, bad)))
+		require.ErrorIs(t, err, workflow.ErrInvalid, bad)
+		require.ErrorContains(t, err, "policy", bad)
 	}
 }

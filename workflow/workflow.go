@@ -25,6 +25,8 @@ type Workflow struct {
 	Name  string `json:"name"`
 	Nodes []Node `json:"nodes"`
 	Edges []Edge `json:"edges"`
+	// Policy holds the run-wide brakes (budget, anomalies); nil if none.
+	Policy *Policy `json:"policy,omitempty"`
 
 	// derived by Parse
 	byID     map[string]int
@@ -53,6 +55,32 @@ type Edge struct {
 	From      string `json:"from"`
 	To        string `json:"to"`
 	Condition string `json:"condition,omitempty"`
+}
+
+// Policy is a workflow's policy: the run's budget and anomaly rules.
+type Policy struct {
+	Budget    *Budget                `json:"budget,omitempty"`
+	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
+}
+
+// Budget is policy.budget (and a start request's budget): limits on what
+// one run spends. A zero limit is no limit.
+type Budget struct {
+	MaxCostUSD    float64 `json:"maxCostUsd,omitempty"`
+	MaxTokens     int64   `json:"maxTokens,omitempty"`
+	MaxSteps      int64   `json:"maxSteps,omitempty"`
+	MaxDurationMs int64   `json:"maxDurationMs,omitempty"`
+	WarnAt        float64 `json:"warnAt,omitempty"`
+	OnExceed      string  `json:"onExceed,omitempty"`
+}
+
+// AnomalyRule is policy.anomalies.<type>.
+type AnomalyRule struct {
+	Threshold float64 `json:"threshold,omitempty"`
+	PerStep   float64 `json:"perStep,omitempty"`
+	Requests  float64 `json:"requests,omitempty"`
+	Floor     float64 `json:"floor,omitempty"`
+	Action    string  `json:"action,omitempty"`
 }
 
 // RetryPolicy is node.data.retry. MaxAttempts counts the first try.

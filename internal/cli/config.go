@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
@@ -111,11 +112,16 @@ func (e *env) replicas(cmd *cobra.Command) (int, error) {
 }
 
 // runsClient is the front door over store, with the reply prefixes of
-// PAL_REPLY_PREFIX. Errors name the variable.
+// PAL_REPLY_PREFIX and the anomaly defaults of PAL_ANOMALY_*. Errors name
+// the variable.
 func (e *env) runsClient(store *eventstore.Store) (*runs.Client, error) {
 	prefixes, err := runs.ParseReplyPrefixes(e.getenv("PAL_REPLY_PREFIX"))
 	if err != nil {
 		return nil, err
 	}
-	return runs.New(store, runs.WithReplyPrefixes(prefixes...)), nil
+	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	if err != nil {
+		return nil, err
+	}
+	return runs.New(store, runs.WithReplyPrefixes(prefixes...), runs.WithAnomalyDefaults(anomalies)), nil
 }

@@ -13,9 +13,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
 )
 
 func (e *env) runCmd() *cobra.Command {
@@ -24,7 +26,7 @@ func (e *env) runCmd() *cobra.Command {
 		Short: "Start and inspect runs",
 	}
 	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
-		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
+		e.runApproveCmd(), e.runCancelCmd(), e.runBudgetCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
 	// Signed receipts.
 	cmd.AddCommand(e.runReceiptCmd())
 	return cmd
@@ -50,6 +52,7 @@ cancelled; progress goes to stderr.`,
 	f.Bool("wait", false, "wait for the run to end; exit non-zero unless it succeeded")
 	f.String("run-id", "", "run id to use (letters, digits, '_' and '-'); generated when empty")
 	f.String("idempotency-key", "", "start at most one run for this key")
+	f.String("budget", "", `narrow the workflow's policy.budget for this run, e.g. '{"maxCostUsd":1}' (a wider limit is refused)`)
 	_ = cmd.MarkFlagRequired("workflow")
 	return cmd
 }
@@ -116,14 +119,25 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	key, _ := cmd.Flags().GetString("idempotency-key")
+	var budget *workflow.Budget
+	if b, _ := cmd.Flags().GetString("budget"); b != "" {
+		budget = &workflow.Budget{}
+		if err := runs.DecodeStrict([]byte(b), budget); err != nil {
+			return badInput("--budget: %v (want e.g. '{\"maxCostUsd\":1,\"maxSteps\":20}')", err)
+		}
+	}
+	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	if err != nil {
+		return badInput("%v", err)
+	}
 
 	store, nc, err := e.storeNow(cmd)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	res, err := runs.New(store).Start(ctx, runs.StartCommand{
-		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, By: "pal-cli"})
+	res, err := runs.New(store, runs.WithAnomalyDefaults(anomalies)).Start(ctx, runs.StartCommand{
+		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli"})
 	if err != nil {
 		if errors.Is(err, eventstore.ErrRunExists) || errors.Is(err, eventstore.ErrPayloadTooLarge) {
 			return withCode(ExitBadInput, err)

@@ -130,3 +130,60 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 	fmt.Fprintf(e.stdout, "cancelled run %s\n", runID)
 	return nil
 }
+
+func (e *env) runBudgetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "budget RUN_ID [--add-usd N] [--add-tokens N] [--add-steps N] [--add-ms N] [--by NAME]",
+		Short: "Raise a run's budget (a run paused on it goes on)",
+		Long: `pal run budget appends budget_raised to a run: each --add-* grows a limit the
+run has (its workflow's policy.budget, as narrowed when it started). A run
+paused on its budget (onExceed "pause") is woken and goes on if the step it
+stopped at now fits; otherwise it pauses again.
+
+--json prints {"ok": true, "run_id": "..."} (or {"error", "detail"}).
+
+Exit codes: 0 raised, 2 bad input (nothing to add, a limit the run does not
+have) or the run has ended, 3 unknown run, 4 NATS unreachable.`,
+		Args: cobra.ExactArgs(1),
+		RunE: e.jsonErrors(e.runBudget),
+	}
+	f := cmd.Flags()
+	f.Float64("add-usd", 0, "add to maxCostUsd")
+	f.Int64("add-tokens", 0, "add to maxTokens")
+	f.Int64("add-steps", 0, "add to maxSteps")
+	f.Int64("add-ms", 0, "add to maxDurationMs")
+	f.String("by", "pal-cli", "who raises it (recorded in budget_raised)")
+	addJSONFlag(cmd, `print {"ok": true, "run_id": "..."} as JSON`)
+	return cmd
+}
+
+func (e *env) runBudget(cmd *cobra.Command, args []string) error {
+	ctx := cmd.Context()
+	runID := args[0]
+	if err := event.ValidateRunID(runID); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	f := cmd.Flags()
+	usd, _ := f.GetFloat64("add-usd")
+	tokens, _ := f.GetInt64("add-tokens")
+	steps, _ := f.GetInt64("add-steps")
+	ms, _ := f.GetInt64("add-ms")
+	by, _ := f.GetString("by")
+	c := runs.BudgetCommand{RunID: runID, AddUSD: usd, AddTokens: tokens, AddSteps: steps, AddMs: ms, By: by}
+	if err := c.Validate(); err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	store, nc, err := e.storeNow(cmd)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := runs.New(store, runs.WithConn(nc)).RaiseBudget(ctx, c); err != nil {
+		return workersError(err)
+	}
+	if jsonFlag(cmd) {
+		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
+	}
+	fmt.Fprintf(e.stdout, "raised the budget of run %s\n", runID)
+	return nil
+}

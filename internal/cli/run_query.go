@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
@@ -185,6 +186,9 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
 	u := v.Usage
 	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), $%.6f\n", u.TotalTokens, u.InputTokens, u.OutputTokens, u.CostUSD)
+	if b := v.Budget; b != nil {
+		fmt.Fprintf(tw, "Budget\t%s\n", budgetLine(b, v.Spent, v.PausedOn))
+	}
 	if len(v.Input) > 0 {
 		fmt.Fprintf(tw, "Input\t%s\n", truncate(string(v.Input), 100))
 	}
@@ -496,4 +500,31 @@ func notable(k event.Kind) bool {
 		return true
 	}
 	return false
+}
+
+// budgetLine renders a run's limits with what it spent of each: "$0.0021
+// of $0.0030, 5 of 10 steps (on exceed: pause; paused)".
+func budgetLine(b *event.Budget, sp engine.Spend, paused string) string {
+	var parts []string
+	if b.MaxCostUSD > 0 {
+		parts = append(parts, fmt.Sprintf("$%.4f of $%.4f", sp.CostUSD, b.MaxCostUSD))
+	}
+	if b.MaxTokens > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d tokens", sp.Tokens, b.MaxTokens))
+	}
+	if b.MaxSteps > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d steps", sp.Steps, b.MaxSteps))
+	}
+	if b.MaxDurationMs > 0 {
+		parts = append(parts, fmt.Sprintf("at most %s", fmtDuration(time.Duration(b.MaxDurationMs)*time.Millisecond)))
+	}
+	onExceed := b.OnExceed
+	if onExceed == "" {
+		onExceed = event.OnExceedFail
+	}
+	tail := "on exceed: " + onExceed
+	if paused != "" {
+		tail += "; paused on " + paused
+	}
+	return strings.Join(parts, ", ") + " (" + tail + ")"
 }

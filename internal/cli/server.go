@@ -15,9 +15,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
+	"github.com/palrun/pal/runs"
 )
 
 func (e *env) serverCmd() *cobra.Command {
@@ -78,6 +81,8 @@ type restConfig struct {
 	keys *receipt.Keys
 	// metricsOpen: PAL_METRICS_OPEN=1, /metrics needs no token.
 	metricsOpen bool
+	// anomalies are the PAL_ANOMALY_* defaults the runs it starts record.
+	anomalies map[string]event.AnomalyRule
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -86,6 +91,10 @@ type restConfig struct {
 // serves but refuses every /v1 request.
 func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
 	var rc restConfig
+	var err error
+	if rc.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+		return rc, badInput("%v", err)
+	}
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
 	host, port, err := net.SplitHostPort(rc.addr)
 	if err != nil || port == "" {
@@ -132,7 +141,7 @@ func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 // is the Postgres projection (GET /v1/runs and /readyz).
 func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
 	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys,
-		MetricsOpen: rc.metricsOpen}
+		MetricsOpen: rc.metricsOpen, Client: runs.New(store, runs.WithConn(nc), runs.WithAnomalyDefaults(rc.anomalies))}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {

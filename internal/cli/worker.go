@@ -16,6 +16,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/projections"
@@ -204,7 +205,12 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress}
+	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	if err != nil {
+		return fail(withCode(ExitBadInput, err))
+	}
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+		AnomalyDefaults: anomalies}
 	var receipts *receipt.Store
 	if wc.keys != nil {
 		if receipts, err = receipt.Open(ctx, js, store); err != nil {

@@ -1,0 +1,70 @@
+package runs_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
+)
+
+// A durable pal.cmd.runs.budget raises a paused run's budget, and the run
+// goes on; the bounds of the command are checked before anything is
+// written.
+func TestBudgetCommandRaisesAPausedRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal([]byte(echoChain(3)), &m))
+	m["policy"] = json.RawMessage(`{"budget":{"maxSteps":3,"onExceed":"pause"}}`)
+	wf, err := json.Marshal(m)
+	require.NoError(t, err)
+
+	_, err = b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{MaxSteps: 4}})
+	var ie *runs.InputError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "budget", ie.Field)
+	_, err = b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{WarnAt: 2}})
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "budget.warnAt", ie.Field)
+
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{MaxSteps: 2}})
+	require.NoError(t, err)
+	runID := res.RunID
+	created := data[event.RunCreatedData](t, b.Events(t, runID)[0])
+	require.Equal(t, &event.Budget{MaxSteps: 2, OnExceed: event.OnExceedPause}, created.Budget)
+	require.Equal(t, engine.DefaultAnomalies, created.Anomalies)
+
+	b.worker(t, "w1", nil)
+	b.WaitFor(t, runID, "the budget wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	for _, bad := range []runs.BudgetCommand{
+		{RunID: runID},
+		{RunID: runID, AddSteps: -1},
+		{RunID: runID, AddUSD: 1}, // the run has no cost limit
+		{RunID: "a.b", AddSteps: 1},
+	} {
+		require.ErrorAs(t, b.Runs.RaiseBudget(ctx, bad), &ie, "%+v", bad)
+	}
+	require.ErrorIs(t, b.Runs.RaiseBudget(ctx, runs.BudgetCommand{RunID: "run_nope", AddSteps: 1}), eventstore.ErrRunNotFound)
+	require.Empty(t, find(b.Events(t, runID), event.BudgetRaised, ""), "nothing written")
+
+	b.commands(t)
+	_, err = b.JS.Publish(ctx, "pal.cmd.runs.budget", []byte(`{"run_id":"`+runID+`","add_steps":1,"by":"ops"}`))
+	require.NoError(t, err)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	raised := find(b.Events(t, runID), event.BudgetRaised, "")
+	require.Len(t, raised, 1)
+	require.Equal(t, "ops", raised[0].WorkerID)
+	v, err := b.Runs.Get(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), v.Budget.MaxSteps)
+	require.Equal(t, int64(3), v.Spent.Steps)
+	require.ErrorIs(t, b.Runs.RaiseBudget(ctx, runs.BudgetCommand{RunID: runID, AddSteps: 1}), runs.ErrRunFinished)
+}
