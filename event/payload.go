@@ -51,6 +51,9 @@ type Usage struct {
 	OutputTokens int64   `json:"output_tokens"`
 	TotalTokens  int64   `json:"total_tokens"`
 	CostUSD      float64 `json:"cost_usd"`
+	// CostUnknown: a model the price table does not know was used, so
+	// CostUSD counts nothing for it (it is not a price of 0).
+	CostUnknown bool `json:"cost_unknown,omitempty"`
 }
 
 // Add accumulates u2 into u.
@@ -59,6 +62,7 @@ func (u *Usage) Add(u2 Usage) {
 	u.OutputTokens += u2.OutputTokens
 	u.TotalTokens += u2.TotalTokens
 	u.CostUSD += u2.CostUSD
+	u.CostUnknown = u.CostUnknown || u2.CostUnknown
 }
 
 // Delivery outcomes recorded in step_completed for connector steps.
@@ -107,6 +111,10 @@ type StepRetryingData struct {
 	Error   string `json:"error"`
 	Class   string `json:"class"`
 	DelayMs int64  `json:"delay_ms"`
+	// RetryAfterMs is the wait the provider asked for (Retry-After or its
+	// rate-limit reset headers), when it asked; DelayMs is that wait within
+	// the worker's cap (PAL_RETRY_AFTER_MAX).
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }
 
 // Wait reasons for step_waiting.

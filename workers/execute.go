@@ -90,13 +90,14 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 		return nil
 	}
 	f := classify(p.NodeType, err)
-	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.unknown)
+	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.sameKey())
 	msg := redact.String(err.Error()) // what is journaled and logged keeps no URL's secrets
 	if retry {
-		delay := retryDelay(p.Node.Retry(), p.Tries+1)
+		delay, asked := retryWait(p.Node.Retry(), p.Tries+1, f, d.w.cfg.RetryAfterMax)
 		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", msg, "delay", delay)
 		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
-			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds()})
+			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds(),
+			RetryAfterMs: asked.Milliseconds()})
 		return d.flush()
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
@@ -184,9 +185,7 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	}
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
 		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key}
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultLLMTimeout))
-	defer cancel()
-	resp, err := prov.Complete(ctx, req)
+	resp, err := d.complete(prov, req, p.TimeoutMs)
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -199,8 +198,7 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if model == "" {
 		model = in.Model
 	}
-	u := &event.Usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens,
-		TotalTokens: resp.Usage.InputTokens + resp.Usage.OutputTokens, CostUSD: provider.Cost(model, resp.Usage)}
+	u := usageOf(model, resp.Usage)
 	return stepResult{output: out, usage: u}, nil
 }
 
@@ -285,4 +283,27 @@ func deliveryResult(delivery string, status int) (stepResult, error) {
 		return stepResult{}, err
 	}
 	return stepResult{output: b, delivery: delivery}, nil
+}
+
+// usageOf is the journaled usage of one call to model. A model the price
+// table does not know is marked cost_unknown rather than priced at 0.
+func usageOf(model string, pu provider.Usage) *event.Usage {
+	_, _, priced := provider.PriceOf(model)
+	return &event.Usage{InputTokens: pu.InputTokens, OutputTokens: pu.OutputTokens,
+		TotalTokens: pu.InputTokens + pu.OutputTokens, CostUSD: provider.Cost(model, pu), CostUnknown: !priced}
+}
+
+// complete sends one model call once a concurrency slot for its provider
+// and model is free (PAL_PROVIDER_CONCURRENCY). Waiting for a slot is not
+// part of the call's timeout and not a failure: it ends only with the
+// drive (a lost lease, a shutdown).
+func (d *drive) complete(prov provider.Provider, req provider.Request, timeoutMs int) (*provider.Response, error) {
+	release, err := d.w.slots.acquire(d.ctx, prov.Name(), req.Model)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(timeoutMs, defaultLLMTimeout))
+	defer cancel()
+	return prov.Complete(ctx, req)
 }

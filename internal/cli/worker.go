@@ -76,6 +76,11 @@ type workerConfig struct {
 	durability  string
 	replicas    int
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
+	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
+	retryAfterMax time.Duration
+	// providerConcurrency limits model calls in flight
+	// (PAL_PROVIDER_CONCURRENCY).
+	providerConcurrency map[string]int
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -101,6 +106,18 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	if wc.egress, err = egress.Parse(e.getenv(egress.EnvAllow)); err != nil {
 		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.retryAfterMax, err = e.durationSetting(cmd, "", workers.EnvRetryAfterMax, workers.DefaultRetryAfterMax, time.Millisecond); err != nil {
+		return wc, err
+	}
+	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	if path := e.getenv(provider.EnvPrices); path != "" {
+		// Prices change: a file of one's own overrides the embedded table.
+		if err := provider.LoadPrices(path); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
 	}
 	return wc, nil
 }
@@ -185,7 +202,8 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress},
+	w := workers.New(workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+		RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency},
 		store, leases, providers, connectors(wc.egress))
 	if err := w.Start(ctx); err != nil {
 		return fail(err)
