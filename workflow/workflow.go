@@ -24,6 +24,8 @@ type Workflow struct {
 	Name  string `json:"name"`
 	Nodes []Node `json:"nodes"`
 	Edges []Edge `json:"edges"`
+	// Policy is the run policy (policy.confidenceGate); nil when unset.
+	Policy *Policy `json:"policy,omitempty"`
 
 	// derived by Parse
 	byID     map[string]int
@@ -108,6 +110,8 @@ type AIStepData struct {
 	Temperature *float64     `json:"temperature,omitempty"`
 	TimeoutMs   int          `json:"timeoutMs,omitempty"`
 	Retry       *RetryPolicy `json:"retry,omitempty"`
+	// Confidence gates the answer (Node.Confidence).
+	Confidence *ConfidenceGate `json:"confidence,omitempty"`
 }
 
 // ToolData is the data of a tool node: a Go function registered on the
