@@ -116,6 +116,12 @@ type Step struct {
 	DurationMs int64
 	// Attempts holds every attempt, in order.
 	Attempts []*Attempt
+	// Confidence is the journaled score of a gated step's attempt
+	// (confidence_evaluated); nil when none was journaled.
+	Confidence *Confidence
+	// BypassedAttempt is the attempt whose gate was bypassed
+	// (confidence_gate_bypassed), 0 for none.
+	BypassedAttempt int
 
 	outVal  any
 	decoded bool
@@ -149,6 +155,21 @@ func (s *Step) OutputValue() any {
 		s.decoded = true
 	}
 	return s.outVal
+}
+
+// Confidence is the confidence_evaluated of one attempt of a step.
+type Confidence struct {
+	Attempt int
+	event.ConfidenceEvaluatedData
+}
+
+// ConfidenceOf returns the journaled score of the step's current attempt,
+// or nil.
+func (s *Step) ConfidenceOf() *Confidence {
+	if s.Confidence == nil || s.Confidence.Attempt != s.Attempt {
+		return nil
+	}
+	return s.Confidence
 }
 
 // RunState is the folded state of a run.
@@ -443,8 +464,22 @@ func (st *RunState) apply(ev event.Event) error {
 		if _, ok := st.Decisions[ev.StepID]; !ok {
 			st.Decisions[ev.StepID] = d
 		}
-	case event.AnomalyDetected, event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
-		// Recorded in the journal; they do not change the run's state.
+	case event.ConfidenceEvaluated:
+		var d event.ConfidenceEvaluatedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		// A score describes an attempt that started; one of no step is
+		// only recorded.
+		if s, ok := st.Steps[ev.StepID]; ok {
+			s.Confidence = &Confidence{Attempt: ev.Attempt, ConfidenceEvaluatedData: d}
+		}
+	case event.ConfidenceGateBypassed:
+		if s, ok := st.Steps[ev.StepID]; ok {
+			s.BypassedAttempt = ev.Attempt
+		}
+	case event.AnomalyDetected:
+		// Recorded in the journal; it does not change the run's state.
 	default:
 		return fmt.Errorf("run %s: unknown event kind %q at seq %d", ev.RunID, ev.Kind, ev.Seq)
 	}

@@ -88,6 +88,9 @@ const (
 	ClassLLM       = "llm"
 	ClassConnector = "connector"
 	ClassTool      = "tool"
+	// ClassConfidence is the class of a step whose answer scored below its
+	// confidence gate's min (not a retry class: onLow "retry" retries it).
+	ClassConfidence = "confidence"
 )
 
 // StepFailedData is the payload of step_failed: the attempt failed and will
@@ -162,6 +165,32 @@ type AnomalyDetectedData struct {
 	Action    string  `json:"action"` // warn or halt
 }
 
+// ConfidenceEvaluatedData is the payload of confidence_evaluated: the score
+// of one attempt of a gated step, computed once. Output and Usage are the
+// step's answer (with output.confidence) and the usage of its calls (the
+// judge's included): what the step completes with once the gate lets it,
+// so that no call is made again after the score is journaled.
+type ConfidenceEvaluatedData struct {
+	Score  float64         `json:"score"`
+	Min    float64         `json:"min"`
+	Passed bool            `json:"passed"`
+	Source string          `json:"source"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Usage  *Usage          `json:"usage,omitempty"`
+}
+
+// ConfidenceGateBypassedData is the payload of confidence_gate_bypassed:
+// a step's gate was let through by an approver accepting a low score, or
+// not applied because the workflow's policy turns gates off (By "policy").
+type ConfidenceGateBypassedData struct {
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+}
+
+// BypassedByPolicy is ConfidenceGateBypassedData.By for a gate that
+// policy.confidenceGate "off" turned off.
+const BypassedByPolicy = "policy"
+
 // RunSucceededData is the payload of run_succeeded.
 type RunSucceededData struct {
 	Output json.RawMessage `json:"output"`
@@ -174,6 +203,9 @@ const (
 	CodeCrashLoop       = "crash_loop"
 	CodeDepthExceeded   = "depth_exceeded"
 	CodeInternal        = "internal"
+	// CodeLowConfidence fails a run at a step whose answer scored below its
+	// confidence gate (onLow fail, a rejected approval, retries used up).
+	CodeLowConfidence = "low_confidence"
 	// CodeJournalCorrupt fails a run whose journal does not verify
 	// (Chain); the run_failed carries the first bad seq and the reason.
 	CodeJournalCorrupt = "journal_corrupt"

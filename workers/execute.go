@@ -12,6 +12,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 // Default step timeouts when a node sets none.
@@ -26,6 +27,11 @@ type stepResult struct {
 	output   json.RawMessage
 	usage    *event.Usage
 	delivery string
+	// confidence is the score of a gated LLM step's answer: journaled
+	// before anything else, its verdict is then planned like a replay's.
+	confidence *event.ConfidenceEvaluatedData
+	// final: an LLM answer with no tool calls (an agent's last turn).
+	final bool
 }
 
 // runStep executes one planned step and journals its outcome.
@@ -42,6 +48,9 @@ func (d *drive) runStep(p engine.StepPlan) error {
 	}
 	if p.Wait != nil {
 		return d.runWait(p)
+	}
+	if p.Gate != nil {
+		return d.runGate(p)
 	}
 	if p.Exec == engine.ExecSubagent {
 		return d.runSubagent(p)
@@ -84,7 +93,16 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 			err = ferr // journaling it would fail on every try: the step fails
 		}
 	}
+	if err == nil && res.confidence != nil {
+		// Scored once: the verdict is the engine's, from the journal.
+		d.emit(event.ConfidenceEvaluated, p.StepID, p.Attempt, *res.confidence)
+		return d.flush()
+	}
 	if err == nil {
+		if p.GateOff && res.final {
+			d.emit(event.ConfidenceGateBypassed, p.StepID, p.Attempt, event.ConfidenceGateBypassedData{
+				By: event.BypassedByPolicy, Reason: "the workflow's policy.confidenceGate is off"})
+		}
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
 			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery})
 		return nil
@@ -183,14 +201,11 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
+	gate := p.Confidence
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key}
+		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key,
+		Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
 	resp, err := d.complete(prov, req, p.TimeoutMs)
-	if err != nil {
-		return stepResult{}, err
-	}
-	out, err := json.Marshal(engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID})
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -199,7 +214,28 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 		model = in.Model
 	}
 	u := usageOf(model, resp.Usage)
-	return stepResult{output: out, usage: u}, nil
+	llm := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
+		ToolCalls: resp.ToolCalls, ID: resp.ID}
+	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
+	if gate != nil && res.final {
+		score, judged, err := d.score(p, gate, resp)
+		if err != nil {
+			return stepResult{}, err
+		}
+		if judged != nil {
+			u.Add(*judged)
+		}
+		llm.Confidence = &score
+		res.confidence = &event.ConfidenceEvaluatedData{Score: score, Min: gate.Min, Passed: score >= gate.Min,
+			Source: gate.Source, Usage: u}
+	}
+	if res.output, err = json.Marshal(llm); err != nil {
+		return stepResult{}, err
+	}
+	if res.confidence != nil {
+		res.confidence.Output = res.output
+	}
+	return res, nil
 }
 
 func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
