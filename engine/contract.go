@@ -67,6 +67,9 @@ type LLMOutput struct {
 	FinishReason string              `json:"finish_reason,omitempty"`
 	ToolCalls    []provider.ToolCall `json:"tool_calls,omitempty"`
 	ID           string              `json:"id,omitempty"`
+	// Confidence is the answer's score under the node's confidence gate
+	// (steps.<id>.output.confidence); absent when it has none.
+	Confidence *float64 `json:"confidence,omitempty"`
 }
 
 // ConnectorOutput is the output of a connector step: how the delivery
@@ -129,4 +132,7 @@ type AgentInput struct {
 type AgentOutput struct {
 	Text  string `json:"text"`
 	Turns int    `json:"turns"`
+	// Confidence is the final answer's score under the agent's confidence
+	// gate; absent when it has none.
+	Confidence *float64 `json:"confidence,omitempty"`
 }

@@ -104,6 +104,16 @@ type StepPlan struct {
 	// Resumes counts the drives that found this process step's attempt
 	// running: its earlier processes did not finish (PAL_RESUME).
 	Resumes int
+	// Confidence is the confidence gate of an LLM step that has not been
+	// scored yet: the worker scores its answer and journals
+	// confidence_evaluated. Nil for steps of ungated nodes.
+	Confidence *workflow.ConfidenceGate
+	// GateOff: the node has a gate, and the workflow's policy turns it
+	// off: the worker journals confidence_gate_bypassed (once).
+	GateOff bool
+	// Gate is set for a gated step whose score is journaled: what is left
+	// is its verdict (with Wait set while it waits for an approver).
+	Gate *GatePlan
 }
 
 // WaitPlan describes a step that waits. A wait whose time is up is not
@@ -221,7 +231,7 @@ nodes:
 				continue
 			case StepFailed:
 				sid := stepID.String()
-				return Fail{Code: event.CodeStepFailed, StepID: sid,
+				return Fail{Code: failCode(s), StepID: sid,
 					Error: fmt.Sprintf("step %s failed: %s", sid, s.Error)}, nil
 			}
 		}
@@ -300,7 +310,10 @@ func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 		p.Input = in
 	}
 	switch node.Type {
-	case workflow.TypeAIStep, workflow.TypeTool, workflow.TypeConnector:
+	case workflow.TypeAIStep:
+		p.TimeoutMs = nodeTimeout(node)
+		gateStep(st, node, &p)
+	case workflow.TypeTool, workflow.TypeConnector:
 		p.TimeoutMs = nodeTimeout(node)
 	case workflow.TypeProcess:
 		d, err := node.Process()
@@ -509,10 +522,11 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 		ts := st.Steps[tid]
 		if ts == nil || ts.Status != StepCompleted {
 			if ts != nil && ts.Status == StepFailed {
-				return Fail{Code: event.CodeStepFailed, StepID: tid, Error: fmt.Sprintf("step %s failed: %s", tid, ts.Error)}
+				return Fail{Code: failCode(ts), StepID: tid, Error: fmt.Sprintf("step %s failed: %s", tid, ts.Error)}
 			}
 			p := basePlan(st, node, tid, ExecLLM)
 			p.TimeoutMs = d.TimeoutMs
+			gateStep(st, node, &p)
 			if p.Input == nil {
 				p.Input, _ = json.Marshal(AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs,
 					Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature})
@@ -526,7 +540,7 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
 			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
-			p.Output, _ = json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1})
+			p.Output, _ = json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence})
 			p.Pure = true
 			return RunStep{Plan: p}
 		}
@@ -606,4 +620,22 @@ func RetryDecision(plan StepPlan, classes []string, retryable, unknown bool) (re
 		return true, plan.Attempt, of
 	}
 	return true, plan.Attempt + 1, of
+}
+
+// gateStep fills the confidence gate of p, an LLM step of node: the gate
+// to score it with, the verdict of its journaled score, or (the run's
+// policy turns gates off) that it is bypassed.
+func gateStep(st *RunState, node *workflow.Node, p *StepPlan) {
+	g := node.Confidence()
+	if g == nil {
+		return
+	}
+	if st.Workflow.GateOff() {
+		s := st.Steps[p.StepID]
+		p.GateOff = s == nil || s.BypassedAttempt != p.Attempt
+		return
+	}
+	if !planGate(st, g, p) {
+		p.Confidence = g
+	}
 }

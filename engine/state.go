@@ -141,6 +141,12 @@ type Step struct {
 	// Resumes counts the drives (run_resumed) that found this process
 	// step's attempt running: processes that did not finish.
 	Resumes int
+	// Confidence is the journaled score of a gated step's attempt
+	// (confidence_evaluated); nil when none was journaled.
+	Confidence *Confidence
+	// BypassedAttempt is the attempt whose gate was bypassed
+	// (confidence_gate_bypassed), 0 for none.
+	BypassedAttempt int
 
 	outVal  any
 	decoded bool
@@ -174,6 +180,21 @@ func (s *Step) OutputValue() any {
 		s.decoded = true
 	}
 	return s.outVal
+}
+
+// Confidence is the confidence_evaluated of one attempt of a step.
+type Confidence struct {
+	Attempt int
+	event.ConfidenceEvaluatedData
+}
+
+// ConfidenceOf returns the journaled score of the step's current attempt,
+// or nil.
+func (s *Step) ConfidenceOf() *Confidence {
+	if s.Confidence == nil || s.Confidence.Attempt != s.Attempt {
+		return nil
+	}
+	return s.Confidence
 }
 
 // RunState is the folded state of a run.
@@ -539,8 +560,20 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 	case event.AnomalyDetected, event.BudgetWarning, event.BudgetExceeded, event.BudgetRaised:
 		return st.applyBrake(ev)
-	case event.ConfidenceEvaluated, event.ConfidenceGateBypassed:
-		// Recorded in the journal; they do not change the run's state.
+	case event.ConfidenceEvaluated:
+		var d event.ConfidenceEvaluatedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		// A score describes an attempt that started; one of no step is
+		// only recorded.
+		if s, ok := st.Steps[ev.StepID]; ok {
+			s.Confidence = &Confidence{Attempt: ev.Attempt, ConfidenceEvaluatedData: d}
+		}
+	case event.ConfidenceGateBypassed:
+		if s, ok := st.Steps[ev.StepID]; ok {
+			s.BypassedAttempt = ev.Attempt
+		}
 	default:
 		return fmt.Errorf("run %s: unknown event kind %q at seq %d", ev.RunID, ev.Kind, ev.Seq)
 	}

@@ -102,6 +102,9 @@ type Usage struct {
 	OutputTokens int64   `json:"output_tokens"`
 	TotalTokens  int64   `json:"total_tokens"`
 	CostUSD      float64 `json:"cost_usd"`
+	// CostUnknown: a model the price table does not know was used, so
+	// CostUSD counts nothing for it (it is not a price of 0).
+	CostUnknown bool `json:"cost_unknown,omitempty"`
 }
 
 // Add accumulates u2 into u.
@@ -110,6 +113,7 @@ func (u *Usage) Add(u2 Usage) {
 	u.OutputTokens += u2.OutputTokens
 	u.TotalTokens += u2.TotalTokens
 	u.CostUSD += u2.CostUSD
+	u.CostUnknown = u.CostUnknown || u2.CostUnknown
 }
 
 // Delivery outcomes recorded in step_completed for connector steps.
@@ -137,6 +141,9 @@ const (
 	ClassLLM       = "llm"
 	ClassConnector = "connector"
 	ClassTool      = "tool"
+	// ClassConfidence is the class of a step whose answer scored below its
+	// confidence gate's min (not a retry class: onLow "retry" retries it).
+	ClassConfidence = "confidence"
 )
 
 // StepFailedData is the payload of step_failed: the attempt failed and will
@@ -165,6 +172,10 @@ type StepRetryingData struct {
 	Error   string `json:"error"`
 	Class   string `json:"class"`
 	DelayMs int64  `json:"delay_ms"`
+	// RetryAfterMs is the wait the provider asked for (Retry-After or its
+	// rate-limit reset headers), when it asked; DelayMs is that wait within
+	// the worker's cap (PAL_RETRY_AFTER_MAX).
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }
 
 // Wait reasons for step_waiting.
@@ -269,6 +280,32 @@ type BudgetRaisedData struct {
 	By        string  `json:"by"`
 }
 
+// ConfidenceEvaluatedData is the payload of confidence_evaluated: the score
+// of one attempt of a gated step, computed once. Output and Usage are the
+// step's answer (with output.confidence) and the usage of its calls (the
+// judge's included): what the step completes with once the gate lets it,
+// so that no call is made again after the score is journaled.
+type ConfidenceEvaluatedData struct {
+	Score  float64         `json:"score"`
+	Min    float64         `json:"min"`
+	Passed bool            `json:"passed"`
+	Source string          `json:"source"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Usage  *Usage          `json:"usage,omitempty"`
+}
+
+// ConfidenceGateBypassedData is the payload of confidence_gate_bypassed:
+// a step's gate was let through by an approver accepting a low score, or
+// not applied because the workflow's policy turns gates off (By "policy").
+type ConfidenceGateBypassedData struct {
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+}
+
+// BypassedByPolicy is ConfidenceGateBypassedData.By for a gate that
+// policy.confidenceGate "off" turned off.
+const BypassedByPolicy = "policy"
+
 // RunSucceededData is the payload of run_succeeded.
 type RunSucceededData struct {
 	Output json.RawMessage `json:"output"`
@@ -281,6 +318,9 @@ const (
 	CodeCrashLoop       = "crash_loop"
 	CodeDepthExceeded   = "depth_exceeded"
 	CodeInternal        = "internal"
+	// CodeLowConfidence fails a run at a step whose answer scored below its
+	// confidence gate (onLow fail, a rejected approval, retries used up).
+	CodeLowConfidence = "low_confidence"
 	// CodeJournalCorrupt fails a run whose journal does not verify
 	// (Chain); the run_failed carries the first bad seq and the reason.
 	CodeJournalCorrupt = "journal_corrupt"

@@ -27,6 +27,8 @@ type RunRow struct {
 	ParentStepID string
 	Depth        int
 	CostUSD      float64
+	// CostUnknown: a step used a model the price table does not know.
+	CostUnknown  bool
 	InputTokens  int64
 	OutputTokens int64
 	TotalTokens  int64
@@ -68,6 +70,7 @@ type StepRow struct {
 	InputTokens  int64
 	OutputTokens int64
 	CostUSD      float64
+	CostUnknown  bool
 	Delivery     string
 	StartedAt    time.Time
 	EndedAt      time.Time
@@ -149,6 +152,7 @@ func runRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		ParentStepID: st.Created.ParentStepID,
 		Depth:        st.Created.Depth,
 		CostUSD:      st.Usage.CostUSD,
+		CostUnknown:  st.Usage.CostUnknown,
 		InputTokens:  st.Usage.InputTokens,
 		OutputTokens: st.Usage.OutputTokens,
 		TotalTokens:  st.Usage.TotalTokens,
@@ -204,6 +208,7 @@ func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 	}
 	if a.Usage != nil {
 		r.InputTokens, r.OutputTokens, r.CostUSD = a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CostUSD
+		r.CostUnknown = a.Usage.CostUnknown
 	}
 	return r
 }

@@ -40,19 +40,19 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on)
+  budget, steps_spent, paused_on, cost_unknown)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
-  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, '')
+  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
-  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[])
+  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on)
+  budget, steps_spent, paused_on, cost_unknown)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -63,21 +63,21 @@ ON CONFLICT (run_id) DO UPDATE SET
   failed_step = EXCLUDED.failed_step, resumes = EXCLUDED.resumes, last_worker = EXCLUDED.last_worker,
   created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, ended_at = EXCLUDED.ended_at,
   last_seq = EXCLUDED.last_seq, budget = EXCLUDED.budget, steps_spent = EXCLUDED.steps_spent,
-  paused_on = EXCLUDED.paused_on
+  paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown)
 SELECT run_id, step_id, attempt, NULLIF(node_id, ''), NULLIF(node_type, ''), status, input, output,
   NULLIF(error, ''), NULLIF(error_class, ''), NULLIF(idempotency_key, ''), tries, input_tokens, output_tokens,
-  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps
+  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown
 FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[],
   $9::text[], $10::text[], $11::text[], $12::integer[], $13::bigint[], $14::bigint[], $15::float8[], $16::text[],
-  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[], $23::jsonb[])
+  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[], $23::jsonb[], $24::boolean[])
   AS u(run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown)
 ON CONFLICT (run_id, step_id, attempt) DO UPDATE SET
   node_id = EXCLUDED.node_id, node_type = EXCLUDED.node_type, status = EXCLUDED.status,
   input = EXCLUDED.input, output = EXCLUDED.output, error = EXCLUDED.error, error_class = EXCLUDED.error_class,
@@ -85,7 +85,7 @@ ON CONFLICT (run_id, step_id, attempt) DO UPDATE SET
   output_tokens = EXCLUDED.output_tokens, cost_usd = EXCLUDED.cost_usd, delivery = EXCLUDED.delivery,
   started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at, duration_ms = EXCLUDED.duration_ms,
   last_seq = EXCLUDED.last_seq, first_seq = EXCLUDED.first_seq, waiting_at = EXCLUDED.waiting_at,
-  substeps = EXCLUDED.substeps
+  substeps = EXCLUDED.substeps, cost_unknown = EXCLUDED.cost_unknown
 WHERE s.last_seq < EXCLUDED.last_seq`, q("steps")),
 
 		// A key that another attempt already holds is not projected a
@@ -193,6 +193,7 @@ func runColumns(rows []RunRow) []any {
 		in, out, total, last                       = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 		created, updated                           = make([]time.Time, n), make([]time.Time, n)
 		ended                                      = make([]pgtype.Timestamptz, n)
+		unknown                                    = make([]bool, n)
 	)
 	for i, r := range rows {
 		id[i], status[i], name[i], hash[i] = cleanText(r.RunID), string(r.Status), cleanText(r.WorkflowName), cleanText(r.WorkflowHash)
@@ -203,9 +204,10 @@ func runColumns(rows []RunRow) []any {
 		resumes[i], worker[i] = int32Of(r.Resumes), cleanText(r.LastWorker)
 		created[i], updated[i], ended[i], last[i] = r.CreatedAt, r.UpdatedAt, tstz(r.EndedAt), int64(r.LastSeq)
 		budget[i], steps[i], paused[i] = cleanJSON(r.Budget), r.StepsSpent, cleanText(r.PausedOn)
+		unknown[i] = r.CostUnknown
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
-		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused}
+		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown}
 }
 
 func stepColumns(rows []StepRow) []any {
@@ -218,6 +220,7 @@ func stepColumns(rows []StepRow) []any {
 		in, out, dur, last, first    = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 		cost                         = make([]float64, n)
 		started, ended, waiting      = make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
+		unknown                      = make([]bool, n)
 	)
 	for i, r := range rows {
 		run[i], step[i], attempt[i] = cleanText(r.RunID), cleanText(r.StepID), int32(r.Attempt)
@@ -226,10 +229,10 @@ func stepColumns(rows []StepRow) []any {
 		errs[i], class[i], key[i], tries[i] = cleanText(r.Error), cleanText(r.ErrorClass), cleanText(r.IdempotencyKey), int32Of(r.Tries)
 		in[i], out[i], cost[i], delivery[i] = r.InputTokens, r.OutputTokens, r.CostUSD, cleanText(r.Delivery)
 		started[i], ended[i], dur[i], last[i] = tstz(r.StartedAt), tstz(r.EndedAt), r.DurationMs, int64(r.LastSeq)
-		first[i], waiting[i], substeps[i] = int64(r.FirstSeq), tstz(r.WaitingAt), cleanJSON(r.Substeps)
+		first[i], waiting[i], substeps[i], unknown[i] = int64(r.FirstSeq), tstz(r.WaitingAt), cleanJSON(r.Substeps), r.CostUnknown
 	}
 	return []any{run, step, attempt, node, typ, status, input, output, errs, class, key, tries, in, out, cost,
-		delivery, started, ended, dur, last, first, waiting, substeps}
+		delivery, started, ended, dur, last, first, waiting, substeps, unknown}
 }
 
 func receiptColumns(rows []ReceiptRow) []any {

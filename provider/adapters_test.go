@@ -269,6 +269,41 @@ func exercise(t *testing.T, a adapter) {
 		})
 	}
 
+	t.Run("RateLimitCarriesRetryAfter", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.RateLimit(nil, 1, 2*time.Second)
+		k := key(t)
+		_, err := b.p.Complete(ctx, hello(k))
+		pe := requireError(t, a.name, err)
+		require.Equal(t, http.StatusTooManyRequests, pe.Status)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.RateLimited)
+		require.Equal(t, 2*time.Second, pe.RetryAfter)
+		require.Equal(t, map[string]int{k: 1}, b.srv.Keys(), "the SDK must not retry, whatever Retry-After says")
+	})
+
+	t.Run("Logprobs", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: "sure", Logprobs: []float64{-0.25, -0.5}}
+		})
+		req := hello(key(t))
+		req.Logprobs = true
+		resp, err := b.p.Complete(ctx, req)
+		if a.name == "anthropic" {
+			pe := requireError(t, a.name, err)
+			require.ErrorIs(t, pe, provider.ErrNoLogprobs)
+			require.False(t, pe.Retryable)
+			require.Empty(t, b.srv.Calls(), "nothing is sent")
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, []float64{-0.25, -0.5}, resp.Logprobs)
+		require.True(t, b.srv.Calls()[0].Logprobs)
+	})
+
 	for _, status := range []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound} {
 		t.Run(fmt.Sprintf("HTTP%dIsPermanent", status), func(t *testing.T) {
 			t.Parallel()

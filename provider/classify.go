@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"sync/atomic"
+	"time"
 )
 
 // ErrMaybeDelivered is returned (wrapped) when the connection was lost after
@@ -75,12 +76,28 @@ func (a *Attempt) Error(name string, status int, err error) error {
 	return classify(name, status, reach, err)
 }
 
+// ResponseError is Error for an SDK error that carries the provider's HTTP
+// answer (nil when none arrived): its status classifies the failure, and a
+// rate limit's headers say how long to wait (RetryAfter).
+func (a *Attempt) ResponseError(name string, resp *http.Response, err error) error {
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	perr := a.Error(name, status, err)
+	if e, ok := perr.(*Error); ok && resp != nil && e.Retryable {
+		e.RetryAfter, _ = RetryAfter(resp.Header, time.Now())
+	}
+	return perr
+}
+
 // Classify turns err, the failure of one call to the provider called name,
 // into an *Error (nil for a nil err). status is the HTTP status of the provider's answer, 0 when
 // no answer arrived. The rules:
 //
 //   - context.Canceled: not retryable; the *Error wraps context.Canceled.
-//   - HTTP 408, 409, 429 and 5xx: Retryable. 409 (another request with the
+//   - HTTP 408, 409, 429 and 5xx: Retryable; 429, 503 and 529 are also
+//     RateLimited. 409 (another request with the
 //     same idempotency key is in progress), 502 and 504 (a gateway lost the
 //     answer) are also Unknown: the provider may have done the work.
 //   - any other HTTP status: permanent.
@@ -123,6 +140,7 @@ func classify(name string, status int, r reach, err error) *Error {
 			status >= 500:
 			e.Retryable = true
 		}
+		e.RateLimited = rateLimited(status)
 		return e
 	}
 	sent := r == reachConnection

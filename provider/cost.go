@@ -1,34 +1,117 @@
 package provider
 
 import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 )
+
+// EnvPrices names a JSON price file that overrides the embedded table (see
+// LoadPrices for its form).
+const EnvPrices = "PAL_PRICES"
+
+// maxPriceFile bounds a price file: a table of a few hundred models is a
+// few tens of KiB.
+const maxPriceFile = 1 << 20
 
 // price is a model's list price in US dollars per million tokens.
 type price struct {
-	input, output float64
+	Input  *float64 `json:"input_per_mtok"`
+	Output *float64 `json:"output_per_mtok"`
 }
 
-// prices holds list prices (USD per million tokens, standard tier, no
-// caching or batch discounts) for a handful of models. They change; update
-// them from the providers' price pages.
-var prices = map[string]price{
-	// OpenAI
-	"gpt-4o":       {2.50, 10.00},
-	"gpt-4o-mini":  {0.15, 0.60},
-	"gpt-4.1":      {2.00, 8.00},
-	"gpt-4.1-mini": {0.40, 1.60},
-	"gpt-4.1-nano": {0.10, 0.40},
-	"gpt-5":        {1.25, 10.00},
-	"gpt-5-mini":   {0.25, 2.00},
-	"gpt-5-nano":   {0.05, 0.40},
-	// Anthropic
-	"claude-opus-4-1":   {15.00, 75.00},
-	"claude-opus-4-5":   {5.00, 25.00},
-	"claude-sonnet-4":   {3.00, 15.00},
-	"claude-sonnet-4-5": {3.00, 15.00},
-	"claude-haiku-4-5":  {1.00, 5.00},
+// priceFile is the form of prices.json and of a PAL_PRICES file.
+type priceFile struct {
+	Comment string           `json:"_comment,omitempty"`
+	Models  map[string]price `json:"models"`
+}
+
+//go:embed prices.json
+var embeddedPrices []byte
+
+// table is the price table in use: the embedded one, or it overridden by
+// LoadPrices. Reads are lock-free; a worker loads its override once at
+// start.
+var table atomic.Pointer[map[string]price]
+
+func init() {
+	m, err := parsePrices(bytes.NewReader(embeddedPrices))
+	if err != nil {
+		panic("provider: embedded prices.json: " + err.Error())
+	}
+	table.Store(&m)
+}
+
+// parsePrices reads a price file: {"models": {"<model>": {"input_per_mtok":
+// 2.5, "output_per_mtok": 10}}}. Both prices are required, finite and ≥ 0;
+// unknown fields are errors (a typo must not price a model at 0).
+func parsePrices(r io.Reader) (map[string]price, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxPriceFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxPriceFile {
+		return nil, fmt.Errorf("price file is over %d bytes", maxPriceFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var f priceFile
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("price file is not {\"models\": {\"<model>\": {\"input_per_mtok\": N, \"output_per_mtok\": N}}}: %w", err)
+	}
+	if f.Models == nil {
+		return nil, errors.New(`price file has no "models" object`)
+	}
+	out := make(map[string]price, len(f.Models))
+	for name, p := range f.Models {
+		if strings.TrimSpace(name) == "" {
+			return nil, errors.New("price file names a model with an empty name")
+		}
+		for what, v := range map[string]*float64{"input_per_mtok": p.Input, "output_per_mtok": p.Output} {
+			if v == nil {
+				return nil, fmt.Errorf("model %q: %s is missing", name, what)
+			}
+			if math.IsNaN(*v) || math.IsInf(*v, 0) || *v < 0 {
+				return nil, fmt.Errorf("model %q: %s is %v, want a price ≥ 0", name, what, *v)
+			}
+		}
+		out[strings.ToLower(name)] = p
+	}
+	return out, nil
+}
+
+// LoadPrices reads the price file at path and overrides the embedded table
+// with it: a model the file names takes the file's prices, the others keep
+// the embedded ones. The file's form:
+//
+//	{"models": {"gpt-4o": {"input_per_mtok": 2.50, "output_per_mtok": 10.00}}}
+//
+// A file that does not parse changes nothing and returns an error naming
+// the file.
+func LoadPrices(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", EnvPrices, err)
+	}
+	defer f.Close()
+	over, err := parsePrices(f)
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", EnvPrices, path, err)
+	}
+	base, _ := parsePrices(bytes.NewReader(embeddedPrices))
+	for k, v := range over {
+		base[k] = v
+	}
+	table.Store(&base)
+	return nil
 }
 
 // dateSuffix matches the snapshot date some model names carry
@@ -40,21 +123,33 @@ var dateSuffix = regexp.MustCompile(`-(\d{8}|\d{4}-\d{2}-\d{2})$`)
 // snapshot name is priced as its model (claude-sonnet-4-5-20250929 as
 // claude-sonnet-4-5).
 func PriceOf(model string) (inputPerMTok, outputPerMTok float64, ok bool) {
-	p, ok := prices[model]
+	m := *table.Load()
+	name := strings.ToLower(model)
+	p, ok := m[name]
 	if !ok {
-		p, ok = prices[dateSuffix.ReplaceAllString(strings.ToLower(model), "")]
+		p, ok = m[dateSuffix.ReplaceAllString(name, "")]
 	}
-	return p.input, p.output, ok
+	if !ok {
+		return 0, 0, false
+	}
+	return *p.Input, *p.Output, true
 }
 
 // Cost estimates the price in US dollars of a call to model that used u. It
-// is an estimate from a small built-in table of list prices: it knows nothing
-// of cached-input or batch discounts, negotiated rates or price changes, and
-// a model it does not know costs 0 (PriceOf tells whether it knows it).
+// is an estimate from the price table of list prices: it knows nothing of
+// cached-input or batch discounts or negotiated rates, and a model the
+// table does not know costs 0 (PriceOf tells whether it knows it; the
+// worker marks such a step cost_unknown).
 func Cost(model string, u Usage) float64 {
 	in, out, ok := PriceOf(model)
 	if !ok {
 		return 0
 	}
 	return (float64(u.InputTokens)*in + float64(u.OutputTokens)*out) / 1e6
+}
+
+// ResetPrices restores the embedded table (tests).
+func ResetPrices() {
+	m, _ := parsePrices(bytes.NewReader(embeddedPrices))
+	table.Store(&m)
 }

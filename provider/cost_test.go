@@ -1,6 +1,8 @@
 package provider_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -32,4 +34,38 @@ func TestCost(t *testing.T) {
 	for _, tt := range tests {
 		require.InDelta(t, tt.want, provider.Cost(tt.model, tt.u), 1e-12, tt.model)
 	}
+}
+
+func TestLoadPrices(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := dir + "/" + name
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+		return p
+	}
+	t.Cleanup(func() { provider.ResetPrices() })
+
+	for name, body := range map[string]string{
+		"notjson.json":  `{`,
+		"nomodels.json": `{}`,
+		"typo.json":     `{"models": {"m": {"input_per_mtok": 1, "outptu_per_mtok": 2}}}`,
+		"missing.json":  `{"models": {"m": {"input_per_mtok": 1}}}`,
+		"negative.json": `{"models": {"m": {"input_per_mtok": -1, "output_per_mtok": 2}}}`,
+		"big.json":      `{"models": {}, "_comment": "` + strings.Repeat("x", 1<<20) + `"}`,
+	} {
+		err := provider.LoadPrices(write(name, body))
+		require.Error(t, err, name)
+		require.Contains(t, err.Error(), "PAL_PRICES", name)
+	}
+	require.Error(t, provider.LoadPrices(dir+"/absent.json"))
+	_, _, ok := provider.PriceOf("m")
+	require.False(t, ok, "a bad file changes nothing")
+
+	require.NoError(t, provider.LoadPrices(write("ok.json",
+		`{"models": {"my-model": {"input_per_mtok": 1, "output_per_mtok": 2}, "gpt-4o": {"input_per_mtok": 0, "output_per_mtok": 1}}}`)))
+	in, out, ok := provider.PriceOf("my-model")
+	require.True(t, ok)
+	require.Equal(t, []float64{1, 2}, []float64{in, out})
+	require.InDelta(t, 1.0, provider.Cost("gpt-4o", provider.Usage{InputTokens: 1e6, OutputTokens: 1e6}), 1e-12, "overridden")
+	require.InDelta(t, 0.75, provider.Cost("gpt-4o-mini", provider.Usage{InputTokens: 1e6, OutputTokens: 1e6}), 1e-12, "kept")
 }

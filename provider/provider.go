@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/palrun/pal/internal/registry"
 )
@@ -62,6 +63,10 @@ type Request struct {
 	MaxTokens   int       `json:"max_tokens,omitempty"`
 	Temperature *float64  `json:"temperature,omitempty"`
 	Tools       []Tool    `json:"tools,omitempty"`
+	// Logprobs asks for the answer's token log probabilities. Only
+	// providers that can give them take it (OpenAI); the others fail the
+	// call with a permanent error rather than answer without them.
+	Logprobs bool `json:"logprobs,omitempty"`
 	// IdempotencyKey is sent as the Idempotency-Key header. Required.
 	IdempotencyKey string `json:"idempotency_key"`
 }
@@ -80,7 +85,14 @@ type Response struct {
 	ToolCalls    []ToolCall `json:"tool_calls,omitempty"`
 	FinishReason string     `json:"finish_reason,omitempty"`
 	Usage        Usage      `json:"usage"`
+	// Logprobs are the log probabilities of the answer's tokens, when the
+	// request asked for them.
+	Logprobs []float64 `json:"logprobs,omitempty"`
 }
+
+// ErrNoLogprobs is returned (wrapped, permanent) by a provider asked for
+// log probabilities it cannot give.
+var ErrNoLogprobs = errors.New("this provider does not return token log probabilities")
 
 // Provider sends model calls. Complete returns an *Error for failures the
 // caller can classify.
@@ -105,7 +117,14 @@ type Error struct {
 	Unknown bool
 	// Timeout reports that the call ran out of time.
 	Timeout bool
-	Err     error
+	// RateLimited reports a refusal to do the work now (HTTP 429, 503,
+	// 529): a retry reuses the idempotency key, as nothing was done.
+	RateLimited bool
+	// RetryAfter is how long the provider asked the caller to wait (its
+	// Retry-After or rate-limit reset headers; see RetryAfter), 0 when it
+	// did not say.
+	RetryAfter time.Duration
+	Err        error
 }
 
 func (e *Error) Error() string {

@@ -152,7 +152,8 @@ func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) (err error) {
 	return nil
 }
 
-// Approve records a decision on an approval step: it appends
+// Approve records a decision on an approval step, or on a step parked by
+// its confidence gate (onLow "approval"): it appends
 // approval_received (fenced; concurrent decisions cannot both land) and
 // wakes the run if it is parked. A decision for a step the run has not
 // reached yet is kept in the journal and applied when it gets there.
@@ -182,7 +183,10 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 		if st.Workflow != nil {
 			node, _ = engine.NodeForStep(st.Workflow, cmd.StepID)
 		}
-		if node == nil || node.Type != workflow.TypeApproval {
+		// An approval step, or a step its confidence gate parked for an
+		// approver to accept or reject its low score.
+		gate := engine.WaitsOnGate(st, cmd.StepID)
+		if !gate && (node == nil || node.Type != workflow.TypeApproval) {
 			return event.Event{}, fmt.Errorf("approving step %s of run %s: %w: it is not an approval step", cmd.StepID, cmd.RunID, ErrNotWaiting)
 		}
 		if d, ok := st.Decisions[cmd.StepID]; ok {
@@ -191,9 +195,12 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 		if s, ok := st.Steps[cmd.StepID]; ok && s.Status == engine.StepCompleted {
 			return event.Event{}, fmt.Errorf("approving step %s of run %s: %w: the step is complete", cmd.StepID, cmd.RunID, ErrNotWaiting)
 		}
-		if d, err := node.Approval(); err == nil && len(d.Approvers) > 0 && !slices.Contains(d.Approvers, cmd.Approver) {
-			return event.Event{}, &InputError{Field: "approver", Msg: fmt.Sprintf("%q may not decide step %s (approvers: %s)", cmd.Approver, cmd.StepID, strings.Join(d.Approvers, ", "))}
+		if !gate {
+			if d, err := node.Approval(); err == nil && len(d.Approvers) > 0 && !slices.Contains(d.Approvers, cmd.Approver) {
+				return event.Event{}, &InputError{Field: "approver", Msg: fmt.Sprintf("%q may not decide step %s (approvers: %s)", cmd.Approver, cmd.StepID, strings.Join(d.Approvers, ", "))}
+			}
 		}
+
 		decision := event.DecisionReject
 		if cmd.Decision == "approve" {
 			decision = event.DecisionApprove

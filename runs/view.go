@@ -116,7 +116,8 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 		Output: canonical(r.Output), Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep,
 		ParentRunID: r.ParentRunID, ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes,
 		LastWorker: r.LastWorker, LastSeq: r.LastSeq,
-		Usage:     event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD},
+		Usage: event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD,
+			CostUnknown: r.CostUnknown},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
 		PausedOn: r.PausedOn, Steps: []StepView{}}
@@ -175,6 +176,7 @@ func stepView(attempts []projections.StepRow) StepView {
 		usage.InputTokens += a.InputTokens
 		usage.OutputTokens += a.OutputTokens
 		usage.CostUSD += a.CostUSD
+		usage.CostUnknown = usage.CostUnknown || a.CostUnknown
 	}
 	if usage != (event.Usage{}) {
 		usage.TotalTokens = usage.InputTokens + usage.OutputTokens

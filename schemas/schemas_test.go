@@ -95,11 +95,12 @@ func samplePayloads() map[event.Kind]any {
 		event.SideEffectClaimed: event.SideEffectClaimedData{
 			IdempotencyKey: key, Connector: "webhook", Target: "https://example.test/hook",
 		},
-		event.SideEffectDelivered:    event.SideEffectDeliveredData{IdempotencyKey: key, Status: 202},
-		event.ChildRunCreated:        event.ChildRunCreatedData{ChildRunID: event.ChildRunID("run_parent", "sub"), Workflow: "child"},
-		event.AnomalyDetected:        event.AnomalyDetectedData{Type: event.AnomalyRetryStorm, Observed: 12, Threshold: 10, Action: event.ActionHalt, StepID: "draft", Detail: "12 retries"},
-		event.ConfidenceEvaluated:    map[string]any{"score": 0.8},
-		event.ConfidenceGateBypassed: map[string]any{"reason": "override"},
+		event.SideEffectDelivered: event.SideEffectDeliveredData{IdempotencyKey: key, Status: 202},
+		event.ChildRunCreated:     event.ChildRunCreatedData{ChildRunID: event.ChildRunID("run_parent", "sub"), Workflow: "child"},
+		event.AnomalyDetected:     event.AnomalyDetectedData{Type: event.AnomalyRetryStorm, Observed: 12, Threshold: 10, Action: event.ActionHalt, StepID: "draft", Detail: "12 retries"},
+		event.ConfidenceEvaluated: event.ConfidenceEvaluatedData{Score: 0.42, Min: 0.8, Source: "logprobs",
+			Output: json.RawMessage(`{"text":"maybe","confidence":0.42}`), Usage: usage},
+		event.ConfidenceGateBypassed: event.ConfidenceGateBypassedData{By: "alice", Reason: "checked by hand"},
 		event.RunSucceeded:           event.RunSucceededData{Output: json.RawMessage(`{"ok":true}`)},
 		event.RunFailed:              event.RunFailedData{Error: "step draft failed", Code: event.CodeStepFailed, StepID: "draft"},
 		event.RunCancelled:           event.RunCancelledData{Reason: "user asked", By: "alice"},
@@ -145,7 +146,7 @@ func TestSamplePayloadsValidate(t *testing.T) {
 			require.NoError(t, err)
 			err = schemas.ValidateEvent(zero)
 			switch k {
-			case event.ConfidenceEvaluated, event.ConfidenceGateBypassed, event.RunCancelled:
+			case event.RunCancelled:
 				require.NoError(t, err)
 			default:
 				require.ErrorContains(t, err, "/data: missing propert")

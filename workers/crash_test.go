@@ -69,6 +69,14 @@ func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
 	return res.RunID
 }
 
+// startAs starts a run under the given id.
+func (p *procBundle) startAs(t *testing.T, runID, wf, input string) {
+	t.Helper()
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
+	require.NoError(t, err)
+}
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -15,6 +15,7 @@ import (
 	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 // Default step timeouts when a node sets none.
@@ -31,6 +32,11 @@ type stepResult struct {
 	delivery string
 	// stderr is a process step's stderr tail, journaled with its outcome.
 	stderr string
+	// confidence is the score of a gated LLM step's answer: journaled
+	// before anything else, its verdict is then planned like a replay's.
+	confidence *event.ConfidenceEvaluatedData
+	// final: an LLM answer with no tool calls (an agent's last turn).
+	final bool
 }
 
 // runStep executes one planned step attempt and journals its outcome,
@@ -81,6 +87,9 @@ func (d *drive) step(p engine.StepPlan) error {
 	if p.Wait != nil {
 		return d.runWait(p)
 	}
+	if p.Gate != nil {
+		return d.runGate(p)
+	}
 	if p.Exec == engine.ExecSubagent {
 		return d.runSubagent(p)
 	}
@@ -125,19 +134,29 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 			err = ferr // journaling it would fail on every try: the step fails
 		}
 	}
+	if err == nil && res.confidence != nil {
+		// Scored once: the verdict is the engine's, from the journal.
+		d.emit(event.ConfidenceEvaluated, p.StepID, p.Attempt, *res.confidence)
+		return d.flush()
+	}
 	if err == nil {
+		if p.GateOff && res.final {
+			d.emit(event.ConfidenceGateBypassed, p.StepID, p.Attempt, event.ConfidenceGateBypassedData{
+				By: event.BypassedByPolicy, Reason: "the workflow's policy.confidenceGate is off"})
+		}
 		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{
 			Output: res.output, Usage: res.usage, DurationMs: dur, Delivery: res.delivery, Stderr: res.stderr})
 		return nil
 	}
 	f := classify(p.NodeType, err)
-	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.unknown)
+	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.sameKey())
 	msg := redact.String(err.Error()) // what is journaled and logged keeps no URL's secrets
 	if retry {
-		delay := retryDelay(p.Node.Retry(), p.Tries+1)
+		delay, asked := retryWait(p.Node.Retry(), p.Tries+1, f, d.w.cfg.RetryAfterMax)
 		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", msg, "delay", delay)
 		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
-			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds()})
+			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds(),
+			RetryAfterMs: asked.Milliseconds()})
 		return d.flush()
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
@@ -231,18 +250,12 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
+	gate := p.Confidence
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key}
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultLLMTimeout))
-	defer cancel()
-	ctx, call := telemetry.StartLLM(ctx, in.Provider, in.Model)
-	resp, err := prov.Complete(ctx, req)
-	if err != nil {
-		call.End(telemetry.LLMResult{}, err)
-		return stepResult{}, err
-	}
-	out, err := json.Marshal(engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID})
+		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key,
+		Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
+	ctx, call := telemetry.StartLLM(d.ctx, in.Provider, in.Model)
+	resp, err := d.complete(ctx, prov, req, p.TimeoutMs)
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -250,11 +263,31 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if model == "" {
 		model = in.Model
 	}
-	u := &event.Usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens,
-		TotalTokens: resp.Usage.InputTokens + resp.Usage.OutputTokens, CostUSD: provider.Cost(model, resp.Usage)}
+	u := usageOf(model, resp.Usage)
 	call.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
 		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
-	return stepResult{output: out, usage: u}, nil
+	llm := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
+		ToolCalls: resp.ToolCalls, ID: resp.ID}
+	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
+	if gate != nil && res.final {
+		score, judged, err := d.score(p, gate, resp)
+		if err != nil {
+			return stepResult{}, err
+		}
+		if judged != nil {
+			u.Add(*judged)
+		}
+		llm.Confidence = &score
+		res.confidence = &event.ConfidenceEvaluatedData{Score: score, Min: gate.Min, Passed: score >= gate.Min,
+			Source: gate.Source, Usage: u}
+	}
+	if res.output, err = json.Marshal(llm); err != nil {
+		return stepResult{}, err
+	}
+	if res.confidence != nil {
+		res.confidence.Output = res.output
+	}
+	return res, nil
 }
 
 func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
@@ -355,4 +388,27 @@ func emailTarget(m *connector.Email) string {
 		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
 	}
 	return t
+}
+
+// usageOf is the journaled usage of one call to model. A model the price
+// table does not know is marked cost_unknown rather than priced at 0.
+func usageOf(model string, pu provider.Usage) *event.Usage {
+	_, _, priced := provider.PriceOf(model)
+	return &event.Usage{InputTokens: pu.InputTokens, OutputTokens: pu.OutputTokens,
+		TotalTokens: pu.InputTokens + pu.OutputTokens, CostUSD: provider.Cost(model, pu), CostUnknown: !priced}
+}
+
+// complete sends one model call once a concurrency slot for its provider
+// and model is free (PAL_PROVIDER_CONCURRENCY). Waiting for a slot is not
+// part of the call's timeout and not a failure: it ends only with the
+// drive (a lost lease, a shutdown).
+func (d *drive) complete(ctx context.Context, prov provider.Provider, req provider.Request, timeoutMs int) (*provider.Response, error) {
+	release, err := d.w.slots.acquire(ctx, prov.Name(), req.Model)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, timeoutOf(timeoutMs, defaultLLMTimeout))
+	defer cancel()
+	return prov.Complete(ctx, req)
 }

@@ -22,7 +22,15 @@ type failure struct {
 	// unknown: the call may have reached its target; retry with the same
 	// idempotency key.
 	unknown bool
+	// rateLimited: the provider refused to do the work now (429, 503,
+	// 529); the retry keeps the idempotency key, as nothing was done.
+	rateLimited bool
+	// retryAfter is the wait the provider asked for (0: none).
+	retryAfter time.Duration
 }
+
+// sameKey reports whether a retry keeps the attempt and its idempotency key.
+func (f failure) sameKey() bool { return f.unknown || f.rateLimited }
 
 func classify(nodeType string, err error) failure {
 	base := baseClass(nodeType)
@@ -33,7 +41,8 @@ func classify(nodeType string, err error) failure {
 	case errors.Is(err, errPermanent):
 		return failure{classes: []string{base}}
 	case errors.As(err, &pe):
-		f := failure{classes: []string{event.ClassLLM}, retryable: pe.Retryable, unknown: pe.Unknown}
+		f := failure{classes: []string{event.ClassLLM}, retryable: pe.Retryable, unknown: pe.Unknown,
+			rateLimited: pe.RateLimited, retryAfter: pe.RetryAfter}
 		if pe.Timeout {
 			f.classes = []string{event.ClassTimeout, event.ClassLLM}
 		}
@@ -62,6 +71,16 @@ func baseClass(nodeType string) string {
 	default:
 		return event.ClassTool
 	}
+}
+
+// retryWait is the wait before the next try of a failed step: what the
+// provider asked for, within limit, or else the policy's backoff. It
+// returns the wait and what the provider asked (0: nothing).
+func retryWait(p *workflow.RetryPolicy, tries int, f failure, limit time.Duration) (wait, asked time.Duration) {
+	if f.retryAfter > 0 {
+		return min(f.retryAfter, limit), f.retryAfter
+	}
+	return retryDelay(p, tries), 0
 }
 
 // retryDelay is the backoff before try number tries+1 (tries ≥ 1), from

@@ -65,6 +65,14 @@ type Config struct {
 	// engine.ParseAnomalySettings) recorded in the run_created of the
 	// child runs this worker starts. Nil: the built-in defaults.
 	AnomalyDefaults map[string]event.AnomalyRule
+	// RetryAfterMax caps the wait a provider may ask for before a retry
+	// (Retry-After, rate-limit reset headers); default 60s.
+	RetryAfterMax time.Duration
+	// ProviderConcurrency limits the model calls in flight at once in this
+	// worker, by provider ("openai") or provider and model
+	// ("openai/gpt-4o"); see ParseProviderConcurrency. A call takes a slot
+	// of each limit that names it. Nil: no limit.
+	ProviderConcurrency map[string]int
 }
 
 func (c Config) withDefaults() Config {
@@ -96,6 +104,9 @@ func (c Config) withDefaults() Config {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.RetryAfterMax <= 0 {
+		c.RetryAfterMax = DefaultRetryAfterMax
+	}
 	return c
 }
 
@@ -109,6 +120,7 @@ type Worker struct {
 	connectors connector.Registry
 	tools      map[string]Tool
 	log        *slog.Logger
+	slots      *slots
 
 	activeMu  sync.Mutex
 	active    map[string]context.CancelCauseFunc // run id → its drive
@@ -147,6 +159,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		tools:      map[string]Tool{},
 		log:        cfg.Logger.With("worker", cfg.ID),
 		active:     map[string]context.CancelCauseFunc{},
+		slots:      newSlots(cfg.ProviderConcurrency),
 	}
 	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
 	w.tools["echo"] = echoTool

@@ -116,6 +116,15 @@
 // body's policy is ignored, a subagent's workflow's applies to its child
 // run.
 //
+// An ai-step or agent may gate its answer with data.confidence:
+// {"min": 0.8, "source": "logprobs" | "field" | "judge", "field": "a.b",
+// "judge": {"provider", "model", "prompt"}, "onLow": "fail" | "approval" |
+// "retry" | "route"} (Node.Confidence). The score is
+// steps.<id>.output.confidence. A logprobs gate on provider anthropic, a
+// field gate without field and a retry gate without retry.maxAttempts ≥ 2
+// are refused. The workflow's "policy": {"confidenceGate": "off"} turns
+// every gate off (Workflow.GateOff).
+//
 // # Graph
 //
 // Edges go from one node to another and may carry a condition. The graph

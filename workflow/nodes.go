@@ -76,6 +76,8 @@ type AgentData struct {
 	Temperature *float64     `json:"temperature,omitempty"`
 	TimeoutMs   int          `json:"timeoutMs,omitempty"`
 	Retry       *RetryPolicy `json:"retry,omitempty"`
+	// Confidence gates the final answer (Node.Confidence).
+	Confidence *ConfidenceGate `json:"confidence,omitempty"`
 }
 
 // DefaultMaxTurns bounds an agent that sets no maxTurns.
@@ -288,6 +290,7 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			}
 			seen[t.Name] = true
 		}
+		checkConfidence(n, d.Provider, d.Retry, ps)
 	}
 }
 

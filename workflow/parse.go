@@ -364,6 +364,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 		for i, m := range d.Messages {
 			tmpl(fmt.Sprintf("data.messages[%d].content", i), m.Content)
 		}
+		checkConfidence(n, d.Provider, d.Retry, ps)
 	case TypeTool:
 		d, err := n.Tool()
 		if err != nil {

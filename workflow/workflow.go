@@ -25,7 +25,8 @@ type Workflow struct {
 	Name  string `json:"name"`
 	Nodes []Node `json:"nodes"`
 	Edges []Edge `json:"edges"`
-	// Policy holds the run-wide brakes (budget, anomalies); nil if none.
+	// Policy holds the run policy: brakes (budget, anomalies) and the
+	// confidence gate switch; nil if none.
 	Policy *Policy `json:"policy,omitempty"`
 
 	// derived by Parse
@@ -57,10 +58,14 @@ type Edge struct {
 	Condition string `json:"condition,omitempty"`
 }
 
-// Policy is a workflow's policy: the run's budget and anomaly rules.
+// Policy is a workflow's policy: the run's budget and anomaly rules, and
+// the confidence gate switch.
 type Policy struct {
 	Budget    *Budget                `json:"budget,omitempty"`
 	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
+	// ConfidenceGate is "on" (the default) or "off": with "off" no gated
+	// step is scored, and each journals confidence_gate_bypassed instead.
+	ConfidenceGate string `json:"confidenceGate,omitempty"`
 }
 
 // Budget is policy.budget (and a start request's budget): limits on what
@@ -137,6 +142,8 @@ type AIStepData struct {
 	Temperature *float64     `json:"temperature,omitempty"`
 	TimeoutMs   int          `json:"timeoutMs,omitempty"`
 	Retry       *RetryPolicy `json:"retry,omitempty"`
+	// Confidence gates the answer (Node.Confidence).
+	Confidence *ConfidenceGate `json:"confidence,omitempty"`
 }
 
 // ToolData is the data of a tool node: a Go function registered on the

@@ -67,19 +67,12 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 		}
 		e.dir, e.ownDir = d, true
 	}
-	opts := &server.Options{JetStream: true, StoreDir: e.dir, Host: "127.0.0.1", Port: -1, NoSigs: true,
-		NoLog: true, SyncAlways: o.Strict, JetStreamMaxMemory: 256 << 20}
-	srv, err := server.NewServer(opts)
+	srv, err := startServer(e.dir, o.Strict)
 	if err != nil {
 		e.Close()
 		return nil, err
 	}
-	srv.Start()
 	e.srv = srv
-	if !srv.ReadyForConnections(10 * time.Second) {
-		e.Close()
-		return nil, fmt.Errorf("bench: NATS server did not start")
-	}
 	if o.InProcess {
 		e.nc, err = nats.Connect("", nats.InProcessServer(srv))
 	} else {
@@ -124,6 +117,23 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 }
 
 func store(e *Env) *eventstore.Store { return e.Store }
+
+// startServer starts an embedded JetStream server on a free loopback port,
+// storing in dir; strict syncs every write.
+func startServer(dir string, strict bool) (*server.Server, error) {
+	opts := &server.Options{JetStream: true, StoreDir: dir, Host: "127.0.0.1", Port: -1, NoSigs: true,
+		NoLog: true, SyncAlways: strict, JetStreamMaxMemory: 256 << 20}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("bench: NATS server did not start")
+	}
+	return srv, nil
+}
 
 // Close stops the worker and the server and removes a temp store.
 func (e *Env) Close() {

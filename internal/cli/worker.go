@@ -85,6 +85,11 @@ type workerConfig struct {
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
 	smtpURL     string         // PAL_SMTP_URL, for the email connector
 	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
+	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
+	retryAfterMax time.Duration
+	// providerConcurrency limits model calls in flight
+	// (PAL_PROVIDER_CONCURRENCY).
+	providerConcurrency map[string]int
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -120,6 +125,18 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	if wc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
 		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.retryAfterMax, err = e.durationSetting(cmd, "", workers.EnvRetryAfterMax, workers.DefaultRetryAfterMax, time.Millisecond); err != nil {
+		return wc, err
+	}
+	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	if path := e.getenv(provider.EnvPrices); path != "" {
+		// Prices change: a file of one's own overrides the embedded table.
+		if err := provider.LoadPrices(path); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
 	}
 	return wc, nil
 }
@@ -210,7 +227,7 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 		return fail(withCode(ExitBadInput, err))
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
-		AnomalyDefaults: anomalies}
+		AnomalyDefaults: anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
 	var receipts *receipt.Store
 	if wc.keys != nil {
 		if receipts, err = receipt.Open(ctx, js, store); err != nil {

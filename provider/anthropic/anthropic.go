@@ -92,6 +92,10 @@ func (p *Provider) Name() string { return Name }
 // messages of one turn are merged, as the API requires. Usage.InputTokens
 // counts cached input too (input + cache writes + cache reads).
 func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provider.Response, error) {
+	if req.Logprobs {
+		// The Messages API has no log probabilities.
+		return nil, &provider.Error{Provider: Name, Err: provider.ErrNoLogprobs}
+	}
 	params, err := buildParams(req)
 	if err != nil {
 		return nil, &provider.Error{Provider: Name, Err: err}
@@ -103,11 +107,14 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provide
 	)
 	if err != nil {
 		var apiErr *anthropic.Error
-		status := 0
+		var resp *http.Response
 		if errors.As(err, &apiErr) {
-			status = apiErr.StatusCode
+			resp = apiErr.Response
+			if resp == nil {
+				resp = &http.Response{StatusCode: apiErr.StatusCode}
+			}
 		}
-		return nil, attempt.Error(Name, status, err)
+		return nil, attempt.ResponseError(Name, resp, err)
 	}
 	return toResponse(out), nil
 }

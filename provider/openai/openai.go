@@ -93,11 +93,14 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provide
 	)
 	if err != nil {
 		var apiErr *openai.Error
-		status := 0
+		var resp *http.Response
 		if errors.As(err, &apiErr) {
-			status = apiErr.StatusCode
+			resp = apiErr.Response
+			if resp == nil {
+				resp = &http.Response{StatusCode: apiErr.StatusCode}
+			}
 		}
-		return nil, attempt.Error(Name, status, err)
+		return nil, attempt.ResponseError(Name, resp, err)
 	}
 	return toResponse(out)
 }
@@ -135,6 +138,9 @@ func buildParams(req provider.Request) (openai.ChatCompletionNewParams, error) {
 	}
 	if req.Temperature != nil {
 		params.Temperature = param.NewOpt(*req.Temperature)
+	}
+	if req.Logprobs {
+		params.Logprobs = param.NewOpt(true)
 	}
 	return params, nil
 }
@@ -192,6 +198,9 @@ func toResponse(out *openai.ChatCompletion) (*provider.Response, error) {
 			InputTokens:  out.Usage.PromptTokens,
 			OutputTokens: out.Usage.CompletionTokens,
 		},
+	}
+	for _, lp := range choice.Logprobs.Content {
+		resp.Logprobs = append(resp.Logprobs, lp.Logprob)
 	}
 	for _, tc := range choice.Message.ToolCalls {
 		if tc.Type != "function" {

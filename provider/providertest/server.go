@@ -9,9 +9,12 @@
 // reached the provider once.
 //
 // It can misbehave on cue: hold requests until released (Hold), answer with
-// an HTTP error (FailNext), cut the connection without answering (Drop) and
-// replay the first answer for a repeated idempotency key (Dedup), like a
-// provider that honours keys.
+// an HTTP error (FailNext, FailNextWithHeader), rate-limit with 429 and
+// Retry-After (RateLimit), cut the connection without answering (Drop),
+// answer slowly (SetLatency) and replay the first answer for a repeated
+// idempotency key (Dedup), like a provider that honours keys. MaxConcurrent
+// observes how many requests it handled at once; Reply.Logprobs scripts
+// token log probabilities.
 //
 // The default answer is deterministic: "echo: " followed by the last user
 // message, with token counts taken from word counts. SetResponder scripts
@@ -58,10 +61,12 @@ type Call struct {
 	Messages []provider.Message
 	System   string
 	// Tools are the names of the tools the request offered.
-	Tools  []string
-	Body   []byte
-	Header http.Header
-	At     time.Time
+	Tools []string
+	// Logprobs: the request asked for token log probabilities (OpenAI).
+	Logprobs bool
+	Body     []byte
+	Header   http.Header
+	At       time.Time
 }
 
 // LastUser returns the content of the call's last user message.
@@ -83,6 +88,9 @@ type Reply struct {
 	Status int
 	// InputTokens and OutputTokens override the word counts when non-zero.
 	InputTokens, OutputTokens int64
+	// Logprobs are the answer's token log probabilities, one per token,
+	// sent (OpenAI wire format only) when the request asked for them.
+	Logprobs []float64
 }
 
 // Server is the fake provider. Its methods are safe for concurrent use.
@@ -104,6 +112,9 @@ type Server struct {
 	holds     []*Hold
 	faults    []*fault
 	seq       int
+	latency   time.Duration
+	active    int // requests being handled now
+	maxActive int // the most handled at once since the start or Reset
 }
 
 // answer is an HTTP answer the server wrote, kept for Dedup.
@@ -116,6 +127,7 @@ type answer struct {
 type fault struct {
 	match  func(Call) bool
 	status int // 0: drop the connection
+	header http.Header
 	left   int
 }
 
@@ -221,23 +233,53 @@ func (s *Server) Dedup(on bool) {
 // added. match, here and in Drop, is called with the server's lock held: it
 // must not call the Server's methods.
 func (s *Server) FailNext(match func(Call) bool, status int, n int) {
-	s.addFault(match, status, n)
+	s.addFault(match, status, n, nil)
+}
+
+// FailNextWithHeader is FailNext whose error answers carry header (a
+// provider's Retry-After or rate-limit headers).
+func (s *Server) FailNextWithHeader(match func(Call) bool, status int, n int, header http.Header) {
+	s.addFault(match, status, n, header)
+}
+
+// RateLimit is the rate-limit mode: the next n requests that match answer
+// 429 Too Many Requests with Retry-After: retryAfter (whole seconds,
+// rounded up), as both providers do.
+func (s *Server) RateLimit(match func(Call) bool, n int, retryAfter time.Duration) {
+	secs := int64((retryAfter + time.Second - 1) / time.Second)
+	s.addFault(match, http.StatusTooManyRequests, n, http.Header{"Retry-After": {fmt.Sprint(secs)}})
+}
+
+// SetLatency makes every answer wait d before it is sent (0: none), so that
+// concurrent callers overlap and MaxConcurrent can see them.
+func (s *Server) SetLatency(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.latency = d
+}
+
+// MaxConcurrent is the most requests the server was handling at once since
+// it started or was Reset: the max-concurrency observer.
+func (s *Server) MaxConcurrent() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxActive
 }
 
 // Drop makes the next n requests that match (nil matches all) end with their
 // connection closed and no answer, after the request was read in full: the
 // client cannot know whether the provider did the work.
 func (s *Server) Drop(match func(Call) bool, n int) {
-	s.addFault(match, 0, n)
+	s.addFault(match, 0, n, nil)
 }
 
-func (s *Server) addFault(match func(Call) bool, status, n int) {
+func (s *Server) addFault(match func(Call) bool, status, n int, header http.Header) {
 	if n <= 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = append(s.faults, &fault{match: match, status: status, left: n})
+	s.faults = append(s.faults, &fault{match: match, status: status, header: header, left: n})
 }
 
 // Calls returns every request received since the start or the last Reset, in
@@ -284,6 +326,7 @@ func (s *Server) Reset() {
 	s.calls = nil
 	s.answers = map[string]answer{}
 	s.faults = nil
+	s.maxActive = s.active
 }
 
 // ByKey matches the calls that carry the idempotency key.
@@ -354,17 +397,21 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	owner := false
 	s.mu.Lock()
 	s.calls = append(s.calls, call)
+	s.active++
+	s.maxActive = max(s.maxActive, s.active)
+	latency := s.latency
 	holds := s.matchingHolds(call)
 	if s.dedup && key != "" {
 		owner = s.claim(key)
 	}
 	s.mu.Unlock()
 	defer func() {
+		s.mu.Lock()
+		s.active--
 		if owner {
-			s.mu.Lock()
 			delete(s.inFlight, key)
-			s.mu.Unlock()
 		}
+		s.mu.Unlock()
 	}()
 
 	for _, h := range holds {
@@ -387,6 +434,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if f.status == 0 {
 			dropConn(w)
 			return
+		}
+		for k, vs := range f.header {
+			w.Header()[k] = vs
 		}
 		writeJSON(w, f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
 		return
@@ -414,6 +464,19 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := s.seq
 	s.mu.Unlock()
 
+	if latency > 0 {
+		t := time.NewTimer(latency)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		case <-s.closing:
+			t.Stop()
+			dropConn(w)
+			return
+		}
+	}
 	reply := Reply{Text: "echo: " + call.LastUser()}
 	if responder != nil {
 		reply = responder(call)

@@ -49,7 +49,8 @@ type oaRequest struct {
 			Name string `json:"name"`
 		} `json:"function"`
 	} `json:"tools"`
-	Stream bool `json:"stream"`
+	Stream   bool `json:"stream"`
+	Logprobs bool `json:"logprobs"`
 }
 
 type oaMessage struct {
@@ -99,6 +100,7 @@ func (openAIWire) parse(c *Call) error {
 	for _, t := range req.Tools {
 		c.Tools = append(c.Tools, t.Function.Name)
 	}
+	c.Logprobs = req.Logprobs
 	if req.Stream {
 		return errStreaming
 	}
@@ -159,6 +161,15 @@ func (openAIWire) reply(c Call, r Reply, id int) []byte {
 			Function: function{Name: tc.Name, Arguments: string(argumentsObject(tc.Arguments))},
 		})
 	}
+	var logprobs any
+	if c.Logprobs && len(r.Logprobs) > 0 {
+		// One token per scripted log probability, as the API gives them.
+		content := make([]any, len(r.Logprobs))
+		for i, lp := range r.Logprobs {
+			content[i] = map[string]any{"token": fmt.Sprintf("t%d", i), "logprob": lp, "bytes": []int{}, "top_logprobs": []any{}}
+		}
+		logprobs = map[string]any{"content": content, "refusal": []any{}}
+	}
 	body := map[string]any{
 		"id":      fmt.Sprintf("chatcmpl-fake%d", id),
 		"object":  "chat.completion",
@@ -168,7 +179,7 @@ func (openAIWire) reply(c Call, r Reply, id int) []byte {
 			"index":         0,
 			"message":       msg,
 			"finish_reason": finish,
-			"logprobs":      nil,
+			"logprobs":      logprobs,
 		}},
 		"usage": map[string]any{
 			"prompt_tokens":     r.InputTokens,
