@@ -385,7 +385,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			tmpl(joinField("data.headers", k), d.Headers[k])
 		}
 		tmplJSON("data.body", d.Body)
-	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent:
+	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeWait:
 		w.checkNewNode(n, tmpl, tmplJSON, decodeProblem, ps)
 	case TypeCondition:
 		d, err := n.Condition()

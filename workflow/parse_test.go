@@ -89,7 +89,7 @@ func TestValidationErrorProblems(t *testing.T) {
 		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes)"},
 		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
 		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
-		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent)"},
+		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, wait)"},
 	}, ve.Problems[:4])
 	edge := ve.Problems[4]
 	require.Equal(t, 0, edge.Edge)

@@ -15,7 +15,7 @@ import (
 
 // implementedTypes are the node types the schema accepts, in the order error
 // messages list them.
-var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent}
+var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeWait}
 
 // plannedTypes are node types that exist in the design but are not
 // implemented yet.
@@ -31,6 +31,7 @@ var requiredHints = map[string]string{
 	"/$defs/toolData":      "a tool node needs tool: a tool registered on the worker, or \"http\", \"echo\" or \"sleep\"",
 	"/$defs/connectorData": "a connector needs kind and url",
 	"/$defs/conditionData": "a condition node needs expression",
+	"/$defs/waitData":      "a wait node needs signal: the name of the signal it waits for",
 }
 
 // dataDefs maps a node type to its data definition.
@@ -40,6 +41,7 @@ var dataDefs = map[string]string{
 	TypeTool:      "/$defs/toolData",
 	TypeConnector: "/$defs/connectorData",
 	TypeCondition: "/$defs/conditionData",
+	TypeWait:      "/$defs/waitData",
 }
 
 // location says where in the workflow a schema violation is.

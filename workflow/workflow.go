@@ -16,6 +16,7 @@ const (
 	TypeApproval  = "approval"
 	TypeLoop      = "loop"
 	TypeCondition = "condition"
+	TypeWait      = "wait"
 )
 
 // Workflow is a parsed, validated workflow graph. Build one with Parse; the
