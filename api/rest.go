@@ -106,6 +106,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	v1.HandleFunc("GET /v1/runs/{id}/events", need(ScopeRead, h.streamEvents))
 	v1.HandleFunc("POST /v1/runs/{id}/approve", need(ScopeApprove, h.approve))
 	v1.HandleFunc("POST /v1/runs/{id}/cancel", need(ScopeCancel, h.cancel))
+	h.operateRoutes(v1) // signals, resume, fork, retry (operate.go)
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -213,7 +214,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		if id := r.PathValue("id"); id != "" {
 			detail = fmt.Sprintf("run %s not found", id)
 		}
-	case "conflict":
+	case "conflict", runs.CodeLeaseHeld:
 		status = http.StatusConflict
 	default:
 		code = "unavailable"

@@ -67,7 +67,8 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	}
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
-		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey})
+		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
+		ForkedFrom: cmd.forkedFrom})
 	ev.WorkerID = writer
 	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {

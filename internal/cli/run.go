@@ -24,6 +24,7 @@ func (e *env) runCmd() *cobra.Command {
 	}
 	cmd.AddCommand(e.runStartCmd(), e.runGetCmd(), e.runListCmd(), e.runWatchCmd(), e.runEventsCmd(),
 		e.runApproveCmd(), e.runCancelCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
+	cmd.AddCommand(e.runOperateCmds()...) // signal, resume, fork, retry (run_operate.go)
 	return cmd
 }
 
@@ -293,6 +294,9 @@ func summary(ev event.Event) string {
 		if d.Delivery != "" {
 			s += " delivery=" + d.Delivery
 		}
+		if d.CopiedFrom != nil {
+			s += fmt.Sprintf(" copied from %s seq %d", d.CopiedFrom.RunID, d.CopiedFrom.Seq)
+		}
 		return s + " output=" + truncate(string(d.Output), 60)
 	case event.StepFailed:
 		var d event.StepFailedData
@@ -321,6 +325,10 @@ func summary(ev event.Event) string {
 			s += ": " + truncate(d.Comment, 60)
 		}
 		return s
+	case event.SignalReceived:
+		var d event.SignalReceivedData
+		_ = ev.DecodeData(&d)
+		return fmt.Sprintf("signal %s by %s: %s", d.Signal, d.By, truncate(string(d.Payload), 60))
 	case event.RunSucceeded:
 		var d event.RunSucceededData
 		_ = ev.DecodeData(&d)
