@@ -89,7 +89,7 @@ func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("force"); v != "" {
 		f, err := strconv.ParseBool(v)
 		if err != nil {
-			h.fail(w, r, &runs.InputError{Field: "force", Msg: fmt.Sprintf("%q: want true or false", truncate(v, 20))})
+			h.fail(w, r, &runs.InputError{Field: "force", Msg: fmt.Sprintf("%q: want true or false", clipText(v, 20))})
 			return
 		}
 		b.Force = b.Force || f
@@ -105,6 +105,10 @@ func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.fail(w, r, err)
 		return
+	}
+	if res.Broke != "" {
+		// A resume writes no event: the log is where a broken lease shows.
+		h.log.Info("forced resume broke a lease", "run_id", id, "holder", res.Broke, "by", identity(r.Context()), "taken_by", res.TakenBy)
 	}
 	writeJSON(w, http.StatusOK, ResumeAnswer{OK: true, RunID: id, Broke: res.Broke, TakenBy: res.TakenBy})
 }
@@ -194,7 +198,7 @@ func (h *handler) forked(w http.ResponseWriter, r *http.Request, res runs.ForkRe
 	writeJSON(w, http.StatusCreated, res)
 }
 
-func truncate(s string, n int) string {
+func clipText(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
