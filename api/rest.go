@@ -150,6 +150,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	// The web UI's timeline of a run, and its pages (browser.go).
 	v1.HandleFunc("GET /v1/runs/{id}/waterfall", need(ScopeRead, h.getWaterfall))
 	v1.HandleFunc("POST /v1/runs/{id}/budget", need(ScopeApprove, h.raiseBudget))
+	h.operateRoutes(v1) // signals, resume, fork, retry (operate.go)
 
 	open := http.NewServeMux()
 	open.HandleFunc("GET /healthz", h.healthz)
@@ -264,7 +265,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		if id := r.PathValue("id"); id != "" {
 			detail = fmt.Sprintf("run %s not found", id)
 		}
-	case "conflict":
+	case "conflict", runs.CodeLeaseHeld:
 		status = http.StatusConflict
 	default:
 		code = "unavailable"

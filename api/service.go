@@ -26,7 +26,8 @@ type getRequest struct {
 }
 
 // StartService registers the NATS micro service "pal" with the endpoints
-// pal.api.runs.start, .get, .approve, .cancel and .budget on nc. Each takes a JSON
+// pal.api.runs.start, .get, .approve, .cancel, .budget, .signal, .resume,
+// .fork and .retry on nc. Each takes a JSON
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
@@ -39,7 +40,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ServiceVersion,
-		Description: "PAL: start, read, approve, cancel and budget durable AI-agent runs",
+		Description: "PAL: start, read, approve, cancel, budget, signal, resume, fork and retry durable AI-agent runs",
 	})
 	if err != nil {
 		return nil, err
@@ -86,7 +87,8 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	for _, ep := range []struct {
 		name string
 		h    micro.Handler
-	}{{"start", do(runs.CmdStart)}, {"get", get}, {"approve", do(runs.CmdApprove)}, {"cancel", do(runs.CmdCancel)}, {"budget", do(runs.CmdBudget)}} {
+	}{{"start", do(runs.CmdStart)}, {"get", get}, {"approve", do(runs.CmdApprove)}, {"cancel", do(runs.CmdCancel)}, {"budget", do(runs.CmdBudget)},
+		{"signal", do(runs.CmdSignal)}, {"resume", do(runs.CmdResume)}, {"fork", do(runs.CmdFork)}, {"retry", do(runs.CmdRetry)}} {
 		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
 			_ = svc.Stop()
 			return nil, err
@@ -116,7 +118,7 @@ func statusOf(code string) int {
 		return 400
 	case "not_found":
 		return 404
-	case "conflict":
+	case "conflict", runs.CodeLeaseHeld:
 		return 409
 	default:
 		return 503

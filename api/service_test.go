@@ -35,7 +35,8 @@ func TestNATSService(t *testing.T) {
 	for _, ep := range si.Endpoints {
 		subjects = append(subjects, ep.Subject)
 	}
-	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget"}, subjects)
+	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget",
+		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry"}, subjects)
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()

@@ -39,12 +39,25 @@ func newHistory(t testing.TB, runID, wfJSON, input string) *history {
 	return newHistoryRaw(t, runID, wf.Raw(), wf.Name, input)
 }
 
+// newForkHistory starts a run of wfJSON forked as ff says.
+func newForkHistory(t testing.TB, runID, wfJSON, input string, ff *event.ForkedFrom) *history {
+	t.Helper()
+	wf, err := workflow.Parse([]byte(wfJSON))
+	require.NoError(t, err)
+	return newHistoryWith(t, runID, wf.Raw(), wf.Name, input, ff)
+}
+
 // newHistoryRaw starts a run whose run_created carries the snapshot raw as
 // it is, whether or not it parses.
 func newHistoryRaw(t testing.TB, runID string, raw json.RawMessage, name, input string) *history {
 	t.Helper()
+	return newHistoryWith(t, runID, raw, name, input, nil)
+}
+
+func newHistoryWith(t testing.TB, runID string, raw json.RawMessage, name, input string, ff *event.ForkedFrom) *history {
+	t.Helper()
 	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: "pal"}
-	d := event.RunCreatedData{Depth: 0, TriggerMeta: map[string]any{"source": "api"}}
+	d := event.RunCreatedData{Depth: 0, TriggerMeta: map[string]any{"source": "api"}, ForkedFrom: ff}
 	if input != "" {
 		d.Input = json.RawMessage(input)
 	}
@@ -153,7 +166,19 @@ func (h *history) pure(stepID string) *history {
 		h.append(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
 			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
 	}
-	h.append(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output})
+	h.append(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output,
+		SignalSeq: p.SignalSeq, CopiedFrom: p.CopiedFrom})
+	return h
+}
+
+// signal journals a signal_received sent by who, as runs.Client.Signal
+// does.
+func (h *history) signal(name, payload, who string) *history {
+	h.t.Helper()
+	worker := h.worker
+	h.worker = who
+	h.append(event.SignalReceived, "", 0, event.SignalReceivedData{Signal: name, Payload: json.RawMessage(payload), By: who})
+	h.worker = worker
 	return h
 }
 

@@ -87,6 +87,11 @@ type ApprovalInput struct {
 	Approvers []string `json:"approvers,omitempty"`
 }
 
+// WaitInput is the input of a wait step: the signal it waits for.
+type WaitInput struct {
+	Signal string `json:"signal"`
+}
+
 // SubagentInput is the input of a subagent step: the child run's input.
 type SubagentInput struct {
 	Input json.RawMessage `json:"input"`

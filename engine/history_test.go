@@ -47,6 +47,11 @@ const (
 	runApprovalWait = "run_01JNB6W2G8Z4K0S1C5V7X9D3AF"
 	runApprovalFail = "run_01JNB6W2G8Z4K0S1C5V7X9D3AG"
 	runApprovalLate = "run_01JNB6W2G8Z4K0S1C5V7X9D3AH"
+	runSignalEarly  = "run_01JNB6W2G8Z4K0S1C5V7X9D3AJ"
+	runSignalWait   = "run_01JNB6W2G8Z4K0S1C5V7X9D3AK"
+	runSignalLate   = "run_01JNB6W2G8Z4K0S1C5V7X9D3AM"
+	runSignalRouted = "run_01JNB6W2G8Z4K0S1C5V7X9D3AN"
+	runForked       = "run_01JNB6W2G8Z4K0S1C5V7X9D3AP"
 )
 
 func scenarios() []scenario {
@@ -73,6 +78,13 @@ func scenarios() []scenario {
 		{name: "approval_waiting", build: buildApprovalWaiting},
 		{name: "approval_timeout_failed", build: buildApprovalTimeoutFailed},
 		{name: "approval_timeout_routed", build: buildApprovalTimeoutRouted},
+		// Signals: kept first in first out per name, each taken once.
+		{name: "signal_sent_early", build: buildSignalSentEarly},
+		{name: "signal_waiting", build: buildSignalWaiting},
+		{name: "signal_after_wait", build: buildSignalAfterWait},
+		{name: "signal_timeout_routed", build: buildSignalTimeoutRouted},
+		// A fork of runSucceeded from review: draft is copied, not run.
+		{name: "forked_from_review", build: buildForkedFromReview},
 	}, brakeScenarios()...)
 }
 
@@ -241,6 +253,68 @@ func buildApprovalTimeoutFailed(t testing.TB) []event.Event {
 func buildApprovalTimeoutRouted(t testing.TB) []event.Event {
 	h := releaseWait(t, runApprovalLate, wfReleaseRouted).timeOut("worker-b", "ok")
 	h.start("page").complete("page", `{"paged":"oncall-7"}`, nil)
+	return h.finish().events()
+}
+
+// buildSignalSentEarly: two "go" signals arrive before the run is first
+// driven; the first wait takes the older, the second the newer.
+func buildSignalSentEarly(t testing.TB) []event.Event {
+	h := newHistory(t, runSignalEarly, wfDeploy, `{}`)
+	h.signal("go", `{"by":"ana"}`, "ana").signal("go", `{"by":"bo"}`, "bo")
+	h.resume("worker-a").pure("first").pure("second")
+	require.Equal(t, uint64(2), h.st.Steps["first"].SignalSeq)
+	require.Equal(t, uint64(3), h.st.Steps["second"].SignalSeq)
+	h.start("ship").complete("ship", `{"deployed":true}`, nil)
+	return h.finish().events()
+}
+
+// buildSignalWaiting: one "go" was taken by the first wait; the second
+// parks (and at its deadline Next fails the run: nothing routes on it).
+func buildSignalWaiting(t testing.TB) []event.Event {
+	h := newHistory(t, runSignalWait, wfDeploy, `{}`).signal("go", `{"by":"ana"}`, "ana")
+	h.resume("worker-a").pure("first").waitFor("second")
+	require.Equal(t, engine.StatusWaiting, h.st.Status)
+	return h.events()
+}
+
+// buildSignalAfterWait: the run parked on the second wait; a signal
+// wakes it.
+func buildSignalAfterWait(t testing.TB) []event.Event {
+	h := newHistory(t, runSignalLate, wfDeploy, `{}`).signal("go", `{"by":"ana"}`, "ana")
+	h.resume("worker-a").pure("first").waitFor("second")
+	h.wait(time.Minute).signal("go", `{"by":"bo"}`, "bo")
+	h.resume("worker-b").pure("second")
+	h.start("ship").complete("ship", `{"deployed":true}`, nil)
+	return h.finish().events()
+}
+
+// buildSignalTimeoutRouted: no signal comes; at the deadline the wait
+// completes as timed out and routes to page.
+func buildSignalTimeoutRouted(t testing.TB) []event.Event {
+	h := newHistory(t, runSignalRouted, wfDeployRouted, `{}`).resume("worker-a").waitFor("hold")
+	h = h.timeOut("worker-b", "hold")
+	h.start("page").complete("page", `{"paged":"oncall-7"}`, nil)
+	return h.finish().events()
+}
+
+// buildForkedFromReview forks runSucceeded at review: run_created carries
+// draft's output, which the first drive completes as copied_from without
+// a step of its own running; review and publish run under the fork's keys.
+func buildForkedFromReview(t testing.TB) []event.Event {
+	src, err := engine.Fold(buildSucceeded(t))
+	require.NoError(t, err)
+	draft := src.Steps["draft"]
+	ff := &event.ForkedFrom{RunID: runSucceeded, StepID: "review", Seq: src.Steps["review"].Attempts[0].FirstSeq,
+		Copies: []event.CopiedStep{{StepID: "draft", NodeID: "draft", NodeType: "ai-step", Output: draft.Output,
+			Seq: draft.CompletedSeq, NodeHash: "5a4c3d0f2e1b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"}}}
+	h := newForkHistory(t, runForked, wfSummarise, inputSummarise, ff).resume("worker-a")
+	p := h.plan("draft")
+	require.True(t, p.Pure)
+	require.NotNil(t, p.CopiedFrom)
+	h.pure("draft")
+	h.llm("review", "Accurate and complete.", "claude-sonnet-4-5-20250929", 41, 6)
+	h.llm("publish", "Agent runs that survive crashes", "gpt-4o-mini-2024-07-18", 37, 7)
+	require.Nil(t, h.st.Steps["draft"].Usage, "a copied step costs the fork nothing")
 	return h.finish().events()
 }
 

@@ -46,6 +46,7 @@ const (
 	ExecConnector = "connector"
 	ExecApproval  = "approval"
 	ExecSubagent  = "subagent"
+	ExecWait      = "wait"
 	ExecPure      = "pure"
 	ExecProcess   = "process"
 )
@@ -55,6 +56,9 @@ const (
 	CodeRejected = "approval_rejected"
 	CodeMaxTurns = "max_turns"
 	CodeLoop     = "loop"
+	// CodeSignalTimeout fails a run whose wait node timed out with no
+	// edge routing on it.
+	CodeSignalTimeout = "signal_timeout"
 )
 
 // MaxDepth is how deep subagents may nest: a run at depth 5 may not start
@@ -114,12 +118,20 @@ type StepPlan struct {
 	// Gate is set for a gated step whose score is journaled: what is left
 	// is its verdict (with Wait set while it waits for an approver).
 	Gate *GatePlan
+	// SignalSeq is the seq of the signal a wait step takes (journaled in
+	// its step_completed).
+	SignalSeq uint64
+	// CopiedFrom is set when a fork copies the step from its source run:
+	// Output is the source's, and nothing is executed.
+	CopiedFrom *event.CopiedFrom
 }
 
 // WaitPlan describes a step that waits. A wait whose time is up is not
 // planned as a wait: Next plans the step's timed-out completion instead.
 type WaitPlan struct {
 	Reason string
+	// Signal is the signal a wait node waits for ("" for an approval).
+	Signal string
 	// Waiting is true when step_waiting is already journaled.
 	Waiting bool
 	// TimeoutMs is how long to wait (0: forever).
@@ -159,6 +171,10 @@ func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now t
 	}
 	a, out := walk(ctx, wf, st, nil, st.Input(), now)
 	if rs, ok := a.(RunStep); ok {
+		// A step a fork copies is not executed, so no brake applies to it.
+		if p, ok := copied(st, rs.Plan); ok {
+			return RunStep{Plan: p}
+		}
 		if b := st.brakesAt(rs.Plan, now); b != nil {
 			return b
 		}
@@ -167,6 +183,28 @@ func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now t
 		return a
 	}
 	return Complete{Output: out}
+}
+
+// copied replaces the plan of a step a fork copies (run_created's
+// forked_from.copies) with its source output: the step completes without
+// being executed, whatever its type.
+func copied(st *RunState, p StepPlan) (StepPlan, bool) {
+	c, ok := st.copies[p.StepID]
+	if !ok {
+		return p, false
+	}
+	if s, ok := st.Steps[p.StepID]; ok && s.Status == StepCompleted {
+		return p, false
+	}
+	out := c.Output
+	if len(out) == 0 {
+		out = json.RawMessage("null")
+	}
+	p.Exec, p.Wait, p.ChildRunID, p.SignalSeq = ExecPure, nil, "", 0
+	// The input stays the rendered one: what the step would have sent.
+	p.Output, p.Pure = out, true
+	p.CopiedFrom = &event.CopiedFrom{RunID: st.Created.ForkedFrom.RunID, Seq: c.Seq, NodeHash: c.NodeHash}
+	return p, true
 }
 
 // walk walks one graph: the run's workflow (scope nil) or one iteration of
@@ -224,6 +262,11 @@ nodes:
 						return f, nil
 					}
 				}
+				if node.Type == workflow.TypeWait && !wf.ConditionalRouting(id) && waitTimedOut(s) {
+					sid := stepID.String()
+					return Fail{Code: CodeSignalTimeout, StepID: sid,
+						Error: fmt.Sprintf("step %s timed out waiting for a signal", sid)}, nil
+				}
 				state[idx] = isCompleted
 				if last == nil || s.CompletedSeq > last.CompletedSeq {
 					last = s
@@ -274,6 +317,19 @@ func rejected(s *Step, sid string) (Fail, bool) {
 	return Fail{Code: CodeRejected, StepID: sid, Error: msg}, true
 }
 
+// waitTimedOut reports whether a completed wait step timed out: it took
+// no signal (a copied step: its output says so).
+func waitTimedOut(s *Step) bool {
+	if s.SignalSeq != 0 {
+		return false
+	}
+	if s.CopiedFrom == nil {
+		return true
+	}
+	var out event.SignalTimeoutOutput
+	return json.Unmarshal(s.Output, &out) == nil && out.TimedOut && out.Signal != ""
+}
+
 // basePlan fills the attempt, key and resume state of step sid.
 func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 	p := StepPlan{StepID: sid, NodeID: node.ID, NodeType: node.Type, Node: node, Exec: exec, Attempt: 1}
@@ -297,7 +353,7 @@ func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
 	exec := map[string]string{workflow.TypeAIStep: ExecLLM, workflow.TypeTool: ExecTool, workflow.TypeConnector: ExecConnector,
 		workflow.TypeCondition: ExecPure, workflow.TypeApproval: ExecApproval, workflow.TypeSubagent: ExecSubagent,
-		workflow.TypeProcess: ExecProcess}[node.Type]
+		workflow.TypeProcess: ExecProcess, workflow.TypeWait: ExecWait}[node.Type]
 	p := basePlan(st, node, sid, exec)
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: event.CodeStepFailed, StepID: sid, Error: fmt.Sprintf("step %s: ", sid) + fmt.Sprintf(format, args...)}
@@ -364,6 +420,31 @@ func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 			// The deadline has passed: the step completes as timed out,
 			// which routes along an edge on timed_out or fails the run.
 			out, _ := json.Marshal(event.ApprovalOutput{Decision: event.DecisionTimeout, TimedOut: true})
+			p.Wait, p.Output, p.Pure = nil, out, true
+		}
+	case workflow.TypeWait:
+		d, err := node.Wait()
+		if err != nil {
+			return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
+		}
+		if sg := st.PendingSignal(d.Signal); sg != nil {
+			// The oldest signal of its name not yet taken, even one sent
+			// before the run got here.
+			out := sg.Payload
+			if len(out) == 0 {
+				out = json.RawMessage("null")
+			}
+			p.Output, p.Pure, p.SignalSeq = out, true, sg.Seq
+			return RunStep{Plan: p}
+		}
+		p.Wait = &WaitPlan{Reason: event.WaitSignal, Signal: d.Signal, TimeoutMs: d.TimeoutMs}
+		if s, ok := st.Steps[sid]; ok && s.Status == StepWaiting {
+			p.Wait.Waiting, p.Wait.TimeoutAt = true, s.TimeoutAt
+		} else if d.TimeoutMs > 0 {
+			p.Wait.TimeoutAt = now.Add(time.Duration(d.TimeoutMs) * time.Millisecond).UTC()
+		}
+		if p.Wait.Waiting && !p.Wait.TimeoutAt.IsZero() && !now.Before(p.Wait.TimeoutAt) {
+			out, _ := json.Marshal(event.SignalTimeoutOutput{Signal: d.Signal, TimedOut: true})
 			p.Wait, p.Output, p.Pure = nil, out, true
 		}
 	case workflow.TypeSubagent:

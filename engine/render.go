@@ -55,6 +55,12 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 			return nil, fmt.Errorf("prompt: %w", err)
 		}
 		return json.Marshal(ApprovalInput{Prompt: prompt, Approvers: d.Approvers})
+	case workflow.TypeWait:
+		d, err := node.Wait()
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(WaitInput{Signal: d.Signal})
 	case workflow.TypeSubagent:
 		d, err := node.Subagent()
 		if err != nil {

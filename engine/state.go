@@ -131,8 +131,13 @@ type Step struct {
 	TimeoutAt  time.Time
 	// CompletedSeq is the seq of the step's step_completed.
 	CompletedSeq uint64
-	StartedAt    time.Time
-	EndedAt      time.Time
+	// SignalSeq is the seq of the signal a wait step took (0: it timed
+	// out, or the step is no wait).
+	SignalSeq uint64
+	// CopiedFrom is set on a step a fork copied from its source run.
+	CopiedFrom *event.CopiedFrom
+	StartedAt  time.Time
+	EndedAt    time.Time
 	// RetryAt is when the next attempt may start, after a step_retrying.
 	RetryAt    time.Time
 	DurationMs int64
@@ -214,6 +219,9 @@ type RunState struct {
 	Decisions map[string]event.ApprovalReceivedData
 	// Order lists step ids in the order they first started.
 	Order []string
+	// Signals holds every signal_received by name, oldest first; a wait
+	// step takes the oldest one not yet Taken.
+	Signals map[string][]*Signal
 
 	LastSeq uint64
 	// Resumes counts run_resumed events.
@@ -256,10 +264,44 @@ type RunState struct {
 
 	input   any
 	decoded bool
+	// copies indexes run_created's forked_from.copies by step id.
+	copies map[string]*event.CopiedStep
 	// outputs maps the id of every completed step (and the trigger) to its
 	// output, for the top-level template environment; kept up to date by
 	// Apply so Next need not rebuild it.
 	outputs map[string]any
+}
+
+// Signal is one signal_received, and which step took it.
+type Signal struct {
+	Seq     uint64
+	Payload json.RawMessage
+	By      string
+	At      time.Time
+	// TakenBy is the wait step that took it ("" while it is pending).
+	TakenBy string
+}
+
+// PendingSignal returns the oldest signal of name no wait step has taken,
+// or nil.
+func (st *RunState) PendingSignal(name string) *Signal {
+	for _, sg := range st.Signals[name] {
+		if sg.TakenBy == "" {
+			return sg
+		}
+	}
+	return nil
+}
+
+// PendingSignals counts the signals of name no wait step has taken.
+func (st *RunState) PendingSignals(name string) int {
+	n := 0
+	for _, sg := range st.Signals[name] {
+		if sg.TakenBy == "" {
+			n++
+		}
+	}
+	return n
 }
 
 // Input returns the decoded run input.
@@ -321,6 +363,12 @@ func (st *RunState) apply(ev event.Event) error {
 		}
 		st.Status = StatusQueued
 		st.CreatedAt = ev.TS
+		if f := st.Created.ForkedFrom; f != nil && len(f.Copies) > 0 {
+			st.copies = make(map[string]*event.CopiedStep, len(f.Copies))
+			for i := range f.Copies {
+				st.copies[f.Copies[i].StepID] = &f.Copies[i]
+			}
+		}
 		if len(st.Created.Workflow) > 0 {
 			st.Workflow, st.WorkflowErr = workflow.ParseCached(st.Created.Workflow)
 		}
@@ -417,6 +465,12 @@ func (st *RunState) apply(ev event.Event) error {
 		st.LastCompleted = ev.StepID
 		st.CrashesAtStep = 0
 		s.CompletedSeq = ev.Seq
+		s.SignalSeq, s.CopiedFrom = d.SignalSeq, d.CopiedFrom
+		if d.SignalSeq != 0 {
+			if err := st.takeSignal(ev, d.SignalSeq); err != nil {
+				return err
+			}
+		}
 		s.WaitReason, s.TimeoutAt = "", time.Time{}
 		st.setOutput(ev.StepID, d.Output)
 		s.RetryAt = time.Time{}
@@ -574,10 +628,37 @@ func (st *RunState) apply(ev event.Event) error {
 		if s, ok := st.Steps[ev.StepID]; ok {
 			s.BypassedAttempt = ev.Attempt
 		}
+	case event.SignalReceived:
+		var d event.SignalReceivedData
+		if err := ev.DecodeData(&d); err != nil {
+			return err
+		}
+		if st.Signals == nil {
+			st.Signals = map[string][]*Signal{}
+		}
+		st.Signals[d.Signal] = append(st.Signals[d.Signal], &Signal{Seq: ev.Seq, Payload: d.Payload, By: d.By, At: ev.TS})
 	default:
 		return fmt.Errorf("run %s: unknown event kind %q at seq %d", ev.RunID, ev.Kind, ev.Seq)
 	}
 	return nil
+}
+
+// takeSignal marks the signal at seq taken by the step completing in ev.
+// A signal is taken once: a second taker is a journal that does not fold.
+func (st *RunState) takeSignal(ev event.Event, seq uint64) error {
+	for _, sgs := range st.Signals {
+		for _, sg := range sgs {
+			if sg.Seq != seq {
+				continue
+			}
+			if sg.TakenBy != "" {
+				return fmt.Errorf("run %s seq %d: step %s takes the signal at seq %d, which step %s took", st.RunID, ev.Seq, ev.StepID, seq, sg.TakenBy)
+			}
+			sg.TakenBy = ev.StepID
+			return nil
+		}
+	}
+	return fmt.Errorf("run %s seq %d: step %s takes a signal at seq %d, which is no signal_received", st.RunID, ev.Seq, ev.StepID, seq)
 }
 
 func (st *RunState) end(s Status, ts time.Time) {

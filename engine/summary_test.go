@@ -41,6 +41,8 @@ type summary struct {
 	Pause        *engine.Pause               `json:"pause,omitempty"`
 	Anomalies    []event.AnomalyDetectedData `json:"anomalies,omitempty"`
 	PendingAnoms []event.AnomalyDetectedData `json:"pending_anomalies,omitempty"`
+	// Signals are the signals received, by name, oldest first.
+	Signals map[string][]signalSummary `json:"signals,omitempty"`
 	// Next is Next's action at the time of the last event.
 	Next nextSummary `json:"next"`
 	// NextAtDeadline is Next's action at the deadline of a waiting step,
@@ -64,7 +66,17 @@ type stepSummary struct {
 	Error          string            `json:"error,omitempty"`
 	Class          string            `json:"class,omitempty"`
 	RetryAt        string            `json:"retry_at,omitempty"`
+	SignalSeq      uint64            `json:"signal_seq,omitempty"`
+	CopiedFrom     *event.CopiedFrom `json:"copied_from,omitempty"`
 	Attempts       []attemptSummary  `json:"attempts"`
+}
+
+// signalSummary is one signal_received and the step that took it.
+type signalSummary struct {
+	Seq     uint64          `json:"seq"`
+	Payload json.RawMessage `json:"payload"`
+	By      string          `json:"by,omitempty"`
+	TakenBy string          `json:"taken_by,omitempty"`
 }
 
 // attemptSummary is one attempt of a step (a steps-table row).
@@ -105,15 +117,17 @@ type nextSummary struct {
 	Error     string          `json:"error,omitempty"`
 	Wait      *waitSummary    `json:"wait,omitempty"`
 	// Kind and Data are a Note's; Reason and Waiting a Park's.
-	Kind    event.Kind `json:"kind,omitempty"`
-	Data    any        `json:"data,omitempty"`
-	Reason  string     `json:"reason,omitempty"`
-	Waiting bool       `json:"waiting,omitempty"`
+	Kind      event.Kind `json:"kind,omitempty"`
+	Data      any        `json:"data,omitempty"`
+	Reason    string     `json:"reason,omitempty"`
+	Waiting   bool       `json:"waiting,omitempty"`
+	SignalSeq uint64     `json:"signal_seq,omitempty"`
 }
 
 // waitSummary is a planned wait.
 type waitSummary struct {
 	Reason    string `json:"reason"`
+	Signal    string `json:"signal,omitempty"`
 	Waiting   bool   `json:"waiting"`
 	TimeoutMs int    `json:"timeout_ms,omitempty"`
 	TimeoutAt string `json:"timeout_at,omitempty"`
@@ -150,13 +164,21 @@ func summarise(st *engine.RunState, next engine.Action) summary {
 			s.Anomalies = nil
 		}
 	}
+	for name, sgs := range st.Signals {
+		if s.Signals == nil {
+			s.Signals = map[string][]signalSummary{}
+		}
+		for _, sg := range sgs {
+			s.Signals[name] = append(s.Signals[name], signalSummary{Seq: sg.Seq, Payload: sg.Payload, By: sg.By, TakenBy: sg.TakenBy})
+		}
+	}
 	for _, id := range st.Order {
 		x := st.Steps[id]
 		s.Steps = append(s.Steps, stepSummary{
 			ID: x.ID, NodeType: x.NodeType, Status: x.Status, Attempt: x.Attempt, Retries: x.Retries,
 			Key: x.Key, Output: x.Output, Usage: x.Usage, Claimed: x.Claimed, Delivered: x.Delivered,
 			Delivery: x.Delivery, DeliveryStatus: x.DeliveryStatus, Error: x.Error, Class: x.Class,
-			RetryAt: timeString(x.RetryAt), Attempts: []attemptSummary{},
+			RetryAt: timeString(x.RetryAt), SignalSeq: x.SignalSeq, CopiedFrom: x.CopiedFrom, Attempts: []attemptSummary{},
 		})
 		last := &s.Steps[len(s.Steps)-1]
 		for _, a := range x.Attempts {
@@ -185,9 +207,9 @@ func summariseAction(a engine.Action) nextSummary {
 		p := a.Plan
 		n := nextSummary{Type: "run_step", StepID: p.StepID, NodeType: p.NodeType, Attempt: p.Attempt,
 			Tries: p.Tries, Started: p.Started, Key: p.Key, Input: p.Input, Claimed: p.Claimed,
-			Delivered: p.Delivered, NotBefore: timeString(p.NotBefore), Pure: p.Pure, Output: p.Output}
+			Delivered: p.Delivered, NotBefore: timeString(p.NotBefore), Pure: p.Pure, Output: p.Output, SignalSeq: p.SignalSeq}
 		if w := p.Wait; w != nil {
-			n.Wait = &waitSummary{Reason: w.Reason, Waiting: w.Waiting, TimeoutMs: w.TimeoutMs, TimeoutAt: timeString(w.TimeoutAt)}
+			n.Wait = &waitSummary{Reason: w.Reason, Signal: w.Signal, Waiting: w.Waiting, TimeoutMs: w.TimeoutMs, TimeoutAt: timeString(w.TimeoutAt)}
 		}
 		return n
 	default:

@@ -145,3 +145,32 @@ const wfReleaseRouted = `{
 }`
 
 const inputRelease = `{"version":"2.4.0"}`
+
+// wfDeploy waits twice for signal "go" (an hour at most each), then
+// deploys; nothing routes on a timeout, so one fails the run.
+const wfDeploy = `{
+  "name": "deploy-on-signal",
+  "nodes": [
+    {"id": "start", "type": "trigger"},
+    {"id": "first", "type": "wait", "data": {"signal": "go", "timeoutMs": 3600000}},
+    {"id": "second", "type": "wait", "data": {"signal": "go", "timeoutMs": 3600000}},
+    {"id": "ship", "type": "tool", "data": {"tool": "deploy", "input": {"by": "{{steps.second.output.by}}"}}}
+  ],
+  "edges": [{"from": "start", "to": "first"}, {"from": "first", "to": "second"}, {"from": "second", "to": "ship"}]
+}`
+
+// wfDeployRouted waits for "go"; a timeout goes to page.
+const wfDeployRouted = `{
+  "name": "deploy-routed",
+  "nodes": [
+    {"id": "start", "type": "trigger"},
+    {"id": "hold", "type": "wait", "data": {"signal": "go", "timeoutMs": 3600000}},
+    {"id": "ship", "type": "tool", "data": {"tool": "deploy", "input": {}}},
+    {"id": "page", "type": "tool", "data": {"tool": "page_oncall", "input": {"why": "no go signal in time"}}}
+  ],
+  "edges": [
+    {"from": "start", "to": "hold"},
+    {"from": "hold", "to": "ship", "condition": "steps.hold.output.timed_out != true"},
+    {"from": "hold", "to": "page", "condition": "steps.hold.output.timed_out == true"}
+  ]
+}`

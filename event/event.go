@@ -35,6 +35,9 @@ const (
 	// ApprovalReceived records a decision on an approval step. It is an
 	// input from outside the run: any writer may append it, fenced.
 	ApprovalReceived Kind = "approval_received"
+	// SignalReceived records a named signal sent to a run. It is an
+	// input like approval_received: kept until a wait node takes it.
+	SignalReceived Kind = "signal_received"
 
 	// Process step reports (the process tier): a child process run by a
 	// process node reports its own sub-steps; the driving worker journals
@@ -59,6 +62,7 @@ var Kinds = []Kind{
 	RunSucceeded, RunFailed, RunCancelled, ApprovalReceived,
 	SubstepStarted, SubstepCompleted,
 	BudgetWarning, BudgetExceeded, BudgetRaised,
+	SignalReceived,
 }
 
 // Terminal reports whether k ends a run.
@@ -69,16 +73,16 @@ func (k Kind) Terminal() bool {
 // Input reports whether k is an input from outside the run rather than
 // the driving worker's own record: such events may land while a worker
 // drives the run without taking the run from it.
-func (k Kind) Input() bool { return k == ApprovalReceived || k == BudgetRaised }
+func (k Kind) Input() bool { return k == ApprovalReceived || k == BudgetRaised || k == SignalReceived }
 
 // Driven reports whether only the worker driving the run (the writer of
 // its latest run_resumed) may append k: every kind but run_created (the
 // first, by the starter or a parent's drive), run_resumed (which opens a
 // drive) and the kinds any writer may append (approval_received,
-// budget_raised, run_cancelled).
+// budget_raised, signal_received, run_cancelled).
 func (k Kind) Driven() bool {
 	switch k {
-	case RunCreated, RunResumed, RunCancelled, ApprovalReceived, BudgetRaised:
+	case RunCreated, RunResumed, RunCancelled, ApprovalReceived, BudgetRaised, SignalReceived:
 		return false
 	}
 	return true

@@ -226,14 +226,14 @@ func TestKinds(t *testing.T) {
 		seen[k] = true
 		require.Equal(t, strings.ToLower(string(k)), string(k))
 	}
-	require.Len(t, event.Kinds, 22, "the twenty-two kinds of docs/architecture.md §6.2")
+	require.Len(t, event.Kinds, 23, "the twenty-three kinds of docs/architecture.md §6.2")
 	require.False(t, event.Kind("").Known())
 	require.False(t, event.Kind("RUN_CREATED").Known())
 
 	terminal := map[event.Kind]bool{event.RunSucceeded: true, event.RunFailed: true, event.RunCancelled: true}
 	for _, k := range event.Kinds {
 		require.Equal(t, terminal[k], k.Terminal(), k)
-		require.Equal(t, k == event.ApprovalReceived || k == event.BudgetRaised, k.Input(), k)
+		require.Equal(t, k == event.ApprovalReceived || k == event.BudgetRaised || k == event.SignalReceived, k.Input(), k)
 	}
 }
 

@@ -27,6 +27,8 @@ type RunCreatedData struct {
 	// defaults overridden by the workflow's policy.anomalies, by type.
 	// Absent: the built-in defaults (engine.DefaultAnomalies).
 	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
+	// ForkedFrom is set on a run made by a fork or a retry of another.
+	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
 }
 
 // Budget limits what a run may spend. A zero field sets no limit.
@@ -70,6 +72,48 @@ type AnomalyRule struct {
 	Floor    float64 `json:"floor,omitempty"`
 	// Action is record, halt or pause.
 	Action string `json:"action,omitempty"`
+}
+
+// ForkedFrom says which run and step a fork starts from, and carries the
+// steps it copies: each is completed with its source output (marked
+// copied_from) and never executed.
+type ForkedFrom struct {
+	RunID  string `json:"run_id"`
+	StepID string `json:"step_id"`
+	// Seq is the seq of the source's first event of StepID: steps the
+	// source completed before it are copied.
+	Seq    uint64       `json:"seq"`
+	Copies []CopiedStep `json:"copies,omitempty"`
+	// Rerun lists the source's steps completed before Seq that are not
+	// copied, and why (a fork with another workflow).
+	Rerun []RerunStep `json:"rerun,omitempty"`
+}
+
+// CopiedStep is one step a fork copies from its source.
+type CopiedStep struct {
+	StepID   string          `json:"step_id"`
+	NodeID   string          `json:"node_id"`
+	NodeType string          `json:"node_type"`
+	Output   json.RawMessage `json:"output"`
+	Delivery string          `json:"delivery,omitempty"`
+	// Seq is the seq of the source's step_completed.
+	Seq uint64 `json:"seq"`
+	// NodeHash is the hex sha256 of the canonical JSON of the step's
+	// outermost node (a loop's or agent's, for the steps inside them).
+	NodeHash string `json:"node_hash"`
+}
+
+// RerunStep names a source step a fork runs again, and why.
+type RerunStep struct {
+	StepID string `json:"step_id"`
+	Reason string `json:"reason"`
+}
+
+// CopiedFrom marks a step_completed copied from another run's journal.
+type CopiedFrom struct {
+	RunID    string `json:"run_id"`
+	Seq      uint64 `json:"seq"`
+	NodeHash string `json:"node_hash,omitempty"`
 }
 
 // RunResumedData is the payload of run_resumed, appended by a worker each
@@ -132,6 +176,11 @@ type StepCompletedData struct {
 	Delivery string `json:"delivery,omitempty"`
 	// Stderr is the bounded tail of a process step's standard error.
 	Stderr string `json:"stderr,omitempty"`
+	// SignalSeq is the seq of the signal_received a wait step took (0 for
+	// a wait that timed out, and every other step).
+	SignalSeq uint64 `json:"signal_seq,omitempty"`
+	// CopiedFrom is set on a step a fork copied instead of executing.
+	CopiedFrom *CopiedFrom `json:"copied_from,omitempty"`
 }
 
 // Error classes used for retry policies.
@@ -367,6 +416,19 @@ type ApprovalReceivedData struct {
 	Decision string `json:"decision"`
 	Approver string `json:"approver"`
 	Comment  string `json:"comment,omitempty"`
+}
+
+// SignalReceivedData is the payload of signal_received.
+type SignalReceivedData struct {
+	Signal  string          `json:"signal"`
+	Payload json.RawMessage `json:"payload"`
+	By      string          `json:"by,omitempty"`
+}
+
+// SignalTimeoutOutput is the output of a wait step that timed out.
+type SignalTimeoutOutput struct {
+	Signal   string `json:"signal"`
+	TimedOut bool   `json:"timed_out"`
 }
 
 // ApprovalOutput is the output of a completed approval step.

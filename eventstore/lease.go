@@ -200,3 +200,60 @@ func (ls *Lease) Valid(now time.Time) bool {
 
 // TTL is the lease's time-to-live.
 func (ls *Lease) TTL() time.Duration { return ls.ttl }
+
+// Break takes a run's lease from whoever holds it (an operator's forced
+// resume): it purges the key at the revision it read, so a lease taken
+// meanwhile by someone else is left alone. The holder's next renewal then
+// fails (ErrLeaseLost) and the fencing token of the next drive keeps its
+// appends out. It returns the holder it broke, or "" when the lease was
+// free.
+func (l *Leases) Break(ctx context.Context, runID string) (string, error) {
+	if err := checkRunID(runID); err != nil {
+		return "", fmt.Errorf("breaking lease: %w", err)
+	}
+	e, err := l.kv.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading lease on run %s: %w", runID, err)
+	}
+	err = l.kv.Purge(ctx, runID, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(time.Minute))
+	if err != nil && !isWrongLastSeq(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("breaking lease on run %s: %w", runID, err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("breaking lease on run %s: it changed hands meanwhile: %w", runID, ErrLeaseHeld)
+	}
+	return string(e.Value()), nil
+}
+
+// AfterTaken runs act and then waits until someone takes the run's lease
+// (a put after act began), or ctx ends. It returns the new holder, or ""
+// when ctx ended first: that is not an error.
+func (l *Leases) AfterTaken(ctx context.Context, runID string, act func() error) (string, error) {
+	if err := checkRunID(runID); err != nil {
+		return "", fmt.Errorf("watching lease: %w", err)
+	}
+	w, err := l.kv.Watch(ctx, runID, jetstream.UpdatesOnly())
+	if err != nil {
+		return "", fmt.Errorf("watching lease on run %s: %w", runID, err)
+	}
+	defer func() { _ = w.Stop() }()
+	if err := act(); err != nil {
+		return "", err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return "", nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return "", nil
+			}
+			if e != nil && e.Operation() == jetstream.KeyValuePut {
+				return string(e.Value()), nil
+			}
+		}
+	}
+}

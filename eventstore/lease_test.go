@@ -382,3 +382,25 @@ func TestLeaseRenewLostAck(t *testing.T) {
 		require.ErrorIs(t, l.Renew(ctx, old), eventstore.ErrLeaseLost, "new owner %s", owner)
 	}
 }
+
+func TestLeaseBreak(t *testing.T) {
+	t.Parallel()
+	_, l := openLeases(t)
+	ctx := t.Context()
+	holder, err := l.Break(ctx, "run_b")
+	require.NoError(t, err)
+	require.Empty(t, holder, "breaking a free lease breaks nothing")
+
+	ls, err := l.Acquire(ctx, "run_b", "frozen")
+	require.NoError(t, err)
+	holder, err = l.Break(ctx, "run_b")
+	require.NoError(t, err)
+	require.Equal(t, "frozen", holder)
+	// Free at once, and the old holder cannot renew it.
+	ls2, err := l.Acquire(ctx, "run_b", "w2")
+	require.NoError(t, err)
+	require.ErrorIs(t, l.Renew(ctx, ls), eventstore.ErrLeaseLost)
+	require.NoError(t, l.Release(ctx, ls), "the old holder's release leaves the new lease alone")
+	requireHeldBy(t, l, "run_b", "w2")
+	require.NoError(t, l.Renew(ctx, ls2))
+}

@@ -36,6 +36,29 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 	})
 }
 
+// Requeue puts a fresh work message for the run at the head of the
+// queue: a pending one (waiting out a redelivery delay, or held by a
+// worker that is frozen) is deleted first, so a worker takes the run at
+// once. A worker that still holds the deleted message loses nothing: its
+// ack or nak of a message that is gone is a no-op, and the lease and the
+// fencing token decide who drives.
+func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("requeueing: %w", err)
+	}
+	m, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return fmt.Errorf("requeueing run %s: %w", runID, err)
+	default:
+		if err := s.work.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("requeueing run %s: deleting its pending work: %w", runID, err)
+		}
+	}
+	return s.Enqueue(ctx, runID, reason)
+}
+
 // WorkPending reports whether a work message for the run is in PAL_WORK
 // (waiting or being worked on).
 func (s *Store) WorkPending(ctx context.Context, runID string) (bool, error) {

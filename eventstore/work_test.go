@@ -114,3 +114,53 @@ func TestSubjects(t *testing.T) {
 	require.Equal(t, "pal.events.run_1", eventstore.EventsSubject("run_1"))
 	require.Equal(t, "pal.work.run_1", eventstore.WorkSubject("run_1"))
 }
+
+func TestRequeueReplacesWorkHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{LeaseTTL: 30 * time.Second})
+	ctx := t.Context()
+	const run = "run_rq"
+	require.NoError(t, b.store.Requeue(ctx, run, "resume"), "requeueing a run with no pending work enqueues it")
+	cons, err := b.store.WorkConsumer(ctx)
+	require.NoError(t, err)
+	fetch := func() jetstream.Msg {
+		t.Helper()
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+		require.NoError(t, err)
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		require.Len(t, msgs, 1, "no work message: %v", batch.Error())
+		return msgs[0]
+	}
+	held := fetch() // taken by a worker that then freezes: no ack, no nak
+	require.NoError(t, held.InProgress())
+
+	// Another worker waits on the queue already.
+	got := make(chan jetstream.Msg, 1)
+	go func() {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			close(got)
+			return
+		}
+		for m := range batch.Messages() {
+			got <- m
+		}
+		close(got)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, b.store.Requeue(ctx, run, "resume"))
+	m, ok := <-got
+	require.True(t, ok, "no work message")
+	require.Less(t, time.Since(start), time.Second, "the fresh message is delivered at once, not after AckWait")
+	require.Equal(t, "resume", m.Headers().Get("Pal-Reason"))
+	require.Equal(t, uint64(1), b.msgCount(t, eventstore.WorkStream), "still one message per run")
+	require.NoError(t, m.DoubleAck(ctx))
+	_ = held.Ack() // the frozen worker's late ack of a deleted message is harmless
+	pending, err := b.store.WorkPending(ctx, run)
+	require.NoError(t, err)
+	require.False(t, pending)
+}

@@ -71,6 +71,17 @@ func examples() map[string]example {
 				require.Equal(t, map[string]any{"note": "echo: Write a release note for: faster resumes", "approved_by": "ana"}, out)
 			},
 		},
+		"wait.json": {
+			input: `{"service":"billing"}`,
+			during: func(t *testing.T, s *paltest.Stack, runID string) {
+				// Sent before the run reaches the wait node: it is kept.
+				require.NoError(t, runs.New(s.Store).Signal(context.Background(), runs.SignalCommand{
+					RunID: runID, Signal: "go", Payload: json.RawMessage(`{"by":"ana"}`), By: "ana"}))
+			},
+			check: func(t *testing.T, _ *paltest.Stack, _ string, out map[string]any) {
+				require.Equal(t, map[string]any{"service": "billing", "by": "ana"}, out)
+			},
+		},
 		"loop.json": {
 			input: `{"articles":["one","two","three"],"style":"terse"}`,
 			check: func(t *testing.T, _ *paltest.Stack, _ string, out map[string]any) {

@@ -1,7 +1,9 @@
 package runs
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -262,22 +264,46 @@ func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) error {
 	return nil
 }
 
-// Signal delivers a named signal to a run waiting for it. No node type
-// waits for signals yet, so every signal is refused with ErrNotWaiting
-// after its run is checked; nothing is written.
+// Signal appends signal_received to a run (fenced, an input like a
+// decision) and wakes it if it is parked. A signal is kept until a wait
+// node of its name takes it, oldest first, so one sent before the run
+// reaches the node is not lost; each is taken once.
+//
+// Errors: *InputError, ErrRunNotFound, ErrRunFinished, ErrNotWaiting (no
+// wait node of the workflow waits for the name, or MaxPendingSignals of
+// it are pending already). Nothing is written when it fails.
 func (c *Client) Signal(ctx context.Context, cmd SignalCommand) (err error) {
 	defer observeRefusal(CmdSignal, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
 	}
-	st, err := c.fold(ctx, cmd.RunID)
+	payload := bytes.TrimSpace(cmd.Payload)
+	if len(payload) == 0 {
+		payload = []byte("null")
+	}
+	by := cmd.By
+	if by == "" {
+		by = "pal"
+	}
+	st, err := c.appendInput(ctx, cmd.RunID, "signalling", func(st *engine.RunState) (event.Event, error) {
+		if st.Workflow == nil || !st.Workflow.WaitsFor(cmd.Signal) {
+			return event.Event{}, fmt.Errorf("signalling run %s: %w: no wait node waits for signal %q", cmd.RunID, ErrNotWaiting, cmd.Signal)
+		}
+		if n := st.PendingSignals(cmd.Signal); n >= MaxPendingSignals {
+			return event.Event{}, fmt.Errorf("signalling run %s: %w: %d signals %q are pending already (the limit)", cmd.RunID, ErrNotWaiting, n, cmd.Signal)
+		}
+		ev := event.MustNew(event.SignalReceived, "", 0, event.SignalReceivedData{
+			Signal: cmd.Signal, Payload: json.RawMessage(payload), By: by})
+		ev.WorkerID = by
+		return ev, nil
+	})
 	if err != nil {
 		return err
 	}
-	if st.Status.Terminal() {
-		return fmt.Errorf("signalling run %s: %w (%s)", cmd.RunID, ErrRunFinished, st.Status)
+	if st.Status == engine.StatusWaiting {
+		return c.store.Enqueue(ctx, cmd.RunID, "signal")
 	}
-	return fmt.Errorf("signalling run %s: %w: no step waits for signal %q", cmd.RunID, ErrNotWaiting, cmd.Name)
+	return nil
 }
 
 // Get folds a run's journal into its RunView: always current, no read

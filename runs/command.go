@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/palrun/pal/workflow"
+
+	"github.com/palrun/pal/event"
 )
 
 // Command kinds: the last token of pal.cmd.runs.<kind>.
@@ -67,6 +69,8 @@ type StartCommand struct {
 	// By names who creates the run (the worker_id of run_created); the
 	// transport sets it from the caller's identity.
 	By string `json:"-"`
+	// forkedFrom is set by Fork and Retry.
+	forkedFrom *event.ForkedFrom
 }
 
 // ApproveCommand decides an approval step.
@@ -126,13 +130,25 @@ func (c *BudgetCommand) Validate() error {
 	return checkLen("by", c.By, MaxNameBytes)
 }
 
-// SignalCommand sends a named signal to a run.
+// SignalCommand sends a named signal to a run: pal.cmd.runs.signal,
+// POST /v1/runs/{id}/signals/{name}, pal run signal.
 type SignalCommand struct {
-	RunID   string          `json:"run_id"`
-	Name    string          `json:"name"`
+	RunID string `json:"run_id"`
+	// Signal is the signal's name; Name may stand in for it.
+	Signal  string          `json:"signal,omitempty"`
+	Name    string          `json:"name,omitempty"`
 	Payload json.RawMessage `json:"payload,omitempty"`
-	ReplyTo string          `json:"reply_to,omitempty"`
+	// By names the sender (journaled); the transport sets it when empty.
+	By      string `json:"by,omitempty"`
+	ReplyTo string `json:"reply_to,omitempty"`
 }
+
+// MaxSignalPayloadBytes bounds a signal's payload, and MaxPendingSignals
+// how many signals of one name a run keeps that no wait node has taken.
+const (
+	MaxSignalPayloadBytes = 64 << 10
+	MaxPendingSignals     = 100
+)
 
 // DecodeStrict decodes one JSON object into v, refusing unknown fields,
 // wrong types, trailing data and bodies over MaxCommandBytes, with an
@@ -280,13 +296,24 @@ func (c *CancelCommand) Validate() error {
 	return errors.Join(checkLen("by", c.By, MaxNameBytes), checkLen("reason", c.Reason, MaxTextBytes))
 }
 
-// Validate checks a signal command.
+// Validate checks a signal command (and settles Signal from Name when
+// only that was given).
 func (c *SignalCommand) Validate() error {
+	if c.Name != "" {
+		if c.Signal != "" && c.Signal != c.Name {
+			return &InputError{Field: "name", Msg: fmt.Sprintf("contradicts signal %q", truncate(c.Signal, 80))}
+		}
+		c.Signal = c.Name
+	}
 	if err := checkRunID("run_id", c.RunID); err != nil {
 		return err
 	}
-	if c.Name == "" {
-		return &InputError{Field: "name", Msg: "required"}
+	if c.Signal == "" {
+		return &InputError{Field: "signal", Msg: "required: the name of the signal"}
 	}
-	return checkLen("name", c.Name, MaxNameBytes)
+	if p := bytes.TrimSpace(c.Payload); len(p) > 0 && !json.Valid(p) {
+		return &InputError{Field: "payload", Msg: "not valid JSON"}
+	}
+	return errors.Join(checkLen("signal", c.Signal, MaxNameBytes), checkLen("by", c.By, MaxNameBytes),
+		checkLen("payload", string(c.Payload), MaxSignalPayloadBytes))
 }

@@ -2,7 +2,8 @@
 // the one read model.
 //
 // Every transport decodes its request into a command struct
-// (StartCommand, ApproveCommand, CancelCommand, SignalCommand) that
+// (StartCommand, ApproveCommand, CancelCommand, SignalCommand,
+// ResumeCommand, ForkCommand, RetryCommand) that
 // validates itself, and calls the same Client method: REST (package api),
 // the NATS micro service pal.api.runs.*, the durable commands of
 // PAL_CMDS (CommandProcessor, consumer pal-commands) and the pal CLI.
@@ -13,9 +14,12 @@
 // Invariants:
 //
 //   - A command writes only inputs to a run's journal (run_created,
-//     approval_received, run_cancelled), each with one fenced append
-//     after folding the journal (Client.appendInput); a refused command
-//     writes nothing. Step and run events are the workers' alone.
+//     approval_received, signal_received, run_cancelled), each with one
+//     fenced append after folding the journal (Client.appendInput); a
+//     refused command writes nothing. Step and run events are the
+//     workers' alone. A fork or retry only reads its source and starts a
+//     new run; a resume writes no event (it replaces the work message, and
+//     with force breaks the lease; fencing does the rest).
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.

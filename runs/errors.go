@@ -93,6 +93,8 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "", true
 	case errors.Is(err, ErrRunNotFound):
 		return CodeNotFound, "", true
+	case errLeaseHeld(err):
+		return CodeLeaseHeld, "", true
 	case errors.Is(err, ErrRunFinished), errors.Is(err, ErrNotWaiting), errors.Is(err, ErrRunExists):
 		return CodeConflict, "", true
 	default:

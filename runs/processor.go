@@ -27,7 +27,14 @@ type Answer struct {
 	OK      bool   `json:"ok"`
 	RunID   string `json:"run_id,omitempty"`
 	Created *bool  `json:"created,omitempty"`
-	Error   string `json:"error,omitempty"`
+	// Broke names the worker whose lease a forced resume broke.
+	Broke string `json:"broke,omitempty"`
+	// TakenBy names the worker a resume saw take the run.
+	TakenBy string `json:"taken_by,omitempty"`
+	// Fork says what a fork or retry copied and runs again (RunID is
+	// the new run).
+	Fork  *ForkResult `json:"fork,omitempty"`
+	Error string      `json:"error,omitempty"`
 	// Code classifies an error: bad_input, not_found, conflict, unavailable,
 	// internal.
 	Code  string `json:"code,omitempty"`
@@ -166,10 +173,15 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err := c.CheckReply(cmd.ReplyTo); err != nil {
 			return Answer{}, "", err
 		}
+		if cmd.By == "" {
+			cmd.By = by
+		}
 		err := c.Signal(ctx, cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
+	case CmdResume, CmdFork, CmdRetry:
+		return c.doOperate(ctx, kind, body, by)
 	default:
-		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget or signal)", kind)}
+		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
 	}
 }
 

@@ -84,7 +84,8 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, er
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
 		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
 		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
-		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf)})
+		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf),
+		ForkedFrom: cmd.forkedFrom})
 	ev.WorkerID = writer
 	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {

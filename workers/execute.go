@@ -107,7 +107,8 @@ func (d *drive) step(p engine.StepPlan) error {
 			d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
 			return nil
 		}
-		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output})
+		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output,
+			SignalSeq: p.SignalSeq, CopiedFrom: p.CopiedFrom})
 		return nil
 	}
 	// Barrier: step_started is durable before the step acts.
@@ -171,7 +172,17 @@ func (d *drive) settleFailed(p engine.StepPlan, usage *event.Usage, err error, t
 	return d.settle(p, stepResult{usage: usage}, err, took)
 }
 
-// runWait journals a waiting step (an approval) with the deadline Next
+// inputArrived reports whether what a wait plan waits for is in the
+// state now: a decision on the approval, a signal of the wait's name.
+func (d *drive) inputArrived(p engine.StepPlan) bool {
+	if p.Wait.Signal != "" {
+		return d.st.PendingSignal(p.Wait.Signal) != nil
+	}
+	_, ok := d.st.Decisions[p.StepID]
+	return ok
+}
+
+// runWait journals a waiting step (an approval, a wait) with the deadline Next
 // gave it, or parks the run on a journaled wait. A wait with a deadline
 // schedules a durable wake-up before it is journaled. A wait that timed
 // out is not a wait: Next plans its timed-out completion instead.
@@ -191,7 +202,7 @@ func (d *drive) runWait(p engine.StepPlan) error {
 	if err := d.flush(); err != nil {
 		return err
 	}
-	if _, ok := d.st.Decisions[p.StepID]; ok {
+	if d.inputArrived(p) {
 		return nil
 	}
 	data := event.StepWaitingData{Reason: p.Wait.Reason}

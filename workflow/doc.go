@@ -66,6 +66,15 @@
 //     rejection or a timeout fails the run; with conditions, the output
 //     routes it (e.g. "steps.ok.output.timed_out").
 //
+//   - wait: parks the run until a signal named data.signal arrives (pal run
+//     signal, pal.cmd.runs.signal, pal.api.runs.signal or POST
+//     /v1/runs/{id}/signals/{name}); data.timeoutMs is optional. The
+//     output is the signal's payload. Signals sent before the run reaches
+//     the node are kept, first in first out per name, and each is taken by
+//     one wait step. A timeout completes the step with {"signal",
+//     "timed_out": true}: with no condition on any edge out of the node it
+//     fails the run, with conditions it routes it.
+//
 //   - loop: runs data.body, a whole workflow document with its own trigger,
 //     once per item of data.over (a template giving an array) or until
 //     data.until (an expression over the iteration's input and steps) is

@@ -42,7 +42,7 @@ func ExampleParse_invalid() {
 	}`))
 	fmt.Println(err)
 	// Output:
-	// workflow "summarise": node "draft": data.model: missing required field (an ai-step needs provider, model, and prompt or messages); node "y": unknown type "z" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process)
+	// workflow "summarise": node "draft": data.model: missing required field (an ai-step needs provider, model, and prompt or messages); node "y": unknown type "z" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process, wait)
 }
 
 func ExampleRenderJSON() {

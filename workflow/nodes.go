@@ -21,6 +21,20 @@ type ApprovalData struct {
 	TimeoutMs int `json:"timeoutMs,omitempty"`
 }
 
+// WaitData is the data of a wait node: the run parks until a signal of
+// that name arrives (runs.Client.Signal). Signals sent before the run
+// reaches the node are kept, first in first out per name; the node takes
+// the oldest one not yet taken. Its output is the signal's payload.
+type WaitData struct {
+	Signal string `json:"signal"`
+	// TimeoutMs, when set, ends the wait: the step completes with
+	// {"signal":name,"timed_out":true}.
+	TimeoutMs int `json:"timeoutMs,omitempty"`
+}
+
+// MaxSignalNameBytes bounds a signal name (a wait node's and a sent one's).
+const MaxSignalNameBytes = 256
+
 // LoopData is the data of a loop node.
 type LoopData struct {
 	// Over is a template giving an array: one iteration per item.
@@ -150,6 +164,34 @@ func (n *Node) Approval() (*ApprovalData, error) {
 	return &d, nil
 }
 
+// Wait decodes the data of a wait node.
+func (n *Node) Wait() (*WaitData, error) {
+	var d WaitData
+	if err := n.decode(TypeWait, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// WaitsFor reports whether a wait node of w, or of a workflow nested in
+// it (a loop body), waits for signal name.
+func (w *Workflow) WaitsFor(name string) bool {
+	for i := range w.Nodes {
+		n := &w.Nodes[i]
+		if n.Type == TypeWait {
+			if d, err := n.Wait(); err == nil && d.Signal == name {
+				return true
+			}
+		}
+		if n.Type == TypeLoop {
+			if sub, ok := w.Sub(n.ID); ok && sub.WaitsFor(name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Loop decodes the data of a loop node.
 func (n *Node) Loop() (*LoopData, error) {
 	var d LoopData
@@ -222,7 +264,7 @@ func (w *Workflow) checkNested(n *Node, field string, raw json.RawMessage, ps *p
 }
 
 // checkNewNode checks the node types that hold nested workflows, park the
-// run or loop a model (approval, loop, subagent, agent).
+// run or loop a model (approval, loop, subagent, agent, wait).
 func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON func(field string, v json.RawMessage), decodeProblem func(error), ps *problems) {
 	switch n.Type {
 	case TypeApproval:
@@ -232,6 +274,10 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			return
 		}
 		tmpl("data.prompt", d.Prompt)
+	case TypeWait:
+		if _, err := n.Wait(); err != nil {
+			decodeProblem(err)
+		}
 	case TypeLoop:
 		d, err := n.Loop()
 		if err != nil {

@@ -393,7 +393,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			tmpl(joinField("data.headers", k), d.Headers[k])
 		}
 		tmplJSON("data.body", d.Body)
-	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess:
+	case TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess, TypeWait:
 		w.checkNewNode(n, tmpl, tmplJSON, decodeProblem, ps)
 	case TypeCondition:
 		d, err := n.Condition()

@@ -90,7 +90,7 @@ func TestValidationErrorProblems(t *testing.T) {
 		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes, policy)"},
 		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
 		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
-		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process)"},
+		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process, wait)"},
 	}, ve.Problems[:4])
 	edge := ve.Problems[4]
 	require.Equal(t, 0, edge.Edge)

@@ -15,7 +15,7 @@ import (
 
 // implementedTypes are the node types the schema accepts, in the order error
 // messages list them.
-var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess}
+var implementedTypes = []string{TypeTrigger, TypeAIStep, TypeTool, TypeConnector, TypeCondition, TypeApproval, TypeLoop, TypeSubagent, TypeAgent, TypeProcess, TypeWait}
 
 // plannedTypes are node types that exist in the design but are not
 // implemented yet.
@@ -32,6 +32,7 @@ var requiredHints = map[string]string{
 	"/$defs/connectorData": "a connector needs kind, and url (webhook) or from, to, subject and text or html (email)",
 	"/$defs/conditionData": "a condition node needs expression",
 	"/$defs/processData":   "a process node needs command: the program and its arguments",
+	"/$defs/waitData":      "a wait node needs signal: the name of the signal it waits for",
 }
 
 // dataDefs maps a node type to its data definition.
@@ -41,6 +42,7 @@ var dataDefs = map[string]string{
 	TypeTool:      "/$defs/toolData",
 	TypeConnector: "/$defs/connectorData",
 	TypeCondition: "/$defs/conditionData",
+	TypeWait:      "/$defs/waitData",
 }
 
 // location says where in the workflow a schema violation is.

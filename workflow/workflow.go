@@ -17,6 +17,7 @@ const (
 	TypeLoop      = "loop"
 	TypeCondition = "condition"
 	TypeProcess   = "process"
+	TypeWait      = "wait"
 )
 
 // Workflow is a parsed, validated workflow graph. Build one with Parse; the

@@ -87,7 +87,7 @@ func workersError(err error) error {
 		return err
 	}
 	switch code, _, _ := runs.Classify(err); code {
-	case "bad_input", "conflict":
+	case "bad_input", "conflict", runs.CodeLeaseHeld:
 		return withCode(ExitBadInput, err)
 	case "not_found":
 		return withCode(ExitNotFound, err)

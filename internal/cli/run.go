@@ -29,6 +29,7 @@ func (e *env) runCmd() *cobra.Command {
 		e.runApproveCmd(), e.runCancelCmd(), e.runBudgetCmd(), e.runIDCmd(), e.runExportCmd(), e.runVerifyCmd())
 	// Signed receipts.
 	cmd.AddCommand(e.runReceiptCmd())
+	cmd.AddCommand(e.runOperateCmds()...) // signal, resume, fork, retry (run_operate.go)
 	return cmd
 }
 
@@ -310,6 +311,9 @@ func summary(ev event.Event) string {
 		if d.Delivery != "" {
 			s += " delivery=" + d.Delivery
 		}
+		if d.CopiedFrom != nil {
+			s += fmt.Sprintf(" copied from %s seq %d", d.CopiedFrom.RunID, d.CopiedFrom.Seq)
+		}
 		return s + " output=" + truncate(string(d.Output), 60)
 	case event.StepFailed:
 		var d event.StepFailedData
@@ -346,6 +350,10 @@ func summary(ev event.Event) string {
 		var d event.SubstepCompletedData
 		_ = ev.DecodeData(&d)
 		return "substep=" + d.Name + " output=" + truncate(string(d.Output), 60)
+	case event.SignalReceived:
+		var d event.SignalReceivedData
+		_ = ev.DecodeData(&d)
+		return fmt.Sprintf("signal %s by %s: %s", d.Signal, d.By, truncate(string(d.Payload), 60))
 	case event.RunSucceeded:
 		var d event.RunSucceededData
 		_ = ev.DecodeData(&d)

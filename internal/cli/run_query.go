@@ -495,7 +495,7 @@ func (e *env) runWatch(cmd *cobra.Command, args []string) error {
 func notable(k event.Kind) bool {
 	switch k {
 	case event.RunResumed, event.StepStarted, event.StepCompleted, event.StepFailed, event.StepRetrying,
-		event.StepWaiting, event.ApprovalReceived, event.ChildRunCreated, event.AnomalyDetected,
+		event.StepWaiting, event.ApprovalReceived, event.SignalReceived, event.ChildRunCreated, event.AnomalyDetected,
 		event.SubstepCompleted:
 		return true
 	}

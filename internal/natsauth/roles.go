@@ -167,6 +167,9 @@ func worker() Permissions {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
 	}
 	pub = append(pub, read(palStreams...)...)
+	// A resume (the command processor, the service) replaces a run's
+	// pending work message so a worker takes it at once.
+	pub = append(pub, jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
 	pub = append(pub, durable(eventstore.WorkStream, eventstore.WorkConsumer)...)
 	pub = append(pub, durable(eventstore.CommandsStream, eventstore.CommandConsumer)...)
 	pub = append(pub, durable(eventstore.TimersStream, eventstore.TimerConsumer)...)
@@ -201,6 +204,9 @@ func api() Permissions {
 	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
+	// POST /v1/runs/{id}/resume: a forced resume purges the run's lease,
+	// and every resume replaces the run's pending work message.
+	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  projectorNames(),

@@ -1,0 +1,426 @@
+package runs
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/workflow"
+)
+
+// Command kinds of the operator's commands: pal.cmd.runs.<kind> and
+// pal.api.runs.<kind>.
+const (
+	CmdResume = "resume"
+	CmdFork   = "fork"
+	CmdRetry  = "retry"
+)
+
+// CodeLeaseHeld answers a resume refused because a worker holds the
+// run's lease (409).
+const CodeLeaseHeld = "lease_held"
+
+// ResumeCommand drives a run now: pal.cmd.runs.resume,
+// pal.api.runs.resume, POST /v1/runs/{id}/resume, pal run resume.
+type ResumeCommand struct {
+	RunID string `json:"run_id"`
+	// Force takes the run from the worker holding its lease (a frozen or
+	// partitioned one that has not let go): the lease is broken and the
+	// next drive's fencing token keeps the old holder's appends out.
+	Force   bool   `json:"force,omitempty"`
+	ReplyTo string `json:"reply_to,omitempty"`
+}
+
+// ResumeResult says what a resume did.
+type ResumeResult struct {
+	RunID string `json:"run_id"`
+	// Broke names the worker whose lease a forced resume broke.
+	Broke string `json:"broke,omitempty"`
+	// TakenBy names the worker that took the run, when one did within
+	// about two seconds ("": the run is queued; no worker took it yet).
+	TakenBy string `json:"taken_by,omitempty"`
+}
+
+// Validate checks a resume command.
+func (c *ResumeCommand) Validate() error { return checkRunID("run_id", c.RunID) }
+
+// Resume queues a queued, running or waiting run at the head of the work
+// queue, so a worker drives it at once instead of after a lease TTL or
+// the recovery sweep (a parked run parks again unless its input is in).
+// It never drives two workers at one run: a run whose lease a worker
+// holds is refused (*LeaseHeldError, code lease_held) unless Force, which
+// breaks the lease; the fenced journal keeps the old holder's later
+// appends out either way.
+//
+// Errors: *InputError, ErrRunNotFound, ErrRunFinished (the journal of an
+// ended run stays closed: retry or fork it), *eventstore.LeaseHeldError.
+func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (ResumeResult, error) {
+	if err := cmd.Validate(); err != nil {
+		return ResumeResult{}, err
+	}
+	st, err := c.fold(ctx, cmd.RunID)
+	if err != nil {
+		return ResumeResult{}, err
+	}
+	if st.Status.Terminal() {
+		return ResumeResult{}, fmt.Errorf("resuming run %s: %w (%s); its journal stays closed: pal run retry %s, or pal run fork %s --from STEP, makes a new run",
+			cmd.RunID, ErrRunFinished, st.Status, cmd.RunID, cmd.RunID)
+	}
+	leases, err := eventstore.OpenLeases(ctx, c.store.JetStream(), 0)
+	if err != nil {
+		return ResumeResult{}, fmt.Errorf("resuming run %s: %w", cmd.RunID, err)
+	}
+	res := ResumeResult{RunID: cmd.RunID}
+	if cmd.Force {
+		if res.Broke, err = leases.Break(ctx, cmd.RunID); err != nil {
+			return ResumeResult{}, err
+		}
+	} else {
+		holder, err := leases.Holder(ctx, cmd.RunID)
+		if err != nil {
+			return ResumeResult{}, err
+		}
+		if holder != "" {
+			return ResumeResult{}, fmt.Errorf("resuming run %s: %w; it is being driven (resume --force takes it over, fenced)",
+				cmd.RunID, &eventstore.LeaseHeldError{RunID: cmd.RunID, Owner: holder})
+		}
+	}
+	// The fresh work message may go to a pull request a frozen worker
+	// left open (it lasts a second): if no worker takes the lease soon,
+	// the message is replaced again, until a live worker has it.
+	for try := 0; try < resumeTries && res.TakenBy == ""; try++ {
+		wctx, cancel := context.WithTimeout(ctx, resumeTryWait)
+		res.TakenBy, err = leases.AfterTaken(wctx, cmd.RunID, func() error { return c.store.Requeue(ctx, cmd.RunID, "resume") })
+		cancel()
+		if err != nil {
+			return ResumeResult{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			return ResumeResult{}, err
+		}
+	}
+	return res, nil
+}
+
+// A resume replaces the run's work message up to resumeTries times, each
+// time waiting resumeTryWait for a worker to take the run: longer, all
+// told, than a worker's pull request lives (1 s).
+const (
+	resumeTries   = 10
+	resumeTryWait = 200 * time.Millisecond
+)
+
+// ForkCommand starts a new run from a step of another: pal.cmd.runs.fork,
+// pal.api.runs.fork, POST /v1/runs/{id}/fork, pal run fork.
+type ForkCommand struct {
+	// RunID is the source run.
+	RunID string `json:"run_id"`
+	// From is the step id to fork from: it and everything after it runs
+	// fresh; the steps the source completed before it are copied.
+	From string `json:"from"`
+	// Workflow, when set, replaces the source's: a step is copied only if
+	// its node is unchanged (node hash).
+	Workflow json.RawMessage `json:"workflow,omitempty"`
+	// Input, when set, replaces the source's input.
+	Input json.RawMessage `json:"input,omitempty"`
+	// NewRunID names the new run (default: a fresh id).
+	NewRunID string `json:"new_run_id,omitempty"`
+	ReplyTo  string `json:"reply_to,omitempty"`
+	// By names who forks (the worker_id of the new run_created).
+	By string `json:"-"`
+}
+
+// RetryCommand is a fork from the source's first failed step with the
+// same workflow and input: pal.cmd.runs.retry, pal.api.runs.retry,
+// POST /v1/runs/{id}/retry, pal run retry.
+type RetryCommand struct {
+	RunID    string `json:"run_id"`
+	NewRunID string `json:"new_run_id,omitempty"`
+	ReplyTo  string `json:"reply_to,omitempty"`
+	By       string `json:"-"`
+}
+
+// ForkResult says what a fork made: the new run, which source steps it
+// copies and which it runs again, and why.
+type ForkResult struct {
+	RunID      string            `json:"run_id"`
+	ForkedFrom ForkPoint         `json:"forked_from"`
+	Copied     []string          `json:"copied"`
+	Rerun      []event.RerunStep `json:"rerun"`
+}
+
+// ForkPoint is run_created's forked_from without its copies.
+type ForkPoint struct {
+	RunID  string `json:"run_id"`
+	StepID string `json:"step_id"`
+	Seq    uint64 `json:"seq"`
+}
+
+// Validate checks a fork command.
+func (c *ForkCommand) Validate() error {
+	if err := checkRunID("run_id", c.RunID); err != nil {
+		return err
+	}
+	if c.NewRunID != "" {
+		if err := checkRunID("new_run_id", c.NewRunID); err != nil {
+			return err
+		}
+	}
+	if c.From == "" {
+		return &InputError{Field: "from", Msg: "required: the step to fork from"}
+	}
+	if in := bytes.TrimSpace(c.Input); len(in) > 0 && !json.Valid(in) {
+		return &InputError{Field: "input", Msg: "not valid JSON"}
+	}
+	if wf := bytes.TrimSpace(c.Workflow); len(wf) > 0 && wf[0] != '{' {
+		return &InputError{Field: "workflow", Msg: "want a JSON object"}
+	}
+	return checkLen("from", c.From, MaxNameBytes)
+}
+
+// Fork starts a new run from step From of run RunID. The source's
+// journal is only read. Every step the source completed before From first
+// started (in any order the graph ran them: loop iterations and agent
+// turns are steps too) is copied into the new run's run_created
+// (forked_from.copies); the new run completes each with the source's
+// output, marked copied_from, and never executes it. From and everything
+// after it run fresh, under the new run's idempotency keys. With another
+// workflow a step is copied only if its outermost node (the loop or agent
+// it runs in, or its own) hashes the same, and every step completed after
+// one that is not copied is not copied either: it may have read that
+// step's output. ForkResult.Rerun says which steps run again and why.
+//
+// Errors: *InputError (a step the source never started), ErrRunNotFound,
+// *workflow.ValidationError, ErrRunExists, ErrPayloadTooLarge (the copies
+// do not fit in one journal message).
+func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
+	if err := cmd.Validate(); err != nil {
+		return ForkResult{}, err
+	}
+	src, err := c.fold(ctx, cmd.RunID)
+	if err != nil {
+		return ForkResult{}, err
+	}
+	if src.Workflow == nil {
+		return ForkResult{}, fmt.Errorf("forking run %s: %w: its workflow snapshot does not parse", cmd.RunID, ErrNotWaiting)
+	}
+	from := forkSeq(src, cmd.From)
+	if from == 0 {
+		return ForkResult{}, &InputError{Field: "from", Msg: fmt.Sprintf("run %s never started step %q (its steps: %s)",
+			cmd.RunID, truncate(cmd.From, 80), truncate(strings.Join(src.Order, ", "), 400))}
+	}
+	next := src.Workflow
+	raw := src.Created.Workflow
+	if len(bytes.TrimSpace(cmd.Workflow)) > 0 {
+		if next, err = workflow.ParseCached(cmd.Workflow); err != nil {
+			return ForkResult{}, err
+		}
+		raw = next.Raw()
+	}
+	ff := &event.ForkedFrom{RunID: cmd.RunID, StepID: cmd.From, Seq: from}
+	res := ForkResult{ForkedFrom: ForkPoint{RunID: cmd.RunID, StepID: cmd.From, Seq: from}, Copied: []string{}, Rerun: []event.RerunStep{}}
+	rerun := "" // the first source step not copied: everything completed after it runs again
+	for _, s := range completedBefore(src, from) {
+		outer := outerNode(s.ID)
+		oldHash, newHash := nodeHash(src.Workflow, outer), nodeHash(next, outer)
+		reason := ""
+		switch {
+		case rerun != "":
+			reason = fmt.Sprintf("completed after step %s, which runs again", rerun)
+		case newHash == "":
+			reason = fmt.Sprintf("node %s is not in the new workflow", outer)
+		case oldHash != newHash:
+			reason = fmt.Sprintf("node %s changed (sha256 %.12s → %.12s)", outer, oldHash, newHash)
+		}
+		if reason != "" {
+			if rerun == "" {
+				rerun = s.ID
+			}
+			ff.Rerun = append(ff.Rerun, event.RerunStep{StepID: s.ID, Reason: reason})
+			continue
+		}
+		ff.Copies = append(ff.Copies, event.CopiedStep{StepID: s.ID, NodeID: s.NodeID, NodeType: s.NodeType,
+			Output: s.Output, Delivery: s.Delivery, Seq: s.CompletedSeq, NodeHash: newHash})
+		res.Copied = append(res.Copied, s.ID)
+	}
+	res.Rerun = append(res.Rerun, ff.Rerun...)
+	input := cmd.Input
+	if len(bytes.TrimSpace(input)) == 0 {
+		input = src.Created.Input
+	}
+	by := cmd.By
+	if by == "" {
+		by = "pal"
+	}
+	start, err := c.Start(ctx, StartCommand{RunID: cmd.NewRunID, Workflow: raw, Input: input, By: by, forkedFrom: ff})
+	if err != nil && start.RunID == "" {
+		return ForkResult{}, err
+	}
+	res.RunID = start.RunID
+	return res, err
+}
+
+// Retry forks a failed or cancelled run from its first failed step (the
+// step its run_failed names, else the first that failed, else the first
+// that started and did not complete), with the same workflow and input.
+//
+// Errors: those of Fork; ErrNotWaiting for a run that has not ended or
+// succeeded (fork it from a step instead).
+func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (ForkResult, error) {
+	if err := checkRunID("run_id", cmd.RunID); err != nil {
+		return ForkResult{}, err
+	}
+	src, err := c.fold(ctx, cmd.RunID)
+	if err != nil {
+		return ForkResult{}, err
+	}
+	switch src.Status {
+	case engine.StatusFailed, engine.StatusCancelled:
+	case engine.StatusSucceeded:
+		return ForkResult{}, fmt.Errorf("retrying run %s: %w: it succeeded; fork it from a step instead", cmd.RunID, ErrNotWaiting)
+	default:
+		return ForkResult{}, fmt.Errorf("retrying run %s: %w: it is %s (resume it, or cancel it first)", cmd.RunID, ErrNotWaiting, src.Status)
+	}
+	from := retryFrom(src)
+	if from == "" {
+		return ForkResult{}, fmt.Errorf("retrying run %s: %w: no step failed or was left unfinished (%s)", cmd.RunID, ErrNotWaiting, src.Error)
+	}
+	return c.Fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By})
+}
+
+// retryFrom is the step a retry forks from.
+func retryFrom(st *engine.RunState) string {
+	if _, ok := st.Steps[st.FailedStep]; ok && st.FailedStep != "" {
+		return st.FailedStep
+	}
+	for _, id := range st.Order {
+		if st.Steps[id].Status == engine.StepFailed {
+			return id
+		}
+	}
+	for _, id := range st.Order {
+		if st.Steps[id].Status != engine.StepCompleted {
+			return id
+		}
+	}
+	return ""
+}
+
+// forkSeq is the seq of the first event of step from, or of any step in
+// it (a loop's iterations and an agent's turns start before the loop or
+// agent step itself completes): 0 if the run never started it.
+func forkSeq(st *engine.RunState, from string) uint64 {
+	var seq uint64
+	for id, s := range st.Steps {
+		if id != from && !strings.HasPrefix(id, from+"[") && !strings.HasPrefix(id, from+".") {
+			continue
+		}
+		for _, a := range s.Attempts {
+			if seq == 0 || a.FirstSeq < seq {
+				seq = a.FirstSeq
+			}
+		}
+	}
+	return seq
+}
+
+// completedBefore lists the steps completed before seq, in the order they
+// completed.
+func completedBefore(st *engine.RunState, seq uint64) []*engine.Step {
+	var out []*engine.Step
+	for _, s := range st.Steps {
+		if s.Status == engine.StepCompleted && s.CompletedSeq < seq {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CompletedSeq < out[j].CompletedSeq })
+	return out
+}
+
+// outerNode is the top-level node a step runs in: the outermost loop's
+// node, an agent's for its turns and calls, else the step's own.
+func outerNode(stepID string) string {
+	id, err := engine.ParseStepID(stepID)
+	if err != nil {
+		return stepID
+	}
+	if len(id.Loops) > 0 {
+		return id.Loops[0].Loop
+	}
+	return id.Node
+}
+
+// NodeHash is the hex sha256 of a node's canonical JSON (sorted keys, no
+// spaces): what a fork with another workflow compares. "" when wf has no
+// node id.
+func NodeHash(wf *workflow.Workflow, id string) string { return nodeHash(wf, id) }
+
+func nodeHash(wf *workflow.Workflow, id string) string {
+	i := wf.Index(id)
+	if i < 0 {
+		return ""
+	}
+	raw, err := json.Marshal(wf.Nodes[i])
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(canonical(raw))
+	return hex.EncodeToString(sum[:])
+}
+
+// errLeaseHeld reports whether err is a refused resume.
+func errLeaseHeld(err error) bool { return errors.Is(err, eventstore.ErrLeaseHeld) }
+
+// doOperate carries out resume, fork and retry for Do.
+func (c *Client) doOperate(ctx context.Context, kind string, body []byte, by string) (Answer, string, error) {
+	switch kind {
+	case CmdResume:
+		var cmd ResumeCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		res, err := c.Resume(ctx, cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID, Broke: res.Broke, TakenBy: res.TakenBy}, cmd.ReplyTo, err
+	case CmdFork:
+		var cmd ForkCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		cmd.By = by
+		res, err := c.Fork(ctx, cmd)
+		if err != nil && res.RunID == "" {
+			return Answer{}, cmd.ReplyTo, err
+		}
+		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+	default:
+		var cmd RetryCommand
+		if err := DecodeStrict(body, &cmd); err != nil {
+			return Answer{}, "", err
+		}
+		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+			return Answer{}, "", err
+		}
+		cmd.By = by
+		res, err := c.Retry(ctx, cmd)
+		if err != nil && res.RunID == "" {
+			return Answer{}, cmd.ReplyTo, err
+		}
+		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+	}
+}
