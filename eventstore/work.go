@@ -76,3 +76,25 @@ func alreadyPending(err error) bool {
 	}
 	return false
 }
+
+// Requeue asks the workers to drive a run whose work message is held by a
+// worker that is gone: it deletes that message (the consumer would only
+// redeliver it one ack wait later) and enqueues a fresh one. Call it only
+// after taking the run's lease from its holder (Leases.Revoke).
+func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("requeueing: %w", err)
+	}
+	m, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return fmt.Errorf("requeueing run %s: %w", runID, err)
+	default:
+		if err := s.work.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) &&
+			!errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+			return fmt.Errorf("requeueing run %s: %w", runID, err)
+		}
+	}
+	return s.Enqueue(ctx, runID, reason)
+}

@@ -102,6 +102,7 @@ type Worker struct {
 	active    map[string]context.CancelCauseFunc // run id → its drive
 	cancelSub *nats.Subscription
 	timers    jetstream.ConsumeContext
+	presence  *presence
 
 	mu      sync.Mutex
 	started bool
@@ -192,8 +193,18 @@ func (w *Worker) Start(ctx context.Context) error {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("consuming timers: %w", err)
 	}
+	wctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	// Peers learn of this worker, and it of them, before it takes work:
+	// a run it leases is then taken over the moment it dies.
+	w.presence, err = w.startPresence(wctx)
+	if err != nil {
+		cancel(err)
+		w.timers.Stop()
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("announcing presence: %w", err)
+	}
 	w.started = true
-	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ctx, w.cancel = wctx, cancel
 	w.done = make(chan struct{})
 	go func() {
 		defer close(w.done)
@@ -232,11 +243,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	go func() { w.drives.Wait(); close(wait) }()
 	select {
 	case <-wait:
-		w.log.Info("worker stopped")
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Last, so peers do not take over runs this worker is handing back.
+	w.presence.stop(ctx)
+	w.log.Info("worker stopped")
+	return nil
 }
 
 // fetchLoop pulls work while slots are free and starts a drive for each

@@ -159,6 +159,10 @@ func worker() Permissions {
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
 		eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
 		jsAPI + "INFO",
+		// Presence (instant takeover): probing peers, answering their
+		// probes (to their _PAL_INBOX), and deleting a departed peer's
+		// work message to requeue its run.
+		eventstore.PresencePrefix + "*", palInbox, jsAPI + "STREAM.MSG.DELETE." + eventstore.WorkStream,
 	}
 	for _, s := range palStreams {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
@@ -173,7 +177,7 @@ func worker() Permissions {
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
 		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*"}, serviceSub...),
+		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*"}, serviceSub...),
 	}
 }
 
