@@ -51,6 +51,11 @@ func TestSweepRedrivesARunWithNoWork(t *testing.T) {
 	pending, err := p.Store.WorkPending(ctx, runID)
 	require.NoError(t, err)
 	require.False(t, pending)
+	// And let w1's lease expire, so that w2 does not take the run over
+	// from w1 at start (presence): only the sweep finds it.
+	leases, err := eventstore.OpenLeases(ctx, p.JS, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, leases.WaitFree(ctx, runID))
 
 	w2 := p.palWorker(t, "w2", "DATABASE_URL="+pg.DSN(), "PAL_RECOVERY_INTERVAL=1s")
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
