@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/retry"
@@ -46,12 +45,14 @@ func after(c *event.Chain, streamSeq uint64) Head {
 
 // Store reads and appends run journals.
 type Store struct {
-	js      jetstream.JetStream
-	events  jetstream.Stream
-	work    jetstream.Stream
-	maxMsg  int
-	pack    bool
-	timeout time.Duration
+	js     jetstream.JetStream
+	events jetstream.Stream
+	work   jetstream.Stream
+	maxMsg int
+	// apiPrefix is the JetStream API's subject prefix ($JS.API.).
+	apiPrefix string
+	pack      bool
+	timeout   time.Duration
 }
 
 // Option configures a Store.
@@ -67,7 +68,7 @@ func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.time
 
 // Open returns a Store over streams created by Setup.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
-	s := &Store{js: js, timeout: 5 * time.Second}
+	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options())}
 	for _, o := range opts {
 		o(s)
 	}
@@ -341,36 +342,31 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 // sequence of the last message fn took and how many matching messages
 // are still pending.
 func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte)) (uint64, uint64, error) {
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	msgs, err := jetstreamext.GetBatch(rctx, s.js, EventsStream, readBatch,
-		jetstreamext.GetBatchSubject(subj), jetstreamext.GetBatchSeq(after+1))
-	if err != nil {
-		return after, 0, err
-	}
 	read := false
 	pending := uint64(1) // unknown until a reply says otherwise
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return after, 0, nil
-		}
-		if err != nil {
-			return after, pending, err
-		}
-		if before > 0 && m.Sequence >= before {
-			return after, 0, nil
-		}
-		n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
-		if perr != nil {
-			// Before fn takes the message, so a retry reads it again.
-			return after, 1, fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
-		}
-		fn(m.Sequence, m.Data)
-		after, pending, read = m.Sequence, n, true
-	}
-	if !read {
-		// No reply at all and no "no messages": the request timed out.
-		return after, pending, errIncompleteBatch
+	errBefore := errors.New("past before")
+	err := s.directBatch(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: readBatch}, readBatch,
+		func(m directMsg) error {
+			if before > 0 && m.Sequence >= before {
+				return errBefore
+			}
+			n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			if perr != nil {
+				// Before fn takes the message, so a retry reads it again.
+				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
+			}
+			fn(m.Sequence, m.Data)
+			after, pending, read = m.Sequence, n, true
+			return nil
+		})
+	switch {
+	case errors.Is(err, errNoMessages), errors.Is(err, errBefore):
+		return after, 0, nil
+	case err != nil:
+		return after, pending, err
+	case !read:
+		// An end-of-batch marker with nothing before it.
+		return after, 0, nil
 	}
 	return after, pending, nil
 }
@@ -498,25 +494,19 @@ func (s *Store) Earlier(ctx context.Context, runIDs []string, upTo uint64) (map[
 		}
 		runIDs = runIDs[n:]
 		err := retry.Do(ctx, jsRetry, func() error {
-			rctx, cancel := context.WithTimeout(ctx, s.timeout)
-			defer cancel()
-			msgs, err := jetstreamext.GetLastMsgsFor(rctx, s.js, EventsStream, subjects, jetstreamext.GetLastMsgsUpToSeq(upTo))
-			if err == nil {
-				for m, merr := range msgs {
-					if errors.Is(merr, jetstreamext.ErrNoMessages) {
-						break
-					}
-					if err = merr; err != nil {
-						break
-					}
+			err := s.directBatch(ctx, EventsStream, directRequest{MultiLastFor: subjects, UpToSeq: upTo}, len(subjects),
+				func(m directMsg) error {
 					if id, ok := RunIDFromEvents(m.Subject); ok {
 						has[id] = true
 					}
-				}
+					return nil
+				})
+			if errors.Is(err, errNoMessages) {
+				return nil
 			}
 			if err != nil {
 				err = fmt.Errorf("reading the journal up to stream seq %d: %w", upTo, err)
-				if !transient(err) {
+				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
 					return retry.Permanent(err)
 				}
 			}
