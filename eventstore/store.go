@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,6 +54,10 @@ type Store struct {
 	apiPrefix string
 	pack      bool
 	timeout   time.Duration
+	// inflight is the PAL_INFLIGHT index, opened by the first listing
+	// (the sweep's): other roles write it by subject only.
+	inflightMu sync.Mutex
+	inflight   jetstream.KeyValue
 }
 
 // Option configures a Store.
@@ -163,6 +168,9 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 			return head, err
 		}
 		head = h
+	}
+	if evs[len(evs)-1].Kind.Terminal() {
+		s.settleAsync(runID)
 	}
 	return head, nil
 }
@@ -290,9 +298,10 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 	}
 	chain := head.chain(runID)
 	var out []event.Event
-	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) {
+	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
 		evs, _ := chain.Next(body) // a bad message is recorded in chain.Corrupt
 		out, head = append(out, evs...), after(&chain, streamSeq)
+		return true
 	})
 	if err != nil {
 		return nil, head, err
@@ -311,18 +320,21 @@ func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}
-	return s.scan(ctx, runID, after, before, fn)
+	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte) bool { fn(seq, body); return true })
 }
 
-// scan is Scan without the run id check. Each message reaches fn once:
-// a batch that fails is retried from the message after the last one fn
-// took.
-func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error {
+// scan is Scan without the run id check, and fn may stop it by returning
+// false. Each message reaches fn once: a batch that fails is retried from
+// the message after the last one fn took.
+func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte) bool) error {
 	subj := EventsSubject(runID)
 	return retry.Do(ctx, jsRetry, func() error {
 		for {
-			last, pending, err := s.readBatch(ctx, subj, after, before, fn)
+			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, fn)
 			after = last
+			if stopped {
+				return nil
+			}
 			if err != nil {
 				err = fmt.Errorf("reading run %s: %w", runID, err)
 				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
@@ -339,13 +351,13 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 
 // readBatch reads one batch of messages after stream sequence after (and
 // before before, unless 0), passing each to fn. It returns the stream
-// sequence of the last message fn took and how many matching messages
-// are still pending.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte)) (uint64, uint64, error) {
+// sequence of the last message fn took, how many matching messages are
+// still pending, and whether fn stopped the read.
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
-	pending := uint64(1) // unknown until a reply says otherwise
-	errBefore := errors.New("past before")
-	err := s.directBatch(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: readBatch}, readBatch,
+	pending = 1 // unknown until a reply says otherwise
+	errBefore, errStop := errors.New("past before"), errors.New("stopped")
+	err = s.directBatch(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: readBatch}, readBatch,
 		func(m directMsg) error {
 			if before > 0 && m.Sequence >= before {
 				return errBefore
@@ -355,20 +367,25 @@ func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64
 				// Before fn takes the message, so a retry reads it again.
 				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
 			}
-			fn(m.Sequence, m.Data)
+			more := fn(m.Sequence, m.Data)
 			after, pending, read = m.Sequence, n, true
+			if !more {
+				return errStop
+			}
 			return nil
 		})
 	switch {
+	case errors.Is(err, errStop):
+		return after, pending, true, nil
 	case errors.Is(err, errNoMessages), errors.Is(err, errBefore):
-		return after, 0, nil
+		return after, 0, false, nil
 	case err != nil:
-		return after, pending, err
+		return after, pending, false, err
 	case !read:
 		// An end-of-batch marker with nothing before it.
-		return after, 0, nil
+		return after, 0, false, nil
 	}
-	return after, pending, nil
+	return after, pending, false, nil
 }
 
 // LastHead returns the current head of a run without reading its events
