@@ -63,6 +63,9 @@ func settleMsg(runID string) *nats.Msg {
 	msg := &nats.Msg{Subject: inflightPrefix + runID, Header: nats.Header{}}
 	msg.Header.Set("KV-Operation", "PURGE")
 	msg.Header.Set("Nats-Rollup", "sub")
+	// So that no other stream stores a copy a push consumer delivers
+	// (docs/architecture.md §5.6); the server checks it on a plain publish too.
+	msg.Header.Set(jetstream.ExpectedStreamHeader, inflightStream)
 	return msg
 }
 

@@ -380,12 +380,14 @@ func TestClientPushConsumerCannotWrite(t *testing.T) {
 	for _, st := range []string{eventstore.WorkStream, eventstore.CommandsStream, eventstore.TimersStream} {
 		seqs[st] = lastSeq(st)
 	}
+	inflightSeq := lastSeq("KV_" + eventstore.InflightBucket)
 	n := 0
 	for _, stream := range []string{eventstore.EventsStream, "KV_" + eventstore.LeaseBucket} {
 		for _, deliver := range []string{
 			eventstore.EventsSubject("run_forged"), eventstore.EventsSubject(runA), eventstore.EventsSubject(slow),
 			eventstore.WorkSubject(runA), "$KV." + eventstore.LeaseBucket + "." + slow, eventstore.CommandPrefix + "start",
 			"pal.timer.at." + runA + ".1", "pal.timer.fire." + runA, "pal.dead.x", eventstore.CancelPrefix + slow,
+			"$KV." + eventstore.InflightBucket + "." + slow, eventstore.WatchSubject(slow),
 		} {
 			n++
 			// Interest on the deliver subject, so the consumer delivers.
@@ -410,6 +412,7 @@ func TestClientPushConsumerCannotWrite(t *testing.T) {
 		}
 	}
 	require.NoError(t, b.admin.Flush())
+	require.Equal(t, inflightSeq, lastSeq("KV_"+eventstore.InflightBucket), "the in-flight index took a delivery")
 	close(b.slowRelease)
 	b.waitStatus(t, slow, "succeeded")
 	require.False(t, b.slowCancelled.Load(), "a JetStream delivery on pal.ctl.cancel stopped the step")
