@@ -73,7 +73,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		{
 			Name:                 WorkStream,
 			Description:          "PAL work queue: drive this run",
-			Subjects:             []string{WorkPrefix + "*"},
+			Subjects:             []string{WorkPrefix + "*", WorkPinSubject},
 			Retention:            jetstream.WorkQueuePolicy,
 			Storage:              jetstream.FileStorage,
 			Replicas:             cfg.Replicas,

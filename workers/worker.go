@@ -210,6 +210,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		defer close(w.done)
 		w.fetchLoop(ctx, cons)
 	}()
+	w.drives.Add(1)
+	go func() {
+		defer w.drives.Done()
+		w.keepWorkPinned(ctx)
+	}()
 	w.log.Info("worker started", "concurrency", w.cfg.Concurrency, "lease_ttl", w.leases.TTL())
 	return nil
 }
@@ -320,5 +325,21 @@ func (w *Worker) track(runID string, cancel context.CancelCauseFunc) func() {
 		w.activeMu.Lock()
 		delete(w.active, runID)
 		w.activeMu.Unlock()
+	}
+}
+
+// workPinEvery is how often a worker checks PAL_WORK's pin.
+const workPinEvery = 5 * time.Second
+
+// keepWorkPinned keeps PAL_WORK's last file block from emptying on every
+// ack (eventstore.Store.PinWork) until ctx ends.
+func (w *Worker) keepWorkPinned(ctx context.Context) {
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := w.store.PinWork(pctx); err != nil && ctx.Err() == nil {
+			w.log.Debug("pinning the work queue", "err", err)
+		}
+		cancel()
+		sleep(ctx, workPinEvery)
 	}
 }

@@ -160,7 +160,7 @@ func worker() Permissions {
 	pub := []string{
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
 		eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
-		jsAPI + "INFO", inflightPrefix + ">",
+		jsAPI + "INFO", inflightPrefix + ">", eventstore.WorkPinSubject,
 		// Presence (instant takeover): probing peers, answering their
 		// probes (to their _PAL_INBOX), and deleting a departed peer's
 		// work message to requeue its run.
