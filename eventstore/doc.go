@@ -9,7 +9,10 @@
 //	PAL_WORK      stream  pal.work.<run_id>     work queue, at most one pending per run
 //	PAL_CMDS      stream  pal.cmd.runs.>        durable commands
 //	PAL_TIMERS    stream  pal.timer.>           scheduled wake-ups (approval timeouts)
-//	PAL_LEASES    KV      <run_id> → owner      lease with a TTL
+//	PAL_LEASES    KV      <run_id> → owner      lease with a TTL; w.<token>: a worker's presence
+//	PAL_INFLIGHT  KV      <run_id>              the runs not yet ended, for the sweep
+//	pal.watch.<run_id>                          PAL_EVENTS' republished copies, for Watch
+//	pal.presence.<token>                        a worker answers probes while connected
 //
 // Invariants:
 //

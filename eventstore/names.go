@@ -41,9 +41,12 @@ const (
 	// append.
 	CancelPrefix = "pal.ctl.cancel."
 
-	EventsPrefix  = "pal.events."
-	WorkPrefix    = "pal.work."
-	CommandPrefix = "pal.cmd.runs."
+	EventsPrefix = "pal.events."
+	WorkPrefix   = "pal.work."
+	// WorkPinSubject holds PAL_WORK's pin (work.go): a message no
+	// consumer takes.
+	WorkPinSubject = "pal.workpin"
+	CommandPrefix  = "pal.cmd.runs."
 
 	// leaseStream is the stream behind the lease bucket.
 	leaseStream  = "KV_" + LeaseBucket

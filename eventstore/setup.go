@@ -67,11 +67,13 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			AllowDirect: true,
 			DenyDelete:  true,
 			DenyPurge:   true,
+			// Watches take the stored messages from here (watch.go).
+			RePublish: &jetstream.RePublish{Source: EventsPrefix + "*", Destination: WatchPrefix + "{{wildcard(1)}}"},
 		},
 		{
 			Name:                 WorkStream,
 			Description:          "PAL work queue: drive this run",
-			Subjects:             []string{WorkPrefix + "*"},
+			Subjects:             []string{WorkPrefix + "*", WorkPinSubject},
 			Retention:            jetstream.WorkQueuePolicy,
 			Storage:              jetstream.FileStorage,
 			Replicas:             cfg.Replicas,
@@ -144,6 +146,16 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	})
 	if err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", ReceiptBucket, err)
+	}
+	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      InflightBucket,
+		Description: "PAL runs in flight: run id → nothing, from run_created to the run's end",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up KV bucket %s: %w", InflightBucket, err)
 	}
 	if ownsTTL {
 		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))

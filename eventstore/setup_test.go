@@ -63,9 +63,12 @@ func TestSetupLayout(t *testing.T) {
 	require.True(t, events.DenyPurge, "PAL_EVENTS must deny purge")
 	require.Equal(t, int32(eventstore.DefaultMaxEventBytes), events.MaxMsgSize)
 	require.Positive(t, events.Duplicates)
+	require.NotNil(t, events.RePublish, "watches take the republished copies")
+	require.Equal(t, "pal.events.*", events.RePublish.Source)
+	require.Equal(t, eventstore.WatchPrefix+"{{wildcard(1)}}", events.RePublish.Destination)
 
 	work := l.streams[eventstore.WorkStream]
-	require.Equal(t, []string{"pal.work.*"}, work.Subjects)
+	require.Equal(t, []string{"pal.work.*", eventstore.WorkPinSubject}, work.Subjects)
 	require.Equal(t, jetstream.WorkQueuePolicy, work.Retention)
 	require.Equal(t, jetstream.FileStorage, work.Storage)
 	require.Equal(t, int64(1), work.MaxMsgsPerSubject, "at most one pending work message per run")

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/retry"
@@ -47,12 +47,18 @@ func after(c *event.Chain, streamSeq uint64) Head {
 
 // Store reads and appends run journals.
 type Store struct {
-	js      jetstream.JetStream
-	events  jetstream.Stream
-	work    jetstream.Stream
-	maxMsg  int
-	pack    bool
-	timeout time.Duration
+	js     jetstream.JetStream
+	events jetstream.Stream
+	work   jetstream.Stream
+	maxMsg int
+	// apiPrefix is the JetStream API's subject prefix ($JS.API.).
+	apiPrefix string
+	pack      bool
+	timeout   time.Duration
+	// inflight is the PAL_INFLIGHT index, opened by the first listing
+	// (the sweep's): other roles write it by subject only.
+	inflightMu sync.Mutex
+	inflight   jetstream.KeyValue
 }
 
 // Option configures a Store.
@@ -68,7 +74,7 @@ func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.time
 
 // Open returns a Store over streams created by Setup.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
-	s := &Store{js: js, timeout: 5 * time.Second}
+	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options())}
 	for _, o := range opts {
 		o(s)
 	}
@@ -184,6 +190,9 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 			return head, err
 		}
 		head = h
+	}
+	if evs[len(evs)-1].Kind.Terminal() {
+		s.settleAsync(runID)
 	}
 	return head, nil
 }
@@ -311,9 +320,10 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 	}
 	chain := head.chain(runID)
 	var out []event.Event
-	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) {
+	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
 		evs, _ := chain.Next(body) // a bad message is recorded in chain.Corrupt
 		out, head = append(out, evs...), after(&chain, streamSeq)
+		return true
 	})
 	if err != nil {
 		return nil, head, err
@@ -332,18 +342,21 @@ func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}
-	return s.scan(ctx, runID, after, before, fn)
+	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte) bool { fn(seq, body); return true })
 }
 
-// scan is Scan without the run id check. Each message reaches fn once:
-// a batch that fails is retried from the message after the last one fn
-// took.
-func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error {
+// scan is Scan without the run id check, and fn may stop it by returning
+// false. Each message reaches fn once: a batch that fails is retried from
+// the message after the last one fn took.
+func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte) bool) error {
 	subj := EventsSubject(runID)
 	return retry.Do(ctx, jsRetry, func() error {
 		for {
-			last, pending, err := s.readBatch(ctx, subj, after, before, fn)
+			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, fn)
 			after = last
+			if stopped {
+				return nil
+			}
 			if err != nil {
 				err = fmt.Errorf("reading run %s: %w", runID, err)
 				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
@@ -360,41 +373,41 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 
 // readBatch reads one batch of messages after stream sequence after (and
 // before before, unless 0), passing each to fn. It returns the stream
-// sequence of the last message fn took and how many matching messages
-// are still pending.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte)) (uint64, uint64, error) {
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	msgs, err := jetstreamext.GetBatch(rctx, s.js, EventsStream, readBatch,
-		jetstreamext.GetBatchSubject(subj), jetstreamext.GetBatchSeq(after+1))
-	if err != nil {
-		return after, 0, err
-	}
+// sequence of the last message fn took, how many matching messages are
+// still pending, and whether fn stopped the read.
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
-	pending := uint64(1) // unknown until a reply says otherwise
-	for m, err := range msgs {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return after, 0, nil
-		}
-		if err != nil {
-			return after, pending, err
-		}
-		if before > 0 && m.Sequence >= before {
-			return after, 0, nil
-		}
-		n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
-		if perr != nil {
-			// Before fn takes the message, so a retry reads it again.
-			return after, 1, fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
-		}
-		fn(m.Sequence, m.Data)
-		after, pending, read = m.Sequence, n, true
+	pending = 1 // unknown until a reply says otherwise
+	errBefore, errStop := errors.New("past before"), errors.New("stopped")
+	err = s.directBatch(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: readBatch}, readBatch,
+		func(m directMsg) error {
+			if before > 0 && m.Sequence >= before {
+				return errBefore
+			}
+			n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			if perr != nil {
+				// Before fn takes the message, so a retry reads it again.
+				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
+			}
+			more := fn(m.Sequence, m.Data)
+			after, pending, read = m.Sequence, n, true
+			if !more {
+				return errStop
+			}
+			return nil
+		})
+	switch {
+	case errors.Is(err, errStop):
+		return after, pending, true, nil
+	case errors.Is(err, errNoMessages), errors.Is(err, errBefore):
+		return after, 0, false, nil
+	case err != nil:
+		return after, pending, false, err
+	case !read:
+		// An end-of-batch marker with nothing before it.
+		return after, 0, false, nil
 	}
-	if !read {
-		// No reply at all and no "no messages": the request timed out.
-		return after, pending, errIncompleteBatch
-	}
-	return after, pending, nil
+	return after, pending, false, nil
 }
 
 // LastHead returns the current head of a run without reading its events
@@ -522,25 +535,19 @@ func (s *Store) Earlier(ctx context.Context, runIDs []string, upTo uint64) (map[
 		}
 		runIDs = runIDs[n:]
 		err := retry.Do(ctx, jsRetry, func() error {
-			rctx, cancel := context.WithTimeout(ctx, s.timeout)
-			defer cancel()
-			msgs, err := jetstreamext.GetLastMsgsFor(rctx, s.js, EventsStream, subjects, jetstreamext.GetLastMsgsUpToSeq(upTo))
-			if err == nil {
-				for m, merr := range msgs {
-					if errors.Is(merr, jetstreamext.ErrNoMessages) {
-						break
-					}
-					if err = merr; err != nil {
-						break
-					}
+			err := s.directBatch(ctx, EventsStream, directRequest{MultiLastFor: subjects, UpToSeq: upTo}, len(subjects),
+				func(m directMsg) error {
 					if id, ok := RunIDFromEvents(m.Subject); ok {
 						has[id] = true
 					}
-				}
+					return nil
+				})
+			if errors.Is(err, errNoMessages) {
+				return nil
 			}
 			if err != nil {
 				err = fmt.Errorf("reading the journal up to stream seq %d: %w", upTo, err)
-				if !transient(err) {
+				if !transient(err) && !errors.Is(err, errIncompleteBatch) {
 					return retry.Permanent(err)
 				}
 			}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/event"
@@ -14,6 +17,23 @@ import (
 // ErrStopWatch may be returned by a Watch callback to end the watch
 // without an error.
 var ErrStopWatch = errors.New("stop watching")
+
+// WatchPrefix is the subject prefix PAL_EVENTS republishes every stored
+// message on (pal.watch.<run_id>), with its stream sequence and the
+// sequence of the run's message before it: the live half of Watch.
+const WatchPrefix = "pal.watch."
+
+// WatchSubject is the subject a run's stored messages are republished on.
+func WatchSubject(runID string) string { return WatchPrefix + runID }
+
+// watchBuffer is how many republished messages one watch holds before
+// the server's copies are dropped; a drop is caught up from the stream.
+const watchBuffer = 64
+
+// watchResync is how long a watch may hear nothing before it checks the
+// run's head: a copy lost on a reconnect (or republished before this
+// watch's interest reached the stream leader's server) is then caught up.
+const watchResync = 10 * time.Second
 
 // Watch calls fn for every event of a run after the given head, in order,
 // as they are appended, until ctx ends or fn returns an error. Pass the
@@ -25,55 +45,150 @@ var ErrStopWatch = errors.New("stop watching")
 // sound continuation is never passed to fn, nor is any after it but the
 // seal (run_failed, journal_corrupt) a worker appends.
 //
-// Watch uses an ordered consumer that the server removes shortly after the
-// watcher goes away.
+// A watch costs one core NATS subscription on the run's WatchSubject and
+// no JetStream consumer: it reads the history with batched Direct Gets,
+// then takes the stream's republished copies, de-duplicated by stream
+// sequence. A copy that does not follow the watch's head directly (one was
+// dropped, or it is no sound continuation) is not trusted: the watch reads
+// the stream from its head instead.
 func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(event.Event) error) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("watching: %w", err)
 	}
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{EventsSubject(runID)},
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: 5 * time.Second,
-	}
-	if after.StreamSeq > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after.StreamSeq + 1
-	}
-	cons, err := s.js.OrderedConsumer(ctx, EventsStream, cfg)
+	ch := make(chan *nats.Msg, watchBuffer)
+	// Subscribed before the history is read, so nothing stored after the
+	// read is missed.
+	sub, err := s.js.Conn().ChanSubscribe(WatchSubject(runID), ch)
 	if err != nil {
 		return fmt.Errorf("watching run %s: %w", runID, err)
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("watching run %s: %w", runID, err)
+	closed := make(chan struct{})
+	var once sync.Once
+	sub.SetClosedHandler(func(string) { once.Do(func() { close(closed) }) })
+	defer func() { _ = sub.Unsubscribe() }()
+	w := watch{s: s, runID: runID, head: after, chain: after.chain(runID), fn: fn}
+	if err := w.catchUp(ctx); err != nil {
+		return w.result(err)
 	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer func() {
-		stop()
-		it.Stop()
-	}()
-	chain := after.chain(runID)
+	dropped := 0
+	idle := time.NewTimer(watchResync)
+	defer idle.Stop()
 	for {
-		m, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			// Closed under us (the connection closed) or failed: either
-			// way not a stop fn asked for, so never nil.
-			return fmt.Errorf("watching run %s: %w", runID, err)
-		}
-		// A message that does not verify is skipped, and so is everything
-		// after it but the seal (event.Chain).
-		evs, _ := chain.Next(m.Data())
-		for _, ev := range evs {
-			if err := fn(ev); err != nil {
-				if errors.Is(err, ErrStopWatch) {
-					return nil
-				}
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m = <-ch:
+		case <-closed:
+			if err := ctx.Err(); err != nil {
 				return err
 			}
+			return fmt.Errorf("watching run %s: the subscription closed (the connection closed)", runID)
+		case <-idle.C:
+		}
+		idle.Reset(watchResync)
+		if m == nil {
+			h, err := s.LastHead(ctx, runID)
+			if err == nil && h.StreamSeq > w.head.StreamSeq {
+				err = w.catchUp(ctx)
+			}
+			if err != nil {
+				return w.result(err)
+			}
+			continue
+		}
+		if n, _ := sub.Dropped(); n != dropped {
+			dropped = n
+			if err := w.catchUp(ctx); err != nil {
+				return w.result(err)
+			}
+		}
+		if err := w.take(ctx, m); err != nil {
+			return w.result(err)
 		}
 	}
+}
+
+// watch is one Watch's position in the run's journal.
+type watch struct {
+	s     *Store
+	runID string
+	head  Head
+	chain event.Chain
+	fn    func(event.Event) error
+}
+
+// errWatchEnded carries fn's error (or ErrStopWatch) out of a read.
+type errWatchEnded struct{ err error }
+
+func (e errWatchEnded) Error() string { return e.err.Error() }
+
+// result turns what ended the watch into Watch's return value.
+func (w *watch) result(err error) error {
+	var end errWatchEnded
+	if errors.As(err, &end) {
+		if errors.Is(end.err, ErrStopWatch) {
+			return nil
+		}
+		return end.err
+	}
+	return err
+}
+
+// deliver passes a message's events to fn.
+func (w *watch) deliver(evs []event.Event) error {
+	for _, ev := range evs {
+		if err := w.fn(ev); err != nil {
+			return errWatchEnded{err}
+		}
+	}
+	return nil
+}
+
+// take applies a republished copy if it directly follows the head and is
+// a sound continuation, and otherwise reads the stream from the head.
+func (w *watch) take(ctx context.Context, m *nats.Msg) error {
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil || m.Header.Get(jetstream.StreamHeader) != EventsStream {
+		return nil // not a republished copy
+	}
+	if seq <= w.head.StreamSeq {
+		return nil // read already
+	}
+	prev, err := strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
+	if err != nil || prev != w.head.StreamSeq || w.chain.Corrupt != nil {
+		return w.catchUp(ctx)
+	}
+	c := w.chain
+	evs, _ := c.Next(m.Data)
+	if c.Corrupt != nil {
+		// Not the stream's own copy, or the journal is bad: the stream
+		// says which.
+		return w.catchUp(ctx)
+	}
+	w.chain, w.head = c, after(&c, seq)
+	return w.deliver(evs)
+}
+
+// catchUp reads and passes on everything stored after the head.
+func (w *watch) catchUp(ctx context.Context) error {
+	var ended error
+	err := w.s.scan(ctx, w.runID, w.head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
+		// A message that does not verify is skipped, and so is everything
+		// after it but the seal (event.Chain).
+		evs, _ := w.chain.Next(body)
+		w.head = after(&w.chain, streamSeq)
+		ended = w.deliver(evs)
+		return ended == nil
+	})
+	if ended != nil {
+		return ended
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("watching run %s: %w", w.runID, err)
+	}
+	return nil
 }

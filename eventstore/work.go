@@ -41,7 +41,9 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 // worker that is frozen) is deleted first, so a worker takes the run at
 // once. A worker that still holds the deleted message loses nothing: its
 // ack or nak of a message that is gone is a no-op, and the lease and the
-// fencing token decide who drives.
+// fencing token decide who drives. The presence watch calls it after
+// taking a departed worker's lease (Leases.Revoke); pal run resume calls it
+// for a run no live worker drives.
 func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("requeueing: %w", err)
@@ -52,7 +54,8 @@ func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
 	case err != nil:
 		return fmt.Errorf("requeueing run %s: %w", runID, err)
 	default:
-		if err := s.work.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if err := s.work.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) &&
+			!errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
 			return fmt.Errorf("requeueing run %s: deleting its pending work: %w", runID, err)
 		}
 	}
@@ -98,4 +101,46 @@ func alreadyPending(err error) bool {
 		return strings.Contains(strings.ToLower(apiErr.Description), "maximum messages per subject")
 	}
 	return false
+}
+
+// pinLag is how far PAL_WORK may move past its pin before the pin is
+// written again.
+const pinLag = 1000
+
+// PinWork keeps a message no consumer takes (on WorkPinSubject) near the
+// end of PAL_WORK, and returns its stream sequence. Without one, the ack
+// of the only pending work message empties the stream's last file block,
+// and the server replaces that block with a new file on every workflow (a
+// file create and a tombstone, under the stream's lock: ~20% of the CPU of
+// runs started one after another). The pin keeps the last block from
+// emptying; once the stream has moved pinLag past it (the block may have
+// rolled over), it is deleted and written again. Workers call it now and
+// then; concurrent calls are harmless (at most one pin is kept: the
+// subject takes one message).
+func (s *Store) PinWork(ctx context.Context) (uint64, error) {
+	info, err := s.work.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("pinning %s: %w", WorkStream, err)
+	}
+	m, err := s.work.GetLastMsgForSubject(ctx, WorkPinSubject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return 0, fmt.Errorf("pinning %s: %w", WorkStream, err)
+	case info.State.LastSeq-m.Sequence < pinLag:
+		return m.Sequence, nil
+	default:
+		if err := s.work.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) &&
+			!errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+			return 0, fmt.Errorf("pinning %s: %w", WorkStream, err)
+		}
+	}
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: WorkPinSubject}, jetstream.WithExpectStream(WorkStream))
+	if alreadyPending(err) {
+		return 0, nil // another worker pinned it meanwhile
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pinning %s: %w", WorkStream, err)
+	}
+	return ack.Sequence, nil
 }

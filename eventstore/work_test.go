@@ -1,6 +1,7 @@
 package eventstore_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -163,4 +164,36 @@ func TestRequeueReplacesWorkHeldElsewhere(t *testing.T) {
 	pending, err := b.store.WorkPending(ctx, run)
 	require.NoError(t, err)
 	require.False(t, pending)
+}
+
+// TestPinWork: the pin is one message no worker is given; it stays while
+// the stream is near it and is written again, still one, once the stream
+// has moved far past it.
+func TestPinWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{LeaseTTL: time.Second})
+	ctx := timeout(t, time.Minute)
+	seq, err := b.store.PinWork(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, seq)
+	again, err := b.store.PinWork(ctx)
+	require.NoError(t, err)
+	require.Equal(t, seq, again, "a pin near the end stays")
+
+	cons, err := b.store.WorkConsumer(ctx)
+	require.NoError(t, err)
+	for i := range 1100 {
+		run := fmt.Sprintf("run_p%d", i)
+		require.NoError(t, b.store.Enqueue(ctx, run, "start"))
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		for m := range batch.Messages() {
+			require.Equal(t, eventstore.WorkSubject(run), m.Subject(), "the pin was delivered")
+			require.NoError(t, m.DoubleAck(ctx))
+		}
+	}
+	moved, err := b.store.PinWork(ctx)
+	require.NoError(t, err)
+	require.Greater(t, moved, seq, "the pin was not written again")
+	require.Equal(t, uint64(1), b.msgCount(t, eventstore.WorkStream), "one pin, no work left")
 }

@@ -87,7 +87,12 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, er
 		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf),
 		ForkedFrom: cmd.forkedFrom})
 	ev.WorkerID = writer
+	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
 	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
+	if ierr := indexed(ctx); ierr != nil && err == nil {
+		// The Postgres sweep still finds the run; a retried start indexes it.
+		return StartResult{RunID: runID, Created: true}, fmt.Errorf("run %s created but not indexed: %w", runID, ierr)
+	}
 	if errors.Is(err, eventstore.ErrConflict) {
 		if cmd.IdempotencyKey != "" {
 			// The same start again: make sure it is queued and answer

@@ -73,3 +73,32 @@ func startBench(b *testing.B, strict bool) *bench.Env {
 	b.ResetTimer()
 	return env
 }
+
+// BenchmarkWorkflowFixedCost measures what a workflow costs beyond its
+// steps: start command to a watching client seeing the end, for runs of 1
+// and of 11 no-op steps one after another; the fixed cost is the 1-step
+// time less one step's share of the difference.
+//
+//	go test -run '^$' -bench WorkflowFixedCost -benchtime 1x ./workers/
+func BenchmarkWorkflowFixedCost(b *testing.B) {
+	env := startBench(b, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for range b.N {
+		one, err := env.Latencies(ctx, 300, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		eleven, err := env.Latencies(ctx, 300, 11)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m1, m11 := bench.Median(one), bench.Median(eleven)
+		step := (m11 - m1) / 10
+		fixed := m1 - step
+		b.ReportMetric(float64(m1.Microseconds()), "p50-µs/1-step-run")
+		b.ReportMetric(float64(m11.Microseconds()), "p50-µs/11-step-run")
+		b.ReportMetric(float64(step.Microseconds()), "µs/step")
+		b.ReportMetric(float64(fixed.Microseconds()), "µs-fixed/run")
+	}
+}

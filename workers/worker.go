@@ -127,6 +127,7 @@ type Worker struct {
 	cancelSub *nats.Subscription
 	timers    jetstream.ConsumeContext
 	unwatch   []func() // the consumers /metrics reports
+	presence  *presence
 
 	mu      sync.Mutex
 	started bool
@@ -222,15 +223,30 @@ func (w *Worker) Start(ctx context.Context) error {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("consuming timers: %w", err)
 	}
+	wctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	// Peers learn of this worker, and it of them, before it takes work:
+	// a run it leases is then taken over the moment it dies.
+	w.presence, err = w.startPresence(wctx)
+	if err != nil {
+		cancel(err)
+		w.timers.Stop()
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("announcing presence: %w", err)
+	}
 	w.started = true
 	js := w.store.JetStream()
 	w.unwatch = []func(){telemetry.WatchConsumer(js, eventstore.WorkStream, eventstore.WorkConsumer),
 		telemetry.WatchConsumer(js, eventstore.TimersStream, eventstore.TimerConsumer)}
-	ctx, w.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ctx, w.cancel = wctx, cancel
 	w.done = make(chan struct{})
 	go func() {
 		defer close(w.done)
 		w.fetchLoop(ctx, cons)
+	}()
+	w.drives.Add(1)
+	go func() {
+		defer w.drives.Done()
+		w.keepWorkPinned(ctx)
 	}()
 	w.log.Info("worker started", "concurrency", w.cfg.Concurrency, "lease_ttl", w.leases.TTL())
 	return nil
@@ -268,12 +284,14 @@ func (w *Worker) Stop(ctx context.Context) error {
 	go func() { w.drives.Wait(); close(wait) }()
 	select {
 	case <-wait:
-		w.closeRuntime()
-		w.log.Info("worker stopped")
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Last, so peers do not take over runs this worker is handing back.
+	w.presence.stop(ctx)
+	w.closeRuntime()
+	w.log.Info("worker stopped")
+	return nil
 }
 
 // fetchLoop pulls work while slots are free and starts a drive for each
@@ -344,5 +362,21 @@ func (w *Worker) track(runID string, cancel context.CancelCauseFunc) func() {
 		w.activeMu.Lock()
 		delete(w.active, runID)
 		w.activeMu.Unlock()
+	}
+}
+
+// workPinEvery is how often a worker checks PAL_WORK's pin.
+const workPinEvery = 5 * time.Second
+
+// keepWorkPinned keeps PAL_WORK's last file block from emptying on every
+// ack (eventstore.Store.PinWork) until ctx ends.
+func (w *Worker) keepWorkPinned(ctx context.Context) {
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := w.store.PinWork(pctx); err != nil && ctx.Err() == nil {
+			w.log.Debug("pinning the work queue", "err", err)
+		}
+		cancel()
+		sleep(ctx, workPinEvery)
 	}
 }

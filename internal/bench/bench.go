@@ -294,3 +294,46 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 	}
 	return res, nil
 }
+
+// Latencies starts n runs of a steps-long sequential workflow one after
+// another and returns, for each, the wall time from the start command to
+// the moment a watching client sees its terminal event (Store.Watch, as
+// pal run watch and the event feeds do): what one workflow costs end to
+// end, start and notification included.
+func (e *Env) Latencies(ctx context.Context, n, steps int) ([]time.Duration, error) {
+	wf := Workflow(steps)
+	client := runs.New(e.Store)
+	out := make([]time.Duration, 0, n)
+	for range n {
+		t0 := time.Now()
+		res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+		if err != nil {
+			return out, err
+		}
+		var last event.Event
+		err = e.Store.Watch(ctx, res.RunID, eventstore.Head{}, func(ev event.Event) error {
+			if ev.Kind.Terminal() {
+				last = ev
+				return eventstore.ErrStopWatch
+			}
+			return nil
+		})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(t0))
+		if last.Kind != event.RunSucceeded {
+			return out, fmt.Errorf("bench: run %s ended with %s", res.RunID, last.Kind)
+		}
+	}
+	return out, nil
+}
+
+// Median is the middle of ds (which it sorts).
+func Median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}

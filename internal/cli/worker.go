@@ -38,9 +38,10 @@ one worker at a time (a lease in PAL_LEASES). On SIGTERM a worker hands its
 runs to the others at once.
 
 Workers also carry out the durable commands of PAL_CMDS and answer the NATS
-service pal. With DATABASE_URL set they run the recovery sweep every
-PAL_RECOVERY_INTERVAL (default 30s): runs the projection shows running or
-queued, with no live lease and no pending work, are queued again.
+service pal, and run the recovery sweep every PAL_RECOVERY_INTERVAL
+(default 30s): runs in flight (the PAL_INFLIGHT index, and with
+DATABASE_URL the runs the projection shows running or queued) with no
+live lease and no pending work are queued again.
 
 With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
 /metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
@@ -262,16 +263,19 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if warn != "" {
 		log.Warn(warn)
 	}
+	// The sweep reads the runs in flight from NATS (PAL_INFLIGHT), and
+	// with Postgres the runs table too.
+	var src workers.OrphanSource = workers.NewInflightSource(store)
 	if pool != nil {
-		sweep = workers.NewSweeper(store, leases, projections.NewReader(pool), interval, log)
-		if receipts != nil {
-			sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
-		}
-		if err := sweep.Start(ctx); err != nil {
-			return fail(err)
-		}
-	} else {
-		log.Info("recovery sweep off: it reads the runs table, set DATABASE_URL to enable it")
+		src = workers.Sources(src, projections.NewReader(pool))
+	}
+	sweep = workers.NewSweeper(store, leases, src, interval, log)
+	if receipts != nil && pool != nil {
+		// Missing receipts are found in the run_receipts table.
+		sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
+	}
+	if err := sweep.Start(ctx); err != nil {
+		return fail(err)
 	}
 	log.Info("worker ready", "id", w.ID(), "nats", wc.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
 		"egress_allow", wc.egress.String())

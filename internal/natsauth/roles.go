@@ -66,6 +66,8 @@ const (
 	leasePrefix       = "$KV." + eventstore.LeaseBucket + "."
 	receiptStream     = "KV_" + eventstore.ReceiptBucket
 	receiptPrefix     = "$KV." + eventstore.ReceiptBucket + "."
+	inflightStream    = "KV_" + eventstore.InflightBucket
+	inflightPrefix    = "$KV." + eventstore.InflightBucket + "."
 	inbox             = "_INBOX.>"
 	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
@@ -120,7 +122,7 @@ func For(role Role) Permissions {
 
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
-	eventstore.TimersStream, deadStream, leaseStream, receiptStream}
+	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream}
 
 // read is what reading a stream takes: its info, Direct Get (by sequence,
 // by subject, batched) and the stream's message get.
@@ -161,7 +163,11 @@ func worker() Permissions {
 	pub := []string{
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
 		receiptPrefix + "*", eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
-		jsAPI + "INFO",
+		jsAPI + "INFO", inflightPrefix + ">", eventstore.WorkPinSubject,
+		// Presence (instant takeover): probing peers, answering their
+		// probes (to their _PAL_INBOX), and deleting a departed peer's
+		// work message to requeue its run.
+		eventstore.PresencePrefix + "*", palInbox, jsAPI + "STREAM.MSG.DELETE." + eventstore.WorkStream,
 	}
 	for _, s := range palStreams {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
@@ -175,11 +181,12 @@ func worker() Permissions {
 	pub = append(pub, durable(eventstore.TimersStream, eventstore.TimerConsumer)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
+	pub = append(pub, ordered(inflightStream)...) // the sweep lists the runs in flight
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
 		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*"}, serviceSub...),
+		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -200,6 +207,8 @@ func api() Permissions {
 	pub := []string{
 		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.CancelPrefix + "*",
 		eventstore.RejectedSubject, inbox, jsAPI + "INFO",
+		// Starts index their run, ends (a cancel) remove it (PAL_INFLIGHT).
+		inflightPrefix + ">",
 	}
 	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
@@ -210,7 +219,9 @@ func api() Permissions {
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox, palInbox}, serviceSub...),
+		// pal.watch.*: watches (the REST event feeds) take the journal's
+		// republished copies there.
+		SubAllow: append([]string{inbox, palInbox, eventstore.WatchPrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -225,7 +236,7 @@ func client() Permissions {
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
-		eventstore.EventsPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>",
+		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>",
 		deadPrefix + ">", eventstore.RejectedSubject,
 		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
 		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
@@ -236,7 +247,7 @@ func client() Permissions {
 		PubAllow: pub,
 		PubDeny:  deny,
 		// pal.cmd.rejected: the README's "nats sub pal.cmd.rejected".
-		SubAllow: []string{inbox, eventstore.RejectedSubject},
+		SubAllow: []string{inbox, eventstore.RejectedSubject, eventstore.WatchPrefix + "*"},
 	}
 }
 

@@ -198,7 +198,9 @@ func (b *bundle) state(t *testing.T) state {
 	require.NoError(t, err)
 	var ks []string
 	for k := range keys.Keys() {
-		ks = append(ks, k)
+		if !strings.Contains(k, ".") { // not a worker's presence entry
+			ks = append(ks, k)
+		}
 	}
 	s.LeaseKeys = strings.Join(ks, ",")
 	q := func(sql string) string {
@@ -378,12 +380,14 @@ func TestClientPushConsumerCannotWrite(t *testing.T) {
 	for _, st := range []string{eventstore.WorkStream, eventstore.CommandsStream, eventstore.TimersStream} {
 		seqs[st] = lastSeq(st)
 	}
+	inflightSeq := lastSeq("KV_" + eventstore.InflightBucket)
 	n := 0
 	for _, stream := range []string{eventstore.EventsStream, "KV_" + eventstore.LeaseBucket} {
 		for _, deliver := range []string{
 			eventstore.EventsSubject("run_forged"), eventstore.EventsSubject(runA), eventstore.EventsSubject(slow),
 			eventstore.WorkSubject(runA), "$KV." + eventstore.LeaseBucket + "." + slow, eventstore.CommandPrefix + "start",
 			"pal.timer.at." + runA + ".1", "pal.timer.fire." + runA, "pal.dead.x", eventstore.CancelPrefix + slow,
+			"$KV." + eventstore.InflightBucket + "." + slow, eventstore.WatchSubject(slow),
 		} {
 			n++
 			// Interest on the deliver subject, so the consumer delivers.
@@ -408,6 +412,7 @@ func TestClientPushConsumerCannotWrite(t *testing.T) {
 		}
 	}
 	require.NoError(t, b.admin.Flush())
+	require.Equal(t, inflightSeq, lastSeq("KV_"+eventstore.InflightBucket), "the in-flight index took a delivery")
 	close(b.slowRelease)
 	b.waitStatus(t, slow, "succeeded")
 	require.False(t, b.slowCancelled.Load(), "a JetStream delivery on pal.ctl.cancel stopped the step")
@@ -442,7 +447,14 @@ func TestClientAllowed(t *testing.T) {
 	watch, err := kv.WatchAll(ctx)
 	require.NoError(t, err)
 	defer func() { _ = watch.Stop() }()
-	require.Nil(t, <-watch.Updates(), "the watch's end-of-history marker")
+	// Before the end-of-history marker: the workers' presence entries
+	// (keys with a dot, never a run id).
+	for e := range watch.Updates() {
+		if e == nil {
+			break
+		}
+		require.True(t, strings.HasPrefix(e.Key(), "w."), "lease %s before the run started", e.Key())
+	}
 
 	cmd := fmt.Sprintf(`{"workflow":%s,"input":{},"idempotency_key":"roles-1"}`, slowWF)
 	_, err = b.cjs.Publish(ctx, eventstore.CommandPrefix+"start", []byte(cmd))
@@ -505,4 +517,63 @@ func TestClientAllowed(t *testing.T) {
 func TestProjectorName(t *testing.T) {
 	p := natsauth.For(natsauth.Projector)
 	require.Contains(t, p.PubAllow, "$JS.API.CONSUMER.MSG.NEXT.PAL_EVENTS."+projections.DefaultName)
+}
+
+// TestWorkerTakeoverUnderRoles: with the roles on, a worker whose
+// connection closes mid-step (as a killed process's does) has its run
+// resumed by another worker long before its 30 s lease would expire:
+// probing the presence subject, answering probes, revoking the lease and
+// requeueing the run all pass the worker role, with no violation.
+func TestWorkerTakeoverUnderRoles(t *testing.T) {
+	srv := testenv.NATS(t, testenv.Roles())
+	viol := newViolations()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const ttl = 30 * time.Second
+	started := make(chan string, 2)
+	type side struct {
+		nc *nats.Conn
+		w  *workers.Worker
+	}
+	var store *eventstore.Store
+	start := func(id string) side {
+		nc := srv.ConnAs(t, natsauth.Worker, viol.option())
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{LeaseTTL: ttl}))
+		st, err := eventstore.Open(ctx, js)
+		require.NoError(t, err)
+		store = st
+		leases, err := eventstore.OpenLeases(ctx, js, ttl)
+		require.NoError(t, err)
+		w := workers.New(workers.Config{ID: id, Logger: paltest.Logger(t)}, st, leases, provider.Registry{}, connector.Registry{})
+		w.RegisterTool("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			started <- id
+			<-ctx.Done() // only a takeover ends it: the first driver's connection closes
+			return nil, ctx.Err()
+		})
+		require.NoError(t, w.Start(ctx))
+		return side{nc: nc, w: w}
+	}
+	sides := map[string]side{"w1": start("w1"), "w2": start("w2")}
+	t.Cleanup(func() {
+		for _, s := range sides {
+			_ = s.w.Stop(context.Background())
+		}
+	})
+	runID := event.NewRunID()
+	_, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(slowWF), Input: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	first := <-started
+	closed := time.Now()
+	sides[first].nc.Close() // its subscriptions go with it, as a dead process's do
+	var second string
+	select {
+	case second = <-started:
+	case <-ctx.Done():
+		t.Fatal("no other worker took the run over")
+	}
+	require.NotEqual(t, first, second)
+	require.Less(t, time.Since(closed), ttl/3, "taken over only after the lease would have expired")
+	require.Empty(t, viol.all(), "the worker role hit a permissions violation")
 }

@@ -1,0 +1,104 @@
+package eventstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// errNoMessages: a batched Direct Get matched nothing.
+var errNoMessages = errors.New("no messages")
+
+// directRequest is a batched Direct Get (ADR-31): the next messages on a
+// subject from a sequence, or the last message of each of several subjects.
+type directRequest struct {
+	Seq          uint64   `json:"seq,omitempty"`
+	NextBySubj   string   `json:"next_by_subj,omitempty"`
+	Batch        int      `json:"batch,omitempty"`
+	MultiLastFor []string `json:"multi_last,omitempty"`
+	UpToSeq      uint64   `json:"up_to_seq,omitempty"`
+}
+
+// directMsg is one message of a batched Direct Get reply.
+type directMsg struct {
+	Subject  string
+	Sequence uint64
+	Header   nats.Header
+	Data     []byte
+}
+
+// directBatch sends a batched Direct Get to stream and passes each
+// message of the reply to fn, in order, until the server's end-of-batch
+// marker; at most max messages come back. The reply inbox's channel holds
+// exactly that many (a few KiB), where a synchronous subscription would
+// allocate nats.go's default 64Ki-slot channel (512 KiB) per read.
+// Errors: errNoMessages when nothing matched; errIncompleteBatch when the
+// reply ended (ctx, the request timeout) before its marker; fn's.
+func (s *Store) directBatch(ctx context.Context, stream string, req directRequest, max int, fn func(directMsg) error) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	nc := s.js.Conn()
+	ch := make(chan *nats.Msg, max+2)
+	inbox := nc.NewRespInbox()
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishMsg(&nats.Msg{Subject: s.apiPrefix + "DIRECT.GET." + stream, Reply: inbox, Data: body}); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-rctx.Done():
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return errIncompleteBatch
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+			switch m.Header.Get("Status") {
+			case "204": // end of batch
+				return nil
+			case "404":
+				return errNoMessages
+			case "408":
+				return errIncompleteBatch
+			case "503":
+				return nats.ErrNoResponders
+			default:
+				return fmt.Errorf("direct get: status %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
+			}
+		}
+		seq, perr := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if perr != nil {
+			return fmt.Errorf("direct get: bad %s header %q", jetstream.SequenceHeader, m.Header.Get(jetstream.SequenceHeader))
+		}
+		if err := fn(directMsg{Subject: m.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: m.Header, Data: m.Data}); err != nil {
+			return err
+		}
+	}
+}
+
+// apiPrefix is the subject prefix of the JetStream API js talks to.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	}
+	return "$JS.API."
+}

@@ -1,0 +1,144 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
+)
+
+// InflightBucket indexes the runs that have not ended: the write side
+// puts a run's key before its run_created and purges it after its
+// terminal event, so the recovery sweep finds orphans by reading the
+// runs in flight, never the finished ones (docs/architecture.md §11).
+const InflightBucket = "PAL_INFLIGHT"
+
+const (
+	inflightStream = "KV_" + InflightBucket
+	inflightPrefix = "$KV." + InflightBucket + "."
+)
+
+// Inflight is one entry of the index.
+type Inflight struct {
+	RunID    string
+	Revision uint64
+	Created  time.Time
+}
+
+// MarkInflight puts the run into the index, and returns a wait for the
+// server's answer: runs.Start sends it just before run_created and waits
+// after, so the two round trips overlap. No run then exists that the
+// index does not name, unless the wait reports an error; an entry whose
+// run_created never landed is removed by the sweep.
+func (s *Store) MarkInflight(runID string) func(context.Context) error {
+	if err := checkRunID(runID); err != nil {
+		return func(context.Context) error { return fmt.Errorf("indexing: %w", err) }
+	}
+	msg := &nats.Msg{Subject: inflightPrefix + runID}
+	ack, err := s.js.PublishMsgAsync(msg, jetstream.WithExpectStream(inflightStream))
+	return func(ctx context.Context) error {
+		if err == nil {
+			select {
+			case <-ack.Ok():
+			case err = <-ack.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("indexing run %s as in flight: %w", runID, err)
+		}
+		return nil
+	}
+}
+
+// settleMsg is the purge of a run's entry, as KV Purge writes it.
+func settleMsg(runID string) *nats.Msg {
+	msg := &nats.Msg{Subject: inflightPrefix + runID, Header: nats.Header{}}
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set("Nats-Rollup", "sub")
+	// So that no other stream stores a copy a push consumer delivers
+	// (docs/architecture.md §5.6); the server checks it on a plain publish too.
+	msg.Header.Set(jetstream.ExpectedStreamHeader, inflightStream)
+	return msg
+}
+
+// settleAsync purges the run's entry without waiting for the server: a
+// lost purge leaves an entry the sweep removes when it finds the run's
+// terminal event.
+func (s *Store) settleAsync(runID string) { _ = s.js.Conn().PublishMsg(settleMsg(runID)) }
+
+// Settle purges a finished (or never created) run's entry.
+func (s *Store) Settle(ctx context.Context, runID string) error {
+	if err := checkRunID(runID); err != nil {
+		return fmt.Errorf("settling: %w", err)
+	}
+	if _, err := s.js.PublishMsg(ctx, settleMsg(runID), jetstream.WithExpectStream(inflightStream)); err != nil {
+		return fmt.Errorf("settling run %s: %w", runID, err)
+	}
+	return nil
+}
+
+// InflightRuns lists the index, oldest entry first: one pass over the
+// runs in flight (metadata only).
+func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
+	s.inflightMu.Lock()
+	kv := s.inflight
+	if kv == nil {
+		var err error
+		if kv, err = s.js.KeyValue(ctx, InflightBucket); err != nil {
+			s.inflightMu.Unlock()
+			return nil, fmt.Errorf("listing runs in flight: %w", err)
+		}
+		s.inflight = kv
+	}
+	s.inflightMu.Unlock()
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("listing runs in flight: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Inflight
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("listing runs in flight: the watch ended")
+			}
+			if e == nil {
+				slices.SortFunc(out, func(a, b Inflight) int { return int(a.Revision) - int(b.Revision) })
+				return out, nil
+			}
+			out = append(out, Inflight{RunID: e.Key(), Revision: e.Revision(), Created: e.Created()})
+		}
+	}
+}
+
+// LastEvent returns the last event of a run and its head (the zero Head
+// and event when it has none), from one Direct Get, unverified.
+func (s *Store) LastEvent(ctx context.Context, runID string) (event.Event, Head, error) {
+	if err := checkRunID(runID); err != nil {
+		return event.Event{}, Head{}, fmt.Errorf("reading head: %w", err)
+	}
+	m, err := s.events.GetLastMsgForSubject(ctx, EventsSubject(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return event.Event{}, Head{}, nil
+	}
+	if err != nil {
+		return event.Event{}, Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
+	}
+	evs, err := event.Decode(m.Data)
+	if err != nil {
+		return event.Event{}, Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
+	}
+	last := evs[len(evs)-1]
+	return last, Head{Seq: last.Seq, StreamSeq: m.Sequence, Hash: event.Hash(m.Data)}, nil
+}
