@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
@@ -171,13 +172,24 @@ func (b *bundle) journalState(t testing.TB) journalState {
 	t.Helper()
 	s := journalState{Journal: testenv.ReadJournal(t, b.NC), Streams: map[string]uint64{}}
 	ctx := context.Background()
-	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, "KV_" + eventstore.LeaseBucket} {
+	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream} {
 		st, err := b.JS.Stream(ctx, name)
 		require.NoError(t, err)
 		info, err := st.Info(ctx)
 		require.NoError(t, err)
 		s.Streams[name] = info.State.LastSeq
 	}
+	// Leases of runs only: a worker's presence entry (w.<token>, two
+	// subject tokens) is rewritten while it lives and is no run's state.
+	st, err := b.JS.Stream(ctx, "KV_"+eventstore.LeaseBucket)
+	require.NoError(t, err)
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter("$KV."+eventstore.LeaseBucket+".*"))
+	require.NoError(t, err)
+	var leases uint64
+	for _, n := range info.State.Subjects {
+		leases += n
+	}
+	s.Streams["KV_"+eventstore.LeaseBucket] = leases
 	return s
 }
 
