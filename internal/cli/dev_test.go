@@ -322,10 +322,29 @@ func TestDevCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, info.CachedInfo().Config.Replicas)
 
+	// A run in flight across the kills: it keeps a step going for ~3 s.
+	sleepy := filepath.Join(t.TempDir(), "sleepy.json")
+	require.NoError(t, os.WriteFile(sleepy, []byte(`{"name":"sleepy","nodes":[{"id":"start","type":"trigger"},
+		{"id":"nap","type":"tool","data":{"tool":"sleep","input":{"ms":3000}}}],"edges":[{"from":"start","to":"nap"}]}`), 0o644))
+	r := runPal(t, bin, env, "run", "start", "--workflow", sleepy, "--input", `{}`)
+	require.Equal(t, 0, r.code, "%s", r)
+	inFlight := strings.TrimSpace(r.stdout)
+
 	require.NoError(t, syscall.Kill(nodes[2], syscall.SIGKILL))
 	require.NoError(t, syscall.Kill(workers[0], syscall.SIGKILL))
-	startOK("after kill -9 of a node and a worker")
 	require.NoError(t, dev.WaitForOutput(ctx, "NATS node started again"))
+	// A killed stream leader is replaced after nats-server's election
+	// (4-9 s); one-shot commands in that window may time out, as with
+	// any JetStream client, so this retries until the cluster answers.
+	var last result
+	require.Eventually(t, func() bool {
+		last = runPal(t, bin, env, "run", "watch", inFlight)
+		return last.code == 0
+	}, 90*time.Second, time.Second, "the run in flight did not finish after the kills: %s", &last)
+	require.Eventually(t, func() bool {
+		last = runPal(t, bin, env, "run", "start", "--workflow", wf, "--input", `{"text":"after"}`, "--wait")
+		return last.code == 0
+	}, 90*time.Second, time.Second, "no run succeeded after the kills: %s", &last)
 
 	require.NoError(t, dev.Term())
 	require.NoError(t, dev.Wait(ctx))

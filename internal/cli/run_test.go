@@ -389,7 +389,7 @@ func TestRunApprove(t *testing.T) {
 	r = b.pal(t, nil, "run", "get", id, "--waterfall", "--width", "90")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Regexp(t, `(?m)^STEP\s+0\s+\S+\s+\S+$`, r.stdout)
-	require.Regexp(t, `(?m)^ok approval\s+\| *~+\| waiting \S+…$`, r.stdout)
+	require.Regexp(t, `(?m)^ok approval\s+\| *=*~+\| waiting \S+…$`, r.stdout)
 	for _, l := range strings.Split(r.stdout, "\n") {
 		if strings.Contains(l, "|") || strings.HasPrefix(l, "STEP") {
 			require.LessOrEqual(t, len([]rune(l)), 90, "the waterfall keeps to --width: %q", l)
