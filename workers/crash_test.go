@@ -254,7 +254,27 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 // and every run finishes with a gapless journal.
 func TestBrokerKill9MidRun(t *testing.T) {
 	t.Parallel()
-	nproc := testenv.NATSProcess(t)
+	brokerKill9MidRun(t, false)
+}
+
+// TestBrokerKill9MidRunStrict is TestBrokerKill9MidRun in strict mode: the
+// server fsyncs before every ack (sync_interval: always) and the worker
+// packs each step boundary into one message. No event the server had
+// stored before the kill is lost or changed, and every run ends once.
+func TestBrokerKill9MidRunStrict(t *testing.T) {
+	t.Parallel()
+	brokerKill9MidRun(t, true)
+}
+
+// brokerKill9MidRun kills -9 the NATS server while five runs are in
+// flight (one parked on an LLM call) and restarts it.
+func brokerKill9MidRun(t *testing.T, strict bool) {
+	var opts []testenv.NATSOption
+	durability := "process"
+	if strict {
+		opts, durability = append(opts, testenv.Strict()), "strict"
+	}
+	nproc := testenv.NATSProcess(t, opts...)
 	nc := nproc.Conn(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -266,7 +286,8 @@ func TestBrokerKill9MidRun(t *testing.T) {
 	// The journal is checked below, not on cleanup: restarting the server
 	// registers a cleanup that stops it before a cleanup check would run.
 
-	env := append([]string{"PAL_NATS_URL=" + nproc.URL(), "PAL_WORKER_ID=w1", "PAL_LEASE_TTL=1s", "PAL_LOG_LEVEL=debug"}, llm.Env()...)
+	env := append([]string{"PAL_NATS_URL=" + nproc.URL(), "PAL_WORKER_ID=w1", "PAL_LEASE_TTL=1s", "PAL_LOG_LEVEL=debug",
+		"PAL_DURABILITY=" + durability}, llm.Env()...)
 	w := testenv.StartProcess(t, testenv.PalBinary(t), []string{"worker"}, env)
 	require.NoError(t, w.WaitForOutput(ctx, "worker ready"))
 

@@ -40,6 +40,12 @@ type Options struct {
 	InProcess bool
 	// Dir is where JetStream stores data (a temp dir when empty).
 	Dir string
+	// Connect, when set, connects to a server of the caller's (a cluster)
+	// instead of starting one; it is called twice (the worker's connection
+	// and the watcher's). Strict and InProcess then do not apply.
+	Connect func() (*nats.Conn, error)
+	// Replicas is the streams' replica count (3 on a cluster).
+	Replicas int
 	// Concurrency is the worker's concurrency (default 64).
 	Concurrency int
 	// Logger receives worker logs (discarded when nil).
@@ -67,16 +73,21 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 		}
 		e.dir, e.ownDir = d, true
 	}
-	srv, err := startServer(e.dir, o.Strict)
-	if err != nil {
-		e.Close()
-		return nil, err
+	connect := o.Connect
+	if connect == nil {
+		srv, err := startServer(e.dir, o.Strict)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.srv = srv
+		connect = func() (*nats.Conn, error) { return nats.Connect(srv.ClientURL()) }
 	}
-	e.srv = srv
-	if o.InProcess {
-		e.nc, err = nats.Connect("", nats.InProcessServer(srv))
+	var err error
+	if o.InProcess && e.srv != nil {
+		e.nc, err = nats.Connect("", nats.InProcessServer(e.srv))
 	} else {
-		e.nc, err = nats.Connect(srv.ClientURL())
+		e.nc, err = connect()
 	}
 	if err != nil {
 		e.Close()
@@ -87,7 +98,7 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
-	if err := eventstore.Setup(ctx, js, eventstore.Config{}); err != nil {
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: o.Replicas}); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -109,7 +120,7 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
-	if e.subNC, err = nats.Connect(srv.ClientURL()); err != nil {
+	if e.subNC, err = connect(); err != nil {
 		e.Close()
 		return nil, err
 	}

@@ -2,15 +2,24 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/bench"
+	"github.com/palrun/pal/internal/natsauth"
 	"github.com/palrun/pal/provider"
 )
 
@@ -28,6 +37,11 @@ worker, and measures, for each durability mode:
 
 The worker reaches the server over loopback TCP unless --in-process.
 
+pal bench --cluster adds a row for a 3-node JetStream cluster (three
+pal dev-nats-node processes on loopback, as pal dev --cluster 3 starts
+them, every stream R3), in process durability: there replication, not
+fsync, is what an ack waits for.
+
 pal bench --economics measures what a crash costs instead: a 20-step LLM
 workflow (gpt-4o, priced from the price table; PAL_PRICES overrides it) on
 the fake provider, driven by real pal worker processes, the worker killed
@@ -44,6 +58,7 @@ deduplicates) against a restart from scratch at each kill.`,
 	f.Int("runs", 64, "concurrent runs")
 	f.Int("steps-per-run", 50, "steps of each concurrent run")
 	f.Bool("in-process", false, "connect the worker to NATS in-process")
+	f.Bool("cluster", false, "also measure on a 3-node cluster of nats-server processes (R3)")
 	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
 	f.String("model", "gpt-4o", "model the economics run is priced as")
 	return cmd
@@ -56,6 +71,7 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	runs, _ := cmd.Flags().GetInt("runs")
 	spr, _ := cmd.Flags().GetInt("steps-per-run")
 	inproc, _ := cmd.Flags().GetBool("in-process")
+	cluster, _ := cmd.Flags().GetBool("cluster")
 	if econ, _ := cmd.Flags().GetBool("economics"); econ {
 		model, _ := cmd.Flags().GetString("model")
 		return e.runEconomics(ctx, model)
@@ -76,18 +92,94 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	fmt.Fprintln(tw, "durability\tstep p50\tstep p99\tsteps/s (1 run)\tsteps/s (concurrent)\tconcurrent runs × steps")
 	for _, m := range modes {
 		fmt.Fprintf(e.stderr, "pal bench: %s mode…\n", m)
-		seq, conc, err := benchMode(ctx, m == DurabilityStrict, inproc, steps, runs, spr)
+		seq, conc, err := benchMode(ctx, bench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%d × %d\n", m,
-			us(seq.Percentile(0.5)), us(seq.Percentile(0.99)), seq.StepsPerSecond(), conc.StepsPerSecond(), runs, spr)
+		row(tw, m, seq, conc, runs, spr)
+	}
+	if cluster {
+		fmt.Fprintln(e.stderr, "pal bench: 3-node cluster (R3)…")
+		seq, conc, err := benchCluster(ctx, steps, runs, spr)
+		if err != nil {
+			return err
+		}
+		row(tw, "cluster R3", seq, conc, runs, spr)
 	}
 	return tw.Flush()
 }
 
-func benchMode(ctx context.Context, strict, inproc bool, steps, runs, spr int) (bench.Result, bench.Result, error) {
-	env, err := bench.Start(ctx, bench.Options{Strict: strict, InProcess: inproc, Concurrency: max(64, runs)})
+func row(tw *tabwriter.Writer, name string, seq, conc bench.Result, runs, spr int) {
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%d × %d\n", name,
+		us(seq.Percentile(0.5)), us(seq.Percentile(0.99)), seq.StepsPerSecond(), conc.StepsPerSecond(), runs, spr)
+}
+
+// benchCluster measures on three pal dev-nats-node processes (startDevCluster,
+// as pal dev --cluster 3), in a temp dir it removes.
+func benchCluster(ctx context.Context, steps, runs, spr int) (bench.Result, bench.Result, error) {
+	dir, err := os.MkdirTemp("", "pal-bench-cluster-*")
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	keys, err := natsauth.LoadOrCreate(dir)
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	port, err := freeLoopbackPorts(3)
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := startDevCluster(ctx, 3, dir, "127.0.0.1", port, false, log)
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	defer c.stop()
+	connect := func() (*nats.Conn, error) { return c.connect(keys, natsauth.Admin, log) }
+	// The streams wait for the cluster's meta leader.
+	nc, err := connect()
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return bench.Result{}, bench.Result{}, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := setupWithRetry(sctx, js, eventstore.Config{Replicas: 3}, log); err != nil {
+		return bench.Result{}, bench.Result{}, fmt.Errorf("setting up the cluster's streams: %w", err)
+	}
+	return benchMode(ctx, bench.Options{Connect: connect, Replicas: 3}, steps, runs, spr)
+}
+
+// freeLoopbackPorts finds n consecutive free loopback ports (the nodes'
+// client ports) and returns the first.
+func freeLoopbackPorts(n int) (int, error) {
+	for range 20 {
+		p, err := freeLoopbackPort()
+		if err != nil {
+			return 0, err
+		}
+		free := true
+		for i := 1; i < n && free; i++ {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+i)))
+			if free = err == nil; free {
+				l.Close()
+			}
+		}
+		if free {
+			return p, nil
+		}
+	}
+	return 0, errors.New("no run of free loopback ports")
+}
+
+func benchMode(ctx context.Context, o bench.Options, steps, runs, spr int) (bench.Result, bench.Result, error) {
+	o.Concurrency = max(64, runs)
+	env, err := bench.Start(ctx, o)
 	if err != nil {
 		return bench.Result{}, bench.Result{}, err
 	}

@@ -50,3 +50,22 @@ func TestBenchEconomics(t *testing.T) {
 	require.NotZero(t, r.code)
 	require.Contains(t, r.stderr, "the price table does not know it")
 }
+
+// TestBenchCluster runs `pal bench --cluster`: beside the single-server
+// row, a row measured on three pal dev-nats-node processes with R3
+// streams, each with a per-step latency and a throughput above zero.
+func TestBenchCluster(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	start := time.Now()
+	r := runPal(t, bin, nil, "bench", "--cluster", "--durability", "process", "--steps", "20", "--runs", "4", "--steps-per-run", "5")
+	require.Zero(t, r.code, r)
+	require.Less(t, time.Since(start), 60*time.Second)
+	for _, name := range []string{"process", "cluster R3"} {
+		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\s+(\d+) µs\s+(\d+) µs\s+(\d+)\s+(\d+)\s+4 × 5$`).FindStringSubmatch(r.stdout)
+		require.NotNil(t, m, "no row %q in\n%s", name, r.stdout)
+		for _, v := range m[1:] {
+			require.NotEqual(t, "0", v, "row %q: %s", name, m[0])
+		}
+	}
+}
