@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -121,4 +122,65 @@ func stallAfter(evs []event.Event, killed time.Time) time.Duration {
 		prev = ev.TS
 	}
 	return worst.Round(time.Millisecond)
+}
+
+// BenchmarkLeaderKill kill -9s the leader of PAL_EVENTS ten times on a
+// 3-node cluster (R3, two pal worker processes), each time mid-run, and
+// reports how long runs went without a new event: p50 and max over the
+// kills of each kill's longest stall. The node is started again and the
+// cluster made current before the next kill.
+//
+//	go test -run '^$' -bench LeaderKill -benchtime 1x ./workers/
+func BenchmarkLeaderKill(b *testing.B) {
+	for range b.N {
+		stalls := leaderKills(b, 10)
+		slices.Sort(stalls)
+		b.ReportMetric(float64(stalls[len(stalls)/2].Milliseconds()), "p50-ms")
+		b.ReportMetric(float64(stalls[len(stalls)-1].Milliseconds()), "max-ms")
+		b.Logf("longest stall per leader kill: %v", stalls)
+	}
+}
+
+func leaderKills(tb testing.TB, kills int) []time.Duration {
+	c := testenv.NATSClusterProcesses(tb, 3)
+	nc := c.Conn(tb)
+	js, err := jetstream.New(nc)
+	require.NoError(tb, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	require.NoError(tb, eventstore.Setup(ctx, js, eventstore.Config{LeaseTTL: 2 * time.Second, Replicas: 3}))
+	store, err := eventstore.Open(ctx, js)
+	require.NoError(tb, err)
+	llm := providertest.NewServer(tb)
+	for _, id := range []string{"w1", "w2"} {
+		env := append([]string{"PAL_NATS_URL=" + c.URLs(), "PAL_WORKER_ID=" + id, "PAL_REPLICAS=3",
+			"PAL_LEASE_TTL=2s", "PAL_LOG_LEVEL=info"}, llm.Env()...)
+		w := testenv.StartProcess(tb, testenv.PalBinary(tb), []string{"worker"}, env)
+		require.NoError(tb, w.WaitForOutput(ctx, "worker ready"))
+	}
+	streams := []string{eventstore.EventsStream, eventstore.WorkStream, "KV_" + eventstore.LeaseBucket}
+	var out []time.Duration
+	for range kills {
+		require.NoError(tb, c.WaitCurrent(ctx, js, streams...))
+		var ids []string
+		for range 3 {
+			res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(sleepChain(200, 20))})
+			require.NoError(tb, err)
+			ids = append(ids, res.RunID)
+		}
+		observe(tb, ctx, js, 30)
+		leader, err := c.LeaderOf(ctx, js, eventstore.EventsStream)
+		require.NoError(tb, err)
+		killed := time.Now()
+		leader.Kill()
+		var worst time.Duration
+		for _, id := range ids {
+			evs := waitEndOn(tb, ctx, store, id)
+			require.Equal(tb, event.RunSucceeded, evs[len(evs)-1].Kind)
+			worst = max(worst, stallAfter(evs, killed))
+		}
+		out = append(out, worst)
+		leader.Start(tb)
+	}
+	return out
 }

@@ -330,7 +330,7 @@ func brokerKill9MidRun(t *testing.T, strict bool) {
 }
 
 // observe reads stored events of all runs until it has seen at least n.
-func observe(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) []event.Event {
+func observe(t testing.TB, ctx context.Context, js jetstream.JetStream, n int) []event.Event {
 	t.Helper()
 	cons, err := js.OrderedConsumer(ctx, eventstore.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventstore.EventsPrefix + "*"}})
@@ -351,7 +351,7 @@ func observe(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) [
 
 // waitEndOn waits for a run's terminal event, tolerating a restarting
 // server, and returns the journal.
-func waitEndOn(t *testing.T, ctx context.Context, store *eventstore.Store, runID string) []event.Event {
+func waitEndOn(t testing.TB, ctx context.Context, store *eventstore.Store, runID string) []event.Event {
 	t.Helper()
 	for {
 		evs, _, err := store.Read(ctx, runID)
