@@ -511,7 +511,7 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: CodeLoop, StepID: sid, Error: fmt.Sprintf("loop %s: ", sid) + fmt.Sprintf(format, args...)}
 	}
-	d, err := node.Loop()
+	d, err := st.loopData(node)
 	if err != nil {
 		return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
 	}

@@ -274,6 +274,25 @@ type RunState struct {
 	// loops memoizes, by loop step id, what Next found of a loop in
 	// progress (planLoop); Apply drops a memo an event could change.
 	loops map[string]*loopMemo
+	// loopNodes holds the decoded data of the loop nodes Next met: a
+	// loop's data holds its whole body, too much to decode at each step.
+	loopNodes map[*workflow.Node]*workflow.LoopData
+}
+
+// loopData is node.Loop(), decoded once per state.
+func (st *RunState) loopData(node *workflow.Node) (*workflow.LoopData, error) {
+	if d, ok := st.loopNodes[node]; ok {
+		return d, nil
+	}
+	d, err := node.Loop()
+	if err != nil {
+		return nil, err
+	}
+	if st.loopNodes == nil {
+		st.loopNodes = map[*workflow.Node]*workflow.LoopData{}
+	}
+	st.loopNodes[node] = d
+	return d, nil
 }
 
 // loopMemo is what Next found of one loop step in progress: under the
