@@ -54,6 +54,16 @@ type drive struct {
 	// earlier drives journaled on their run_resumed, oldest first.
 	trace   *telemetry.Drive
 	earlier []string
+	// read is the journal read withLease starts while it takes the lease;
+	// the first load uses it, when the lease came at once.
+	read <-chan journalRead
+}
+
+// journalRead is the result of one Store.Read.
+type journalRead struct {
+	evs  []event.Event
+	head eventstore.Head
+	err  error
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -110,7 +120,22 @@ func (w *Worker) signReceipt(ctx context.Context, d *drive) {
 // inline, goes through here.
 func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) driveEnd {
 	start := time.Now()
-	lease, err := w.acquire(ctx, d.runID, msg)
+	// The journal is read while the lease is taken: one round trip less
+	// before the run goes on. A read that races an append is safe, as
+	// every append is fenced on the head it follows; it is used only when
+	// the lease came at once (a crashed holder's journal may move while
+	// its lease runs out).
+	rctx, stopRead := context.WithCancel(ctx)
+	defer stopRead()
+	read := make(chan journalRead, 1)
+	go func() {
+		evs, head, err := w.store.Read(rctx, d.runID)
+		read <- journalRead{evs, head, err}
+	}()
+	lease, waited, err := w.acquire(ctx, d.runID, msg)
+	if !waited {
+		d.read = read
+	}
 	if err != nil {
 		end := driveEnd{err: err, stopped: ctx.Err()}
 		end.outcome = classifyDrive(end)
@@ -369,11 +394,12 @@ func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg
 }
 
 // acquire takes the run's lease, waiting for a crashed owner's lease to
-// expire (at most one TTL and a bit) while keeping the message alive.
-func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (*eventstore.Lease, error) {
+// expire (at most one TTL and a bit) while keeping the message alive;
+// waited says it had to.
+func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (_ *eventstore.Lease, waited bool, _ error) {
 	lease, err := w.leases.Acquire(ctx, runID, w.owner)
 	if err == nil || !errors.Is(err, eventstore.ErrLeaseHeld) {
-		return lease, err
+		return lease, false, err
 	}
 	ttl := w.leases.TTL()
 	wctx, cancel := context.WithTimeout(ctx, ttl+2*time.Second)
@@ -396,9 +422,10 @@ func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (
 		}()
 	}
 	if werr := w.leases.WaitFree(wctx, runID); werr != nil {
-		return nil, err
+		return nil, true, err
 	}
-	return w.leases.Acquire(ctx, runID, w.owner)
+	lease, err = w.leases.Acquire(ctx, runID, w.owner)
+	return lease, true, err
 }
 
 // run folds the journal, appends the fencing token and drives the run
@@ -460,7 +487,7 @@ func (d *drive) run() error {
 // with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
 	for tries := 0; ; tries++ {
-		evs, head, err := d.w.store.Read(d.ctx, d.runID)
+		evs, head, err := d.readJournal()
 		var cerr *event.CorruptError
 		if errors.As(err, &cerr) {
 			err = d.corrupt(evs, head, cerr)
@@ -485,6 +512,24 @@ func (d *drive) load() error {
 		}
 		return nil
 	}
+}
+
+// readJournal reads the whole journal: the first time, by the read
+// withLease started (read again if that failed, so errors are this
+// drive's own).
+func (d *drive) readJournal() ([]event.Event, eventstore.Head, error) {
+	if ch := d.read; ch != nil {
+		d.read = nil
+		select {
+		case r := <-ch:
+			if r.err == nil {
+				return r.evs, r.head, nil
+			}
+		case <-d.ctx.Done():
+			return nil, eventstore.Head{}, context.Cause(d.ctx)
+		}
+	}
+	return d.w.store.Read(d.ctx, d.runID)
 }
 
 // corrupt takes a journal that does not verify: evs are its sound events,
