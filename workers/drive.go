@@ -57,6 +57,9 @@ type drive struct {
 	// read is the journal read withLease starts while it takes the lease;
 	// the first load uses it, when the lease came at once.
 	read <-chan journalRead
+	// cached is the run's state as this worker last parked it, if it
+	// kept it: the first load reads only what came after.
+	cached *folded
 }
 
 // journalRead is the result of one Store.Read.
@@ -93,7 +96,13 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		w.signReceipt(actx, d)
-		w.afterDrive(actx, d, end.outcome == driveParked)
+		parked := end.outcome == driveParked
+		if parked && d.st != nil && d.bug == nil && len(d.pending) == 0 && d.st.LastSeq == d.head.Seq {
+			// The next drive takes the state whole: afterDrive no longer
+			// reads it.
+			w.folded.put(runID, &folded{st: d.st, head: d.head, earlier: d.earlier, at: time.Now()})
+		}
+		w.afterDrive(actx, d, parked)
 	}
 	return end.failure()
 }
@@ -128,10 +137,16 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	rctx, stopRead := context.WithCancel(ctx)
 	defer stopRead()
 	read := make(chan journalRead, 1)
-	go func() {
-		evs, head, err := w.store.Read(rctx, d.runID)
-		read <- journalRead{evs, head, err}
-	}()
+	d.cached = w.folded.take(d.runID, time.Now())
+	go func(cached *folded) {
+		var r journalRead
+		if cached != nil {
+			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
+		} else {
+			r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
+		}
+		read <- r
+	}(d.cached)
 	lease, waited, err := w.acquire(ctx, d.runID, msg)
 	if !waited {
 		d.read = read
@@ -486,6 +501,13 @@ func (d *drive) run() error {
 // (event.Chain) is sealed when this drive holds the lease: the run fails
 // with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
+	if c := d.cached; c != nil {
+		d.cached = nil
+		if d.loadFolded(c) {
+			d.w.folded.hit()
+			return nil
+		}
+	}
 	for tries := 0; ; tries++ {
 		evs, head, err := d.readJournal()
 		var cerr *event.CorruptError
@@ -512,6 +534,39 @@ func (d *drive) load() error {
 		}
 		return nil
 	}
+}
+
+// loadFolded brings the state this worker kept when it last parked the
+// run up to date: it reads and folds what came after its head. Any
+// trouble (a read error, a corrupt message, an event that does not fold)
+// says false, and load reads the whole journal as if nothing were kept.
+func (d *drive) loadFolded(c *folded) bool {
+	var r journalRead
+	if ch := d.read; ch != nil {
+		d.read = nil
+		select {
+		case r = <-ch:
+		case <-d.ctx.Done():
+			return false
+		}
+	} else {
+		r.evs, r.head, r.err = d.w.store.ReadAfter(d.ctx, d.runID, c.head)
+	}
+	if r.err != nil {
+		return false
+	}
+	for _, ev := range r.evs {
+		if err := c.st.Apply(ev); err != nil {
+			return false
+		}
+	}
+	d.st, d.head, d.pending, d.earlier = c.st, r.head, nil, c.earlier
+	for _, ev := range r.evs {
+		if ev.Kind == event.RunResumed && ev.TraceID != "" {
+			d.earlier = append(d.earlier, ev.TraceID)
+		}
+	}
+	return true
 }
 
 // readJournal reads the whole journal: the first time, by the read
@@ -789,17 +844,23 @@ func (d *drive) wakeable() bool {
 // afterDrive wakes whoever must look again once a drive has let go of a
 // run: a parent whose child ended, or the run itself when it parked just as
 // its wake-up came (an approval that found the work message still taken).
+//
+// A parked drive's state may already be another drive's (folded.go), so
+// for a parked run afterDrive reads only the journal: nothing after the
+// head it parked at, and nothing woke it.
 func (w *Worker) afterDrive(ctx context.Context, d *drive, parked bool) {
 	if d.st == nil || d.inline {
 		return
 	}
-	if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
-		if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
-			d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
+	if !parked {
+		if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
+			if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
+				d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
+			}
 		}
 		return
 	}
-	if !parked {
+	if evs, _, err := w.store.ReadAfter(ctx, d.runID, d.head); err == nil && len(evs) == 0 {
 		return
 	}
 	fresh := &drive{w: w, runID: d.runID, ctx: ctx, log: d.log}
