@@ -66,8 +66,10 @@ fuzz: ## Run each fuzz target briefly (FUZZTIME=10s each) over its seed corpus
 	done
 
 .PHONY: bench
-bench: build ## Benchmarks: the README's Performance tables (workers, recovery with 3s and 1s leases, projections, REST load, pal bench, pal bench --economics)
-	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill' -benchtime 1x ./workers/
+bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, pal bench, pal bench --economics)
+	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill|WorkflowFixedCost|LongRun' -benchtime 1x ./workers/
+	$(GO) test -run '^$$' -bench LoopIteration -benchtime 100x ./engine/
+	$(GO) test -run '^$$' -bench ResumeFold ./engine/
 	PAL_LEASE_TTL=1s $(GO) test -run '^$$' -bench RecoveryAfterKill -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./projections/
 	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x ./api/

@@ -169,7 +169,13 @@ func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now t
 	if b := st.brakesBefore(); b != nil {
 		return b
 	}
-	a, out := walk(ctx, wf, st, nil, st.Input(), now)
+	var env workflow.Env
+	if wf == st.Workflow && st.outputs != nil {
+		env = workflow.Env{Input: st.Input(), Steps: st.outputs}
+	} else {
+		env = scopeEnv(st, wf, nil, st.Input())
+	}
+	a, out := walk(ctx, wf, st, nil, env, now)
 	if rs, ok := a.(RunStep); ok {
 		// A step a fork copies is not executed, so no brake applies to it.
 		if p, ok := copied(st, rs.Plan); ok {
@@ -208,16 +214,11 @@ func copied(st *RunState, p StepPlan) (StepPlan, bool) {
 }
 
 // walk walks one graph: the run's workflow (scope nil) or one iteration of
-// a loop body (scope each[3]). It returns the action to take, or a nil
-// action and the scope's output (that of its last completed step, or its
-// input when nothing ran) when every node is resolved.
-func walk(ctx context.Context, wf *workflow.Workflow, st *RunState, scope []Iteration, input any, now time.Time) (Action, json.RawMessage) {
-	var env workflow.Env
-	if len(scope) == 0 && wf == st.Workflow && st.outputs != nil {
-		env = workflow.Env{Input: input, Steps: st.outputs}
-	} else {
-		env = scopeEnv(st, wf, scope, input)
-	}
+// a loop body (scope each[3]) in its environment env. It returns the
+// action to take, or a nil action and the scope's output (that of its last
+// completed step, or its input when nothing ran) when every node is
+// resolved.
+func walk(ctx context.Context, wf *workflow.Workflow, st *RunState, scope []Iteration, env workflow.Env, now time.Time) (Action, json.RawMessage) {
 	// state holds, per node index, 1 for resolved (dead) and 2 for
 	// completed.
 	const (
@@ -290,7 +291,7 @@ nodes:
 	if last != nil && len(last.Output) > 0 {
 		return nil, last.Output
 	}
-	out, err := json.Marshal(input)
+	out, err := json.Marshal(env.Input)
 	if err != nil || len(out) == 0 {
 		out = json.RawMessage("null")
 	}
@@ -501,13 +502,16 @@ func nodeTimeout(node *workflow.Node) int {
 
 // planLoop walks the loop's iterations in order: the first unfinished
 // one decides the next step; when all are done (or until is met) the loop
-// step completes with {"iterations","results","stopped"}.
+// step completes with {"iterations","results","stopped"}. The iterations
+// found finished are memoized in st (loopMemo), so each call walks from
+// the first unfinished one: a step's cost does not grow with the
+// iterations before it.
 func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepID, env workflow.Env, now time.Time) Action {
 	sid := id.String()
 	fail := func(format string, args ...any) Action {
 		return Fail{Code: CodeLoop, StepID: sid, Error: fmt.Sprintf("loop %s: ", sid) + fmt.Sprintf(format, args...)}
 	}
-	d, err := node.Loop()
+	d, err := st.loopData(node)
 	if err != nil {
 		return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: err.Error()}
 	}
@@ -516,54 +520,62 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 		return Fail{Code: event.CodeInvalidWorkflow, StepID: sid, Error: "loop has no parsed body"}
 	}
 	n := d.Iterations()
-	var items []any
+	var overRaw, withRaw json.RawMessage
 	stopped := LoopStoppedMax
 	if d.Over != "" {
-		raw, err := workflow.RenderJSON(json.RawMessage(strconv.Quote(d.Over)), env)
-		if err != nil {
+		if overRaw, err = workflow.RenderJSON(json.RawMessage(strconv.Quote(d.Over)), env); err != nil {
 			return fail("over: %v", err)
 		}
-		v := decode(raw)
-		arr, ok := v.([]any)
+	}
+	if len(d.With) > 0 {
+		if withRaw, err = workflow.RenderJSON(d.With, env); err != nil {
+			return fail("with: %v", err)
+		}
+	}
+	m := st.loopMemo(sid, body, overRaw, withRaw)
+	if d.Over != "" {
+		arr, ok := m.items.([]any)
 		if !ok {
-			return fail("over gave %s, want an array", string(raw))
+			return fail("over gave %s, want an array", string(overRaw))
 		}
 		if len(arr) > n {
 			return fail("over gave %d items, more than maxIterations (%d)", len(arr), n)
 		}
-		items, n, stopped = arr, len(arr), LoopStoppedItems
+		n, stopped = len(arr), LoopStoppedItems
 	}
-	var with any
-	if len(d.With) > 0 {
-		raw, err := workflow.RenderJSON(d.With, env)
-		if err != nil {
-			return fail("with: %v", err)
-		}
-		with = decode(raw)
-	}
-	results := []json.RawMessage{}
-	for i := 0; i < n; i++ {
+	results := m.results
+	for i := m.done; i < n; i++ {
 		var item any
-		if items != nil {
-			item = items[i]
+		if d.Over != "" {
+			item = m.items.([]any)[i]
 		}
-		in := map[string]any{"item": item, "index": i, "with": with}
+		in := map[string]any{"item": item, "index": i, "with": m.with}
 		scope := id.iteration(i)
-		a, out := walk(ctx, body, st, scope, in, now)
+		ienv := scopeEnv(st, body, scope, in)
+		a, out := walk(ctx, body, st, scope, ienv, now)
 		if a != nil {
 			return a
 		}
-		results = append(results, out)
 		if d.Until != "" {
-			v, err := body.EvalContext(ctx, d.Until, scopeEnv(st, body, scope, in))
+			v, err := body.EvalContext(ctx, d.Until, ienv)
 			if err != nil {
 				return fail("until: %v", err)
 			}
 			if b, _ := v.(bool); b {
 				stopped = LoopStoppedUntil
+				results = append(results[:i:i], out)
 				break
 			}
 		}
+		results = append(results, out)
+		if ctx.Err() == nil {
+			// Finished, and the loop goes on: no later event but one of
+			// this iteration's steps (which Apply watches for) changes that.
+			m.results, m.done = results, i+1
+		}
+	}
+	if results == nil {
+		results = []json.RawMessage{}
 	}
 	p := basePlan(st, node, sid, ExecPure)
 	p.Input, _ = json.Marshal(LoopInput{Iterations: len(results)})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/palrun/pal/event"
@@ -266,10 +267,86 @@ type RunState struct {
 	decoded bool
 	// copies indexes run_created's forked_from.copies by step id.
 	copies map[string]*event.CopiedStep
-	// outputs maps the id of every completed step (and the trigger) to its
-	// output, for the top-level template environment; kept up to date by
-	// Apply so Next need not rebuild it.
+	// outputs maps the id of every completed top-level step (and the
+	// trigger) to its output, for the top-level template environment;
+	// kept up to date by Apply so Next need not rebuild it.
 	outputs map[string]any
+	// loops memoizes, by loop step id, what Next found of a loop in
+	// progress (planLoop); Apply drops a memo an event could change.
+	loops map[string]*loopMemo
+	// loopNodes holds the decoded data of the loop nodes Next met: a
+	// loop's data holds its whole body, too much to decode at each step.
+	loopNodes map[*workflow.Node]*workflow.LoopData
+}
+
+// loopData is node.Loop(), decoded once per state.
+func (st *RunState) loopData(node *workflow.Node) (*workflow.LoopData, error) {
+	if d, ok := st.loopNodes[node]; ok {
+		return d, nil
+	}
+	d, err := node.Loop()
+	if err != nil {
+		return nil, err
+	}
+	if st.loopNodes == nil {
+		st.loopNodes = map[*workflow.Node]*workflow.LoopData{}
+	}
+	st.loopNodes[node] = d
+	return d, nil
+}
+
+// loopMemo is what Next found of one loop step in progress: under the
+// rendered over and with (and the body), iterations 0..done-1 finished
+// without stopping the loop, with results. A finished iteration's walk
+// reads only the steps of that iteration, which no event changes without
+// naming one of them, so the memo holds until such an event (forget).
+type loopMemo struct {
+	body             *workflow.Workflow
+	overRaw, withRaw string
+	items, with      any // over and with, decoded
+	done             int
+	results          []json.RawMessage
+}
+
+// loopMemo returns the memo of loop step sid under body and the rendered
+// over and with, a fresh one when it has none or they changed.
+func (st *RunState) loopMemo(sid string, body *workflow.Workflow, over, with json.RawMessage) *loopMemo {
+	if m, ok := st.loops[sid]; ok && m.body == body && m.overRaw == string(over) && m.withRaw == string(with) {
+		return m
+	}
+	m := &loopMemo{body: body, overRaw: string(over), withRaw: string(with), items: decode(over), with: decode(with)}
+	if st.loops == nil {
+		st.loops = map[string]*loopMemo{}
+	}
+	st.loops[sid] = m
+	return m
+}
+
+// forget drops the loop memos an event of step id could change: that of
+// the loop itself when it ends, and that of a loop whose finished
+// iterations hold the step. A memo of a loop in progress normally meets
+// only events of its current iteration, so this costs a prefix test per
+// loop in progress.
+func (st *RunState) forget(kind event.Kind, id string) {
+	for k, m := range st.loops {
+		if id == k {
+			if kind == event.StepCompleted || kind == event.StepFailed {
+				delete(st.loops, k)
+			}
+			continue
+		}
+		if len(id) <= len(k) || id[len(k)] != '[' || id[:len(k)] != k {
+			continue
+		}
+		rest := id[len(k)+1:]
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			continue
+		}
+		if i, err := parseIndex(rest[:end]); err != nil || i < m.done {
+			delete(st.loops, k)
+		}
+	}
 }
 
 // Signal is one signal_received, and which step took it.
@@ -346,6 +423,9 @@ func (st *RunState) Apply(ev event.Event) error {
 	}
 	if err := st.apply(ev); err != nil {
 		return err
+	}
+	if len(st.loops) > 0 && ev.StepID != "" {
+		st.forget(ev.Kind, ev.StepID)
 	}
 	st.LastSeq = ev.Seq
 	st.UpdatedAt = ev.TS
@@ -472,7 +552,12 @@ func (st *RunState) apply(ev event.Event) error {
 			}
 		}
 		s.WaitReason, s.TimeoutAt = "", time.Time{}
-		st.setOutput(ev.StepID, d.Output)
+		if st.Workflow != nil && st.Workflow.Index(ev.StepID) >= 0 {
+			// Only the top-level nodes' steps: a loop's iterations and an
+			// agent's turns are not in the environment, and would make
+			// what reads it all grow with them.
+			st.setOutput(ev.StepID, d.Output)
+		}
 		s.RetryAt = time.Time{}
 		a := s.attempt(s.Attempt, ev.Seq)
 		a.Status, a.Output, a.Usage, a.Delivery, a.DurationMs, a.EndedAt = StepCompleted, d.Output, d.Usage, d.Delivery, d.DurationMs, ev.TS

@@ -54,6 +54,19 @@ type drive struct {
 	// earlier drives journaled on their run_resumed, oldest first.
 	trace   *telemetry.Drive
 	earlier []string
+	// read is the journal read withLease starts while it takes the lease;
+	// the first load uses it, when the lease came at once.
+	read <-chan journalRead
+	// cached is the run's state as this worker last parked it, if it
+	// kept it: the first load reads only what came after.
+	cached *folded
+}
+
+// journalRead is the result of one Store.Read.
+type journalRead struct {
+	evs  []event.Event
+	head eventstore.Head
+	err  error
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -83,7 +96,13 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		w.signReceipt(actx, d)
-		w.afterDrive(actx, d, end.outcome == driveParked)
+		parked := end.outcome == driveParked
+		if parked && d.st != nil && d.bug == nil && len(d.pending) == 0 && d.st.LastSeq == d.head.Seq {
+			// The next drive takes the state whole: afterDrive no longer
+			// reads it.
+			w.folded.put(runID, &folded{st: d.st, head: d.head, earlier: d.earlier, at: time.Now()})
+		}
+		w.afterDrive(actx, d, parked)
 	}
 	return end.failure()
 }
@@ -110,7 +129,28 @@ func (w *Worker) signReceipt(ctx context.Context, d *drive) {
 // inline, goes through here.
 func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) driveEnd {
 	start := time.Now()
-	lease, err := w.acquire(ctx, d.runID, msg)
+	// The journal is read while the lease is taken: one round trip less
+	// before the run goes on. A read that races an append is safe, as
+	// every append is fenced on the head it follows; it is used only when
+	// the lease came at once (a crashed holder's journal may move while
+	// its lease runs out).
+	rctx, stopRead := context.WithCancel(ctx)
+	defer stopRead()
+	read := make(chan journalRead, 1)
+	d.cached = w.folded.take(d.runID, time.Now())
+	go func(cached *folded) {
+		var r journalRead
+		if cached != nil {
+			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
+		} else {
+			r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
+		}
+		read <- r
+	}(d.cached)
+	lease, waited, err := w.acquire(ctx, d.runID, msg)
+	if !waited {
+		d.read = read
+	}
 	if err != nil {
 		end := driveEnd{err: err, stopped: ctx.Err()}
 		end.outcome = classifyDrive(end)
@@ -369,11 +409,12 @@ func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg
 }
 
 // acquire takes the run's lease, waiting for a crashed owner's lease to
-// expire (at most one TTL and a bit) while keeping the message alive.
-func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (*eventstore.Lease, error) {
+// expire (at most one TTL and a bit) while keeping the message alive;
+// waited says it had to.
+func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (_ *eventstore.Lease, waited bool, _ error) {
 	lease, err := w.leases.Acquire(ctx, runID, w.owner)
 	if err == nil || !errors.Is(err, eventstore.ErrLeaseHeld) {
-		return lease, err
+		return lease, false, err
 	}
 	ttl := w.leases.TTL()
 	wctx, cancel := context.WithTimeout(ctx, ttl+2*time.Second)
@@ -396,9 +437,10 @@ func (w *Worker) acquire(ctx context.Context, runID string, msg jetstream.Msg) (
 		}()
 	}
 	if werr := w.leases.WaitFree(wctx, runID); werr != nil {
-		return nil, err
+		return nil, true, err
 	}
-	return w.leases.Acquire(ctx, runID, w.owner)
+	lease, err = w.leases.Acquire(ctx, runID, w.owner)
+	return lease, true, err
 }
 
 // run folds the journal, appends the fencing token and drives the run
@@ -459,8 +501,15 @@ func (d *drive) run() error {
 // (event.Chain) is sealed when this drive holds the lease: the run fails
 // with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
+	if c := d.cached; c != nil {
+		d.cached = nil
+		if d.loadFolded(c) {
+			d.w.folded.hit()
+			return nil
+		}
+	}
 	for tries := 0; ; tries++ {
-		evs, head, err := d.w.store.Read(d.ctx, d.runID)
+		evs, head, err := d.readJournal()
 		var cerr *event.CorruptError
 		if errors.As(err, &cerr) {
 			err = d.corrupt(evs, head, cerr)
@@ -485,6 +534,57 @@ func (d *drive) load() error {
 		}
 		return nil
 	}
+}
+
+// loadFolded brings the state this worker kept when it last parked the
+// run up to date: it reads and folds what came after its head. Any
+// trouble (a read error, a corrupt message, an event that does not fold)
+// says false, and load reads the whole journal as if nothing were kept.
+func (d *drive) loadFolded(c *folded) bool {
+	var r journalRead
+	if ch := d.read; ch != nil {
+		d.read = nil
+		select {
+		case r = <-ch:
+		case <-d.ctx.Done():
+			return false
+		}
+	} else {
+		r.evs, r.head, r.err = d.w.store.ReadAfter(d.ctx, d.runID, c.head)
+	}
+	if r.err != nil {
+		return false
+	}
+	for _, ev := range r.evs {
+		if err := c.st.Apply(ev); err != nil {
+			return false
+		}
+	}
+	d.st, d.head, d.pending, d.earlier = c.st, r.head, nil, c.earlier
+	for _, ev := range r.evs {
+		if ev.Kind == event.RunResumed && ev.TraceID != "" {
+			d.earlier = append(d.earlier, ev.TraceID)
+		}
+	}
+	return true
+}
+
+// readJournal reads the whole journal: the first time, by the read
+// withLease started (read again if that failed, so errors are this
+// drive's own).
+func (d *drive) readJournal() ([]event.Event, eventstore.Head, error) {
+	if ch := d.read; ch != nil {
+		d.read = nil
+		select {
+		case r := <-ch:
+			if r.err == nil {
+				return r.evs, r.head, nil
+			}
+		case <-d.ctx.Done():
+			return nil, eventstore.Head{}, context.Cause(d.ctx)
+		}
+	}
+	return d.w.store.Read(d.ctx, d.runID)
 }
 
 // corrupt takes a journal that does not verify: evs are its sound events,
@@ -744,17 +844,23 @@ func (d *drive) wakeable() bool {
 // afterDrive wakes whoever must look again once a drive has let go of a
 // run: a parent whose child ended, or the run itself when it parked just as
 // its wake-up came (an approval that found the work message still taken).
+//
+// A parked drive's state may already be another drive's (folded.go), so
+// for a parked run afterDrive reads only the journal: nothing after the
+// head it parked at, and nothing woke it.
 func (w *Worker) afterDrive(ctx context.Context, d *drive, parked bool) {
 	if d.st == nil || d.inline {
 		return
 	}
-	if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
-		if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
-			d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
+	if !parked {
+		if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
+			if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
+				d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
+			}
 		}
 		return
 	}
-	if !parked {
+	if evs, _, err := w.store.ReadAfter(ctx, d.runID, d.head); err == nil && len(evs) == 0 {
 		return
 	}
 	fresh := &drive{w: w, runID: d.runID, ctx: ctx, log: d.log}

@@ -140,6 +140,9 @@ type Worker struct {
 	rtMu sync.Mutex
 	rt   *runtimeServer
 
+	// folded keeps the states of runs this worker parked (folded.go).
+	folded foldedCache
+
 	// beforeDrive, when set (tests), runs at the start of each drive.
 	beforeDrive atomic.Pointer[func(runID string)]
 }

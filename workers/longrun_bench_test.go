@@ -1,0 +1,147 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/bench"
+	"github.com/palrun/pal/runs"
+)
+
+// loopWorkflow is a loop of n iterations whose body is one echo tool step
+// quoting the iteration's index, until a condition that never holds:
+// each iteration journals two events.
+func loopWorkflow(n int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"name":"loop-%d","nodes":[{"id":"start","type":"trigger"},
+		{"id":"each","type":"loop","data":{"until":"steps.echo.output.i < 0","maxIterations":%d,"body":{"name":"body","nodes":[
+			{"id":"start","type":"trigger"},
+			{"id":"echo","type":"tool","data":{"tool":"echo","input":{"i":"{{input.index}}"}}}],
+			"edges":[{"from":"start","to":"echo"}]}}}],
+		"edges":[{"from":"start","to":"each"}]}`, n, n))
+}
+
+// BenchmarkLongRun drives one loop of PAL_BENCH_ITERATIONS (default
+// 10,000) echo-tool iterations on a real worker and reports the time of
+// one iteration (the gap between consecutive step_completed events,
+// median of the 50 iterations up to it) at iterations 100, 1,000 and
+// 10,000: a step's cost must not grow with the run's history. It then
+// reports what a resume of that run costs: reading its journal (about
+// 20,000 events), folding it and the first Next.
+//
+//	go test -run '^$' -bench LongRun -benchtime 1x ./workers/
+func BenchmarkLongRun(b *testing.B) {
+	n := 10_000
+	if v := os.Getenv("PAL_BENCH_ITERATIONS"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil || n < 100 {
+			b.Fatalf("PAL_BENCH_ITERATIONS=%q: want a number of at least 100", v)
+		}
+	}
+	env := startBench(b, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	client := runs.New(env.Store)
+	for range b.N {
+		res, err := client.Start(ctx, runs.StartCommand{Workflow: loopWorkflow(n), By: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		evs := waitRunEnd(ctx, b, env, res.RunID)
+		var done []time.Time // step_completed of iteration i's echo
+		for _, ev := range evs {
+			if ev.Kind == event.StepCompleted && ev.StepID != "each" {
+				done = append(done, ev.TS)
+			}
+		}
+		if len(done) != n {
+			b.Fatalf("%d iterations completed, want %d", len(done), n)
+		}
+		at := func(i int) time.Duration {
+			gaps := make([]time.Duration, 0, 50)
+			for j := i - 50; j < i; j++ {
+				gaps = append(gaps, done[j].Sub(done[j-1]))
+			}
+			return bench.Median(gaps)
+		}
+		marks := []int{100, 1_000, n}
+		for _, i := range marks {
+			if i <= n {
+				b.ReportMetric(float64(at(i).Microseconds()), fmt.Sprintf("µs/step@%d", i))
+			}
+		}
+		b.ReportMetric(float64(at(n))/float64(at(100)), "ratio-last/100")
+
+		// The resume of the run mid-way in its last iteration: the drive's
+		// load (read and fold) and its first decision.
+		last := engine.NodeStep("each").InIteration(n-1, "echo").String()
+		var read, fold, next []time.Duration
+		var events int
+		for range 5 {
+			t0 := time.Now()
+			all, _, err := env.Store.Read(ctx, res.RunID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			t1 := time.Now()
+			st, err := engine.Fold(all[:cut(all, last)])
+			if err != nil {
+				b.Fatal(err)
+			}
+			t2 := time.Now()
+			rs, ok := engine.Next(st.Workflow, st, time.Now()).(engine.RunStep)
+			t3 := time.Now()
+			if !ok || rs.Plan.StepID != last || !rs.Plan.Started {
+				b.Fatalf("resume plans %#v", rs)
+			}
+			read, fold, next = append(read, t1.Sub(t0)), append(fold, t2.Sub(t1)), append(next, t3.Sub(t2))
+			events = len(all)
+		}
+		ms := func(ds []time.Duration) float64 { return float64(bench.Median(ds).Microseconds()) / 1e3 }
+		b.ReportMetric(float64(events), "events")
+		b.ReportMetric(ms(read), "ms/read")
+		b.ReportMetric(ms(fold), "ms/fold")
+		b.ReportMetric(ms(next), "ms/next")
+		total := make([]time.Duration, len(read))
+		for i := range read {
+			total[i] = read[i] + fold[i] + next[i]
+		}
+		b.ReportMetric(ms(total), "ms/resume")
+	}
+}
+
+// cut is the length of the journal evs before stepID's completion.
+func cut(evs []event.Event, stepID string) int {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Kind == event.StepCompleted && evs[i].StepID == stepID {
+			return i
+		}
+	}
+	return len(evs)
+}
+
+// waitRunEnd watches run runID until it ends, which must be a success,
+// and returns its journal.
+func waitRunEnd(ctx context.Context, tb testing.TB, env *bench.Env, runID string) []event.Event {
+	tb.Helper()
+	var evs []event.Event
+	err := env.Store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {
+		evs = append(evs, ev)
+		if ev.Kind.Terminal() {
+			return eventstore.ErrStopWatch
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if k := evs[len(evs)-1].Kind; k != event.RunSucceeded {
+		tb.Fatalf("run %s ended with %s", runID, k)
+	}
+	return evs
+}
