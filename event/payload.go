@@ -138,6 +138,9 @@ type StepStartedData struct {
 	NodeType       string          `json:"node_type"`
 	Input          json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key"`
+	// InputBlob stands for Input when it is kept in PAL_BLOBS (§6.4); a
+	// reader of the store sees Input instead.
+	InputBlob *BlobRef `json:"input_blob,omitempty"`
 }
 
 // Usage is the token and cost accounting of a step.
@@ -181,6 +184,9 @@ type StepCompletedData struct {
 	SignalSeq uint64 `json:"signal_seq,omitempty"`
 	// CopiedFrom is set on a step a fork copied instead of executing.
 	CopiedFrom *CopiedFrom `json:"copied_from,omitempty"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4); a
+	// reader of the store sees Output instead.
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // Error classes used for retry policies.
@@ -341,6 +347,8 @@ type ConfidenceEvaluatedData struct {
 	Source string          `json:"source"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Usage  *Usage          `json:"usage,omitempty"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // ConfidenceGateBypassedData is the payload of confidence_gate_bypassed:
@@ -358,6 +366,8 @@ const BypassedByPolicy = "policy"
 // RunSucceededData is the payload of run_succeeded.
 type RunSucceededData struct {
 	Output json.RawMessage `json:"output"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // Error codes of run_failed.
@@ -452,4 +462,6 @@ type SubstepStartedData struct {
 type SubstepCompletedData struct {
 	Name   string          `json:"name"`
 	Output json.RawMessage `json:"output"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
