@@ -3,6 +3,7 @@ package workers_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,7 +20,7 @@ func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
 	var calls atomic.Int32
 	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		calls.Add(1)
-		return json.Marshal(strings.Repeat("x", 2<<20))
+		return json.Marshal(strings.Repeat("x", event.MaxBlobBytes))
 	}})
 	wf := `{"name":"big","nodes":[{"id":"start","type":"trigger"},
 		{"id":"b","type":"tool","data":{"tool":"big","retry":{"maxAttempts":3,"retryableClasses":["any"]}}}],
@@ -27,7 +28,7 @@ func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
 	runID := b.Start(t, wf, `{}`)
 	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
-	require.Contains(t, data[event.RunFailedData](t, final).Error, "its output is 2097154 bytes; the journal takes events up to about")
+	require.Contains(t, data[event.RunFailedData](t, final).Error, fmt.Sprintf("its output is %d bytes; a step value is at most %d bytes", event.MaxBlobBytes+2, event.MaxBlobBytes))
 	require.Equal(t, int32(1), calls.Load(), "a step whose output cannot be journaled is not run again")
 }
 
