@@ -157,7 +157,9 @@ func (s *Store) resolve(ctx context.Context, evs []event.Event) error {
 
 // ResolveBlobs puts back the values of the references in evs, in place,
 // as Read does (for readers of Scan, the projector).
-func (s *Store) ResolveBlobs(ctx context.Context, evs []event.Event) error { return s.resolve(ctx, evs) }
+func (s *Store) ResolveBlobs(ctx context.Context, evs []event.Event) error {
+	return s.resolve(ctx, evs)
+}
 
 func (s *Store) getBlob(ctx context.Context, ref event.BlobRef) ([]byte, error) {
 	obs, err := s.blobStore(ctx)
