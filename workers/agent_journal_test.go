@@ -68,7 +68,14 @@ func TestAgentJournalPerTurnIsBounded(t *testing.T) {
 	for _, n := range perTurn {
 		total += n
 	}
-	t.Logf("journal bytes: turn 10 %d, turn 199 %d, turn 200 %d; all %d turns %d", perTurn[9], perTurn[turns-2], perTurn[turns-1], turns, total)
+	// For scale: what the turns' requests weigh, which a turn journaling
+	// its whole conversation would have added to the journal.
+	var sent int
+	for _, c := range b.LLM.Calls() {
+		sent += len(c.Body)
+	}
+	t.Logf("journal bytes: turn 10 %d, turn 199 %d, turn 200 %d; all %d turns %d (their requests: %d, the last %d)",
+		perTurn[9], perTurn[turns-2], perTurn[turns-1], turns, total, sent, len(last[0].Body))
 	require.LessOrEqual(t, perTurn[turns-2], 2*perTurn[9], "turn 199 (a tool call, like turn 10)")
 	require.LessOrEqual(t, perTurn[turns-1], 2*perTurn[9], "turn 200 (the answer)")
 	require.Less(t, total, turns*2*perTurn[9], "the journal grows with the turns")
