@@ -310,7 +310,10 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 
 // Read returns every event of a run, in order, and the head after them.
 // It uses batched Direct Get and verifies every message (event.Chain).
-// Errors: ErrRunNotFound when the run has no events; *event.CorruptError
+// Big values are put back from PAL_BLOBS (blob.go); a reference that does
+// not hold returns event.ErrBlob with the events read (their values not
+// all back) and the head. Errors: ErrRunNotFound when the run has no
+// events; *event.CorruptError
 // (matches event.ErrJournalCorrupt) when the journal does not verify and
 // no seal follows: the events are then the sound ones before the bad
 // message, and the head is where a seal is appended (Seq after the sound
@@ -358,6 +361,9 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 		return nil, head, err
 	}
 	if err := s.resolve(ctx, out); err != nil {
+		if errors.Is(err, event.ErrBlob) {
+			return out, head, err // the events, not all of their values back
+		}
 		return nil, head, err
 	}
 	if chain.Corrupt != nil && !chain.Sealed {
