@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/event"
@@ -99,12 +101,19 @@ func (s *Store) externalize(ctx context.Context, evs []event.Event) ([]event.Eve
 	return out, nil
 }
 
-func (s *Store) putBlob(ctx context.Context, value []byte) error {
+func (s *Store) putBlob(ctx context.Context, value []byte) (err error) {
 	obs, err := s.blobStore(ctx)
 	if err != nil {
 		return err
 	}
 	name := event.BlobSum(value)
+	// The put always asks the server: a cached value may have been
+	// removed from the bucket since.
+	defer func() {
+		if err == nil {
+			s.blobCache.add(name, value)
+		}
+	}()
 	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		defer cancel()
@@ -132,6 +141,48 @@ func blobErr(what, name string, err error) error {
 	return err
 }
 
+// blobCacheBytes bounds the values a store keeps after reading or putting
+// them: a value is immutable under its hash, so a run read again (GET
+// /v1/runs/{id} polled by a page) costs no second fetch.
+const blobCacheBytes = 32 << 20
+
+// blobCache holds verified values by hash, least recently used first out.
+type blobCache struct {
+	mu    sync.Mutex
+	lru   *simplelru.LRU[string, []byte]
+	bytes int
+}
+
+func newBlobCache() *blobCache {
+	c := &blobCache{}
+	c.lru, _ = simplelru.NewLRU(4096, func(_ string, v []byte) { c.bytes -= len(v) })
+	return c
+}
+
+func (c *blobCache) get(sum string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Get(sum)
+}
+
+// add keeps value, which must be the bytes of sum; one larger than a
+// quarter of the budget is not kept.
+func (c *blobCache) add(sum string, value []byte) {
+	if len(value) > blobCacheBytes/4 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lru.Contains(sum) {
+		return
+	}
+	c.lru.Add(sum, value)
+	c.bytes += len(value)
+	for c.bytes > blobCacheBytes {
+		c.lru.RemoveOldest()
+	}
+}
+
 // resolve puts back the values of the references in evs, in place. A
 // reference that is malformed, names no object, or whose object's bytes
 // do not hash to it is refused (event.ErrBlob).
@@ -144,13 +195,16 @@ func (s *Store) resolve(ctx context.Context, evs []event.Event) error {
 		if !ok {
 			continue
 		}
-		value, err := s.getBlob(ctx, ref)
-		if err != nil {
-			return fmt.Errorf("reading run %s seq %d: %w", ev.RunID, ev.Seq, err)
+		value, cached := s.blobCache.get(ref.Blob)
+		if !cached {
+			if value, err = s.getBlob(ctx, ref); err != nil {
+				return fmt.Errorf("reading run %s seq %d: %w", ev.RunID, ev.Seq, err)
+			}
 		}
 		if evs[i], err = event.Resolve(ev, value); err != nil {
 			return err
 		}
+		s.blobCache.add(ref.Blob, value) // verified by Resolve
 	}
 	return nil
 }

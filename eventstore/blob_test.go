@@ -94,6 +94,22 @@ func TestBigOutputRoundTripsThroughBlobs(t *testing.T) {
 	require.NoError(t, evs[3].DecodeData(&s))
 	require.True(t, bytes.Equal(out, s.Output))
 
+	// Read again, the value comes from the store's cache of verified
+	// values; a store without it finds the object gone.
+	obs, err := b.js.ObjectStore(ctx, eventstore.BlobBucket)
+	require.NoError(t, err)
+	require.NoError(t, obs.Delete(ctx, event.BlobSum(out)))
+	_, _, err = b.store.Read(ctx, "run_blob")
+	require.NoError(t, err)
+	_, _, err = b.openStore(t).Read(ctx, "run_blob")
+	require.ErrorIs(t, err, event.ErrBlob)
+	require.ErrorContains(t, err, "is not in PAL_BLOBS")
+	// Putting it again puts it back.
+	_, err = b.store.Append(ctx, "run_blob", h, completed(3, out))
+	require.NoError(t, err)
+	_, _, err = b.openStore(t).Read(ctx, "run_blob")
+	require.NoError(t, err)
+
 	// A value at the threshold stays inline.
 	small := bigOutput(2000)
 	s3 := b.openStore(t, eventstore.WithBlobThreshold(len(small)))

@@ -65,6 +65,7 @@ type Store struct {
 	blobThreshold int
 	blobMu        sync.Mutex
 	blobs         jetstream.ObjectStore
+	blobCache     *blobCache
 }
 
 // Option configures a Store.
@@ -80,7 +81,7 @@ func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.time
 
 // Open returns a Store over streams created by Setup.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
-	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options())}
+	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options()), blobCache: newBlobCache()}
 	for _, o := range opts {
 		o(s)
 	}
