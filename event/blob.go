@@ -1,6 +1,7 @@
 package event
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -35,8 +36,11 @@ const BlobSuffix = "_blob"
 var ErrBlob = errors.New("bad blob reference")
 
 // blobFields names, per kind, the one data field that may be a blob: the
-// step values that can be big. Other fields are bounded where they are made.
+// step values that can be big, and a run's input. Other fields are bounded
+// where they are made. A fork's run_created may also keep the outputs it
+// copies (forked_from.copies[].output) as blobs.
 var blobFields = map[Kind]string{
+	RunCreated:          "input",
 	StepStarted:         "input",
 	StepCompleted:       "output",
 	ConfidenceEvaluated: "output",
@@ -53,11 +57,11 @@ func BlobSum(value []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// Externalize returns ev with its blob field replaced by a reference when
-// that field's JSON is longer than threshold bytes, and the value to keep
-// (nil when ev stays as it is). It is a pure function of ev: the same event
-// always gives the same bytes, so a re-sent append is recognised.
-func Externalize(ev Event, threshold int) (Event, []byte, error) {
+// Externalize returns ev with each value longer than threshold bytes in a
+// field that may be a blob replaced by its reference, and the values to
+// keep (none when ev stays as it is). It is a pure function of ev: the same
+// event always gives the same bytes, so a re-sent append is recognised.
+func Externalize(ev Event, threshold int) (Event, [][]byte, error) {
 	field := blobFields[ev.Kind]
 	if field == "" || len(ev.Data) <= threshold {
 		return ev, nil, nil
@@ -66,76 +70,177 @@ func Externalize(ev Event, threshold int) (Event, []byte, error) {
 	if err := json.Unmarshal(ev.Data, &m); err != nil {
 		return ev, nil, fmt.Errorf("encoding %s data: %w", ev.Kind, err)
 	}
-	value, ok := m[field]
-	if !ok || len(value) <= threshold {
+	values, err := keep(m, field, threshold, nil)
+	if err != nil {
+		return ev, nil, fmt.Errorf("%s %w", ev.Kind, err)
+	}
+	if ev.Kind == RunCreated {
+		if err = eachCopy(m, func(c map[string]json.RawMessage) error {
+			values, err = keep(c, "output", threshold, values)
+			return err
+		}); err != nil {
+			return ev, nil, fmt.Errorf("%s forked_from.copies: %w", ev.Kind, err)
+		}
+	}
+	if values == nil {
 		return ev, nil, nil
 	}
-	if len(value) > MaxBlobBytes {
-		return ev, nil, fmt.Errorf("%s %s is %d bytes; a value is at most %d bytes", ev.Kind, field, len(value), MaxBlobBytes)
-	}
-	ref, _ := json.Marshal(BlobRef{Blob: BlobSum(value), Size: int64(len(value))})
-	delete(m, field)
-	m[field+BlobSuffix] = ref
 	data, err := json.Marshal(m)
 	if err != nil {
 		return ev, nil, fmt.Errorf("encoding %s data: %w", ev.Kind, err)
 	}
 	ev.Data = data
-	return ev, value, nil
+	return ev, values, nil
 }
 
-// BlobOf returns the reference ev carries, if any, checked for shape: a
-// sha256 in lowercase hex and a size within MaxBlobBytes. An event with both
-// the value and a reference is refused.
+// keep moves m[field] to m[field_blob] when it is longer than threshold,
+// adding its bytes to values.
+func keep(m map[string]json.RawMessage, field string, threshold int, values [][]byte) ([][]byte, error) {
+	value, ok := m[field]
+	if !ok || len(value) <= threshold {
+		return values, nil
+	}
+	if len(value) > MaxBlobBytes {
+		return values, fmt.Errorf("%s is %d bytes; a value is at most %d bytes", field, len(value), MaxBlobBytes)
+	}
+	ref, _ := json.Marshal(BlobRef{Blob: BlobSum(value), Size: int64(len(value))})
+	delete(m, field)
+	m[field+BlobSuffix] = ref
+	return append(values, value), nil
+}
+
+// eachCopy calls fn on each of run_created's forked_from.copies and
+// writes back what fn changed. A run_created that is not shaped so is
+// left to the fold to report.
+func eachCopy(m map[string]json.RawMessage, fn func(map[string]json.RawMessage) error) error {
+	var ff map[string]json.RawMessage
+	if raw, ok := m["forked_from"]; !ok || json.Unmarshal(raw, &ff) != nil {
+		return nil
+	}
+	var copies []map[string]json.RawMessage
+	if raw, ok := ff["copies"]; !ok || json.Unmarshal(raw, &copies) != nil {
+		return nil
+	}
+	for _, c := range copies {
+		if err := fn(c); err != nil {
+			return err
+		}
+	}
+	var err error
+	if ff["copies"], err = json.Marshal(copies); err != nil {
+		return err
+	}
+	m["forked_from"], err = json.Marshal(ff)
+	return err
+}
+
+// BlobOf returns the reference in ev's blob field, if any, checked for
+// shape (refOf). Blobs lists every reference ev carries.
 func BlobOf(ev Event) (BlobRef, bool, error) {
+	refs, err := Blobs(ev)
+	if err != nil || len(refs) == 0 || refs[0].copy {
+		return BlobRef{}, false, err
+	}
+	return refs[0].BlobRef, true, nil
+}
+
+// NamedBlob is a reference and where in the event it stands.
+type NamedBlob struct {
+	BlobRef
+	// Field is the data field it replaces: input, output, or
+	// forked_from.copies[i].output.
+	Field string
+	copy  bool
+}
+
+// Blobs lists the references ev carries, each checked for shape: a sha256
+// in lowercase hex and a size of 1 to MaxBlobBytes; a field carried both
+// as a value and as a reference is refused (ErrBlob).
+func Blobs(ev Event) ([]NamedBlob, error) {
+	var out []NamedBlob
+	_, err := rewrite(ev, func(m map[string]json.RawMessage, field, where string, isCopy bool) error {
+		ref, ok, err := refOf(ev, m, field, where)
+		if ok {
+			out = append(out, NamedBlob{BlobRef: ref, Field: where, copy: isCopy})
+		}
+		return err
+	})
+	return out, err
+}
+
+// rewrite calls fn on every place of ev that may hold a reference, and
+// returns the data with what fn changed (nil when ev can hold none).
+func rewrite(ev Event, fn func(m map[string]json.RawMessage, field, where string, isCopy bool) error) (json.RawMessage, error) {
 	field := blobFields[ev.Kind]
-	if field == "" || len(ev.Data) == 0 {
-		return BlobRef{}, false, nil
+	if field == "" || len(ev.Data) == 0 || !bytes.Contains(ev.Data, []byte(BlobSuffix)) {
+		return nil, nil
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(ev.Data, &m); err != nil {
-		return BlobRef{}, false, nil // not an object: the fold reports it
+		return nil, nil // not an object: the fold reports it
 	}
+	if err := fn(m, field, field, false); err != nil {
+		return nil, err
+	}
+	if ev.Kind == RunCreated {
+		i := 0
+		if err := eachCopy(m, func(c map[string]json.RawMessage) error {
+			i++
+			return fn(c, "output", fmt.Sprintf("forked_from.copies[%d].output", i-1), true)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(m)
+}
+
+// refOf reads m[field_blob], if any, checked for shape.
+func refOf(ev Event, m map[string]json.RawMessage, field, where string) (BlobRef, bool, error) {
 	raw, ok := m[field+BlobSuffix]
 	if !ok {
 		return BlobRef{}, false, nil
 	}
 	var ref BlobRef
 	if err := json.Unmarshal(raw, &ref); err != nil {
-		return ref, true, fmt.Errorf("%w: run %s seq %d: %v", ErrBlob, ev.RunID, ev.Seq, err)
+		return ref, true, fmt.Errorf("%w: run %s seq %d %s%s: %v", ErrBlob, ev.RunID, ev.Seq, where, BlobSuffix, err)
 	}
 	if _, dup := m[field]; dup {
-		return ref, true, fmt.Errorf("%w: run %s seq %d carries both %s and %s%s", ErrBlob, ev.RunID, ev.Seq, field, field, BlobSuffix)
+		return ref, true, fmt.Errorf("%w: run %s seq %d carries both %s and %s%s", ErrBlob, ev.RunID, ev.Seq, where, where, BlobSuffix)
 	}
 	if !isSum(ref.Blob) || ref.Size <= 0 || ref.Size > MaxBlobBytes {
-		return ref, true, fmt.Errorf("%w: run %s seq %d: blob %.80q of %d bytes (want 64 lowercase hex, 1 to %d bytes)",
-			ErrBlob, ev.RunID, ev.Seq, ref.Blob, ref.Size, MaxBlobBytes)
+		return ref, true, fmt.Errorf("%w: run %s seq %d %s: blob %.80q of %d bytes (want 64 lowercase hex, 1 to %d bytes)",
+			ErrBlob, ev.RunID, ev.Seq, where, ref.Blob, ref.Size, MaxBlobBytes)
 	}
 	return ref, true, nil
 }
 
-// Resolve returns ev with the value of its reference in place, after
-// checking that value is what the reference names: its size, its sha256,
+// Resolve returns ev with the value of each of its references in place,
+// got from get and checked against the reference: its size, its sha256,
 // and that it is JSON. Anything else is refused (ErrBlob).
-func Resolve(ev Event, value []byte) (Event, error) {
-	ref, ok, err := BlobOf(ev)
-	if err != nil || !ok {
+func Resolve(ev Event, get func(BlobRef) ([]byte, error)) (Event, error) {
+	changed := false
+	data, err := rewrite(ev, func(m map[string]json.RawMessage, field, where string, _ bool) error {
+		ref, ok, err := refOf(ev, m, field, where)
+		if err != nil || !ok {
+			return err
+		}
+		value, err := get(ref)
+		if err != nil {
+			return err
+		}
+		if int64(len(value)) != ref.Size || BlobSum(value) != ref.Blob {
+			return fmt.Errorf("%w: run %s seq %d %s: the stored bytes of blob %s do not match its hash", ErrBlob, ev.RunID, ev.Seq, where, ref.Blob)
+		}
+		if !json.Valid(value) {
+			return fmt.Errorf("%w: run %s seq %d %s: blob %s is not JSON", ErrBlob, ev.RunID, ev.Seq, where, ref.Blob)
+		}
+		delete(m, field+BlobSuffix)
+		m[field] = value
+		changed = true
+		return nil
+	})
+	if err != nil || !changed {
 		return ev, err
-	}
-	if int64(len(value)) != ref.Size || BlobSum(value) != ref.Blob {
-		return ev, fmt.Errorf("%w: run %s seq %d: the stored bytes of blob %s do not match its hash", ErrBlob, ev.RunID, ev.Seq, ref.Blob)
-	}
-	if !json.Valid(value) {
-		return ev, fmt.Errorf("%w: run %s seq %d: blob %s is not JSON", ErrBlob, ev.RunID, ev.Seq, ref.Blob)
-	}
-	var m map[string]json.RawMessage
-	_ = json.Unmarshal(ev.Data, &m) // BlobOf decoded it
-	field := blobFields[ev.Kind]
-	delete(m, field+BlobSuffix)
-	m[field] = value
-	data, err := json.Marshal(m)
-	if err != nil {
-		return ev, fmt.Errorf("resolving run %s seq %d: %w", ev.RunID, ev.Seq, err)
 	}
 	ev.Data = data
 	return ev, nil

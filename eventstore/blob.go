@@ -77,11 +77,11 @@ func (s *Store) blobStore(ctx context.Context) (jetstream.ObjectStore, error) {
 func (s *Store) externalize(ctx context.Context, evs []event.Event) ([]event.Event, error) {
 	var out []event.Event
 	for i, ev := range evs {
-		st, value, err := event.Externalize(ev, s.blobThreshold)
+		st, values, err := event.Externalize(ev, s.blobThreshold)
 		if err != nil {
 			return nil, fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, ev.RunID, ev.Seq, err)
 		}
-		if value == nil {
+		if values == nil {
 			if out != nil {
 				out[i] = ev
 			}
@@ -90,8 +90,10 @@ func (s *Store) externalize(ctx context.Context, evs []event.Event) ([]event.Eve
 		if out == nil {
 			out = append([]event.Event(nil), evs...)
 		}
-		if err := s.putBlob(ctx, value); err != nil {
-			return nil, fmt.Errorf("appending to run %s: %w", ev.RunID, err)
+		for _, value := range values {
+			if err := s.putBlob(ctx, value); err != nil {
+				return nil, fmt.Errorf("appending to run %s: %w", ev.RunID, err)
+			}
 		}
 		out[i] = st
 	}
@@ -188,23 +190,29 @@ func (c *blobCache) add(sum string, value []byte) {
 // do not hash to it is refused (event.ErrBlob).
 func (s *Store) resolve(ctx context.Context, evs []event.Event) error {
 	for i, ev := range evs {
-		ref, ok, err := event.BlobOf(ev)
+		type fetched struct {
+			sum   string
+			value []byte
+		}
+		var got []fetched // cached once Resolve verified them
+		var err error
+		evs[i], err = event.Resolve(ev, func(ref event.BlobRef) ([]byte, error) {
+			if v, ok := s.blobCache.get(ref.Blob); ok {
+				return v, nil
+			}
+			v, err := s.getBlob(ctx, ref)
+			if err != nil {
+				return nil, fmt.Errorf("reading run %s seq %d: %w", ev.RunID, ev.Seq, err)
+			}
+			got = append(got, fetched{ref.Blob, v})
+			return v, nil
+		})
 		if err != nil {
 			return err
 		}
-		if !ok {
-			continue
+		for _, g := range got {
+			s.blobCache.add(g.sum, g.value)
 		}
-		value, cached := s.blobCache.get(ref.Blob)
-		if !cached {
-			if value, err = s.getBlob(ctx, ref); err != nil {
-				return fmt.Errorf("reading run %s seq %d: %w", ev.RunID, ev.Seq, err)
-			}
-		}
-		if evs[i], err = event.Resolve(ev, value); err != nil {
-			return err
-		}
-		s.blobCache.add(ref.Blob, value) // verified by Resolve
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
@@ -79,4 +80,46 @@ func TestForgedBlobEndsTheRun(t *testing.T) {
 	require.Contains(t, fd.Error, "do not match its hash")
 	require.Empty(t, find(testenv.ReadJournal(t, b.NC)[runID], event.StepStarted, "t2"), "nothing ran on the forged value")
 	b.settled(t, runID)
+}
+
+// TestBigRunInputAndForkCopies: a run's big input and a fork's big copied
+// output are kept in PAL_BLOBS like step values; the runs read them back,
+// and the fork does not run the copied step again.
+func TestBigRunInputAndForkCopies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	big := strings.Repeat("q", 2*eventstore.DefaultBlobThreshold)
+	b.worker(t, "w1", map[string]workers.Tool{"big": func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+		calls.Add(1)
+		return in, nil
+	}})
+	wf := `{"name":"fork-big","nodes":[{"id":"start","type":"trigger"},
+		{"id":"b","type":"tool","data":{"tool":"big","input":{"v":"{{input.v}}"}}},
+		{"id":"e","type":"tool","data":{"tool":"echo","input":{"n":1}}}],
+		"edges":[{"from":"start","to":"b"},{"from":"b","to":"e"}]}`
+	src := b.Start(t, wf, `{"v":"`+big+`"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, src).Kind)
+	created := testenv.ReadJournal(t, b.NC)[src][0]
+	refs, err := event.Blobs(created)
+	require.NoError(t, err)
+	require.Len(t, refs, 1, "the run's input is a blob")
+	srcOut := data[event.StepCompletedData](t, find(b.Events(t, src), event.StepCompleted, "b")[0]).Output
+	require.Contains(t, string(srcOut), big)
+
+	res, err := runs.New(b.Store).Fork(ctx, runs.ForkCommand{RunID: src, From: "e", By: "test"})
+	require.NoError(t, err)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, res.RunID).Kind)
+	require.Equal(t, int32(1), calls.Load(), "the copied step did not run again")
+	refs, err = event.Blobs(testenv.ReadJournal(t, b.NC)[res.RunID][0])
+	require.NoError(t, err)
+	var where []string
+	for _, r := range refs {
+		where = append(where, r.Field)
+	}
+	require.Equal(t, []string{"input", "forked_from.copies[0].output"}, where)
+	got := data[event.StepCompletedData](t, find(b.Events(t, res.RunID), event.StepCompleted, "b")[0])
+	require.Equal(t, string(srcOut), string(got.Output))
+	require.NotNil(t, got.CopiedFrom)
 }

@@ -231,7 +231,10 @@ func api() Permissions {
 	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
-	pub = append(pub, readBlobs()...) // GET /v1/runs/{id} shows big values
+	// GET /v1/runs/{id} shows big values; a start's big input and a
+	// fork's big copies are kept there too (run_created, §6.4).
+	pub = append(pub, readBlobs()...)
+	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
 	// POST /v1/runs/{id}/resume: a forced resume purges the run's lease,
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)

@@ -557,9 +557,26 @@ func TestBigValuesUnderRoles(t *testing.T) {
 	require.NoError(t, b.client.Flush())
 	require.Empty(t, b.cviol.all())
 
+	// The api role keeps a start's big input (and a fork's big copies) as
+	// a blob: a value no worker put before.
+	in, _ := json.Marshal(map[string]string{"v": strings.Repeat("i", bigSize)})
+	res, err := runs.New(b.apiStore).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(bigWF), Input: in, By: "test"})
+	require.NoError(t, err)
+	b.waitStatus(t, res.RunID, "succeeded")
+	evs, _, err = b.store.Read(ctx, res.RunID)
+	require.NoError(t, err)
+	require.JSONEq(t, string(in), string(createdData(t, evs[0]).Input))
+
 	// The client cannot put a value.
 	require.NoError(t, b.client.Publish("$O."+eventstore.BlobBucket+".C.x", []byte("x")))
 	b.cviol.wait(t, "$O."+eventstore.BlobBucket+".C.x")
+}
+
+func createdData(t *testing.T, ev event.Event) event.RunCreatedData {
+	t.Helper()
+	var d event.RunCreatedData
+	require.NoError(t, ev.DecodeData(&d))
+	return d
 }
 
 // TestProjectorName: the projector's consumer name in the roles is the
