@@ -248,17 +248,39 @@ func TestAgentTurnsAndToolCallsAreSteps(t *testing.T) {
 	require.JSONEq(t, `{"tool":"weather","input":{"city":"Oslo"},"tool_call_id":"c1"}`, string(p.Input))
 	h.start("ask.turn[0].tool[0]").complete("ask.turn[0].tool[0]", `{"temp":3}`, nil)
 
-	// Resumed here, the next turn carries the whole conversation; turn 0
-	// is not planned again.
+	// Resumed here, the next turn's request is the whole conversation,
+	// rebuilt from the journal; turn 0 is not planned again. Its
+	// step_started journals only the two messages added since turn 0.
 	h.resume("w2")
 	p = h.plan("ask.turn[1]")
 	require.False(t, p.Started)
 	require.NoError(t, json.Unmarshal(p.Input, &in))
+	require.Equal(t, 1, in.Prior)
+	require.Len(t, in.Messages, 2)
+	require.Equal(t, "assistant", in.Messages[0].Role)
+	in = engine.AIInput{}
+	require.NoError(t, json.Unmarshal(p.Call(), &in))
+	require.Zero(t, in.Prior)
 	require.Len(t, in.Messages, 3)
 	require.Equal(t, "assistant", in.Messages[1].Role)
 	require.Equal(t, "c1", in.Messages[1].ToolCalls[0].ID)
 	require.Equal(t, provider.Message{Role: "tool", ToolCallID: "c1", Content: `{"temp":3}`}, in.Messages[2])
-	h.start("ask.turn[1]").complete("ask.turn[1]", `{"text":"3 degrees"}`, nil)
+	whole := p.Call()
+	// A turn journaled whole (as before turns journaled their new
+	// messages only) resumes with the same request.
+	old := event.MustNew(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+		NodeID: p.NodeID, NodeType: p.NodeType, Input: whole, IdempotencyKey: p.Key})
+	old.RunID, old.Seq, old.TS, old.WorkerID = h.runID, uint64(len(h.evs))+1, h.now, "w2"
+	st, err := engine.Fold(append(append([]event.Event(nil), h.evs...), old))
+	require.NoError(t, err)
+	a, ok := engine.Next(st.Workflow, st, h.now).(engine.RunStep)
+	require.True(t, ok)
+	require.True(t, a.Plan.Started)
+	require.JSONEq(t, string(whole), string(a.Plan.Call()))
+	p2 := h.start("ask.turn[1]").plan("ask.turn[1]")
+	require.True(t, p2.Started)
+	require.JSONEq(t, string(whole), string(p2.Call()))
+	h.complete("ask.turn[1]", `{"text":"3 degrees"}`, nil)
 	p = h.plan("ask")
 	require.True(t, p.Pure)
 	require.JSONEq(t, `{"text":"3 degrees","turns":2}`, string(p.Output))

@@ -361,9 +361,13 @@ type brakes struct {
 	candKeys   map[string]bool
 	toolCalls  map[string]int
 	requests   map[[32]byte]int
-	retries    int
-	costs      []float64 // sorted
-	tokens     []float64 // sorted
+	// turnKeys is, per agent (the step id before ".turn["), the request
+	// key of its latest turn: a turn journals only its new messages, so
+	// its request is named by the previous turn's key and its own input.
+	turnKeys map[string][32]byte
+	retries  int
+	costs    []float64 // sorted
+	tokens   []float64 // sorted
 }
 
 func anomalyKey(typ, stepID string) string { return typ + "@" + stepID }
@@ -381,7 +385,7 @@ func (st *RunState) initBrakes() {
 	if rules == nil {
 		rules = DefaultAnomalies
 	}
-	st.br = brakes{rules: rules, candKeys: map[string]bool{}, toolCalls: map[string]int{}, requests: map[[32]byte]int{}}
+	st.br = brakes{rules: rules, candKeys: map[string]bool{}, toolCalls: map[string]int{}, requests: map[[32]byte]int{}, turnKeys: map[string][32]byte{}}
 }
 
 func (b *brakes) candidate(d event.AnomalyDetectedData) {
@@ -406,6 +410,14 @@ func (st *RunState) seeStarted(stepID, nodeType string, input json.RawMessage) {
 		return
 	}
 	k := sha256.Sum256(input)
+	if agent, _, ok := strings.Cut(stepID, ".turn["); ok && nodeType == workflow.TypeAgent {
+		// The whole conversation, not just the turn's new messages, is
+		// the request: chain the keys of the agent's turns.
+		if prev, ok := st.br.turnKeys[agent]; ok && !strings.HasPrefix(stepID[len(agent):], ".turn[0]") {
+			k = sha256.Sum256(append(prev[:], input...))
+		}
+		st.br.turnKeys[agent] = k
+	}
 	st.br.requests[k]++
 	if n := st.br.requests[k]; float64(n) == math.Ceil(r.Requests) {
 		st.br.candidate(event.AnomalyDetectedData{Type: event.AnomalyRunawayLoop, Observed: float64(n), Threshold: r.Requests,
@@ -669,7 +681,7 @@ func (st *RunState) brakesAt(p StepPlan, now time.Time) Action {
 	var needTokens, needCost float64
 	priced := true
 	if p.Exec == ExecLLM {
-		needTokens, needCost, priced = EstimateCall(p.Input)
+		needTokens, needCost, priced = EstimateCall(p.Call())
 	}
 	if b.MaxTokens > 0 && float64(sp.Tokens)+needTokens > float64(b.MaxTokens) || b.MaxTokens > 0 && sp.Tokens >= b.MaxTokens {
 		return exceeded(event.LimitTokens, float64(sp.Tokens), float64(b.MaxTokens), needTokens)

@@ -20,13 +20,18 @@ import (
 
 // AIInput is the rendered input of an ai-step or an agent turn.
 type AIInput struct {
-	Provider    string             `json:"provider"`
-	Model       string             `json:"model"`
-	System      string             `json:"system,omitempty"`
-	Messages    []provider.Message `json:"messages"`
-	Tools       []provider.Tool    `json:"tools,omitempty"`
-	MaxTokens   int                `json:"maxTokens,omitempty"`
-	Temperature *float64           `json:"temperature,omitempty"`
+	Provider string             `json:"provider"`
+	Model    string             `json:"model"`
+	System   string             `json:"system,omitempty"`
+	Messages []provider.Message `json:"messages"`
+	// Prior, on an agent turn after the first, counts the conversation's
+	// messages before Messages: they are rebuilt from the journal (the
+	// prompt, and the earlier turns' answers and tool results), so each
+	// turn journals only its new messages (StepPlan.Request is the whole).
+	Prior       int             `json:"prior,omitempty"`
+	Tools       []provider.Tool `json:"tools,omitempty"`
+	MaxTokens   int             `json:"maxTokens,omitempty"`
+	Temperature *float64        `json:"temperature,omitempty"`
 }
 
 // ConnectorInput is the rendered input of a connector step: URL, Method,

@@ -87,6 +87,11 @@ type StepPlan struct {
 	Key string
 	// Input is the rendered input (journaled in step_started).
 	Input json.RawMessage
+	// Request, when set, is what the executor gets instead of Input: an
+	// agent turn journals only the messages added since its previous turn
+	// (AIInput.Prior), and Request is the whole conversation, rebuilt
+	// from the journal. Call returns the one to execute.
+	Request json.RawMessage
 	// Started is true when this attempt already has a step_started: the
 	// step is being resumed after a crash and its outcome is unknown.
 	Started bool
@@ -584,9 +589,21 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 	return RunStep{Plan: p}
 }
 
+// Call is the input the executor runs the step with: Request when set,
+// else Input.
+func (p StepPlan) Call() json.RawMessage {
+	if p.Request != nil {
+		return p.Request
+	}
+	return p.Input
+}
+
 // planAgent replays the agent's turns from the journal: every completed
 // model turn and tool call is reused, so a resumed agent sends only the
-// turn it was in. Each turn's request is the whole conversation so far.
+// turn it was in. Each turn's request is the whole conversation so far,
+// but its step_started journals only the messages added since the
+// previous turn (AIInput.Prior counts the earlier ones): the journal
+// grows with the turns, not with their square.
 func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) Action {
 	sid := id.String()
 	d, err := node.Agent()
@@ -606,6 +623,7 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 		tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
 	}
 	msgs := []provider.Message{{Role: provider.RoleUser, Content: prompt}}
+	sent := 0 // the messages of the previous turn's request
 	for k := 0; ; k++ {
 		if k >= d.Turns() {
 			return Fail{Code: CodeMaxTurns, StepID: sid, Error: fmt.Sprintf("agent %s used all %d turns without a final answer", sid, d.Turns())}
@@ -621,11 +639,17 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 			p.TimeoutMs = d.TimeoutMs
 			gateStep(st, node, &p)
 			if p.Input == nil {
-				p.Input, _ = json.Marshal(AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs,
-					Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature})
+				p.Input, _ = json.Marshal(AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs[sent:],
+					Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature})
 			}
+			req, err := turnRequest(p.Input, msgs)
+			if err != nil {
+				return Fail{Code: event.CodeStepFailed, StepID: tid, Error: fmt.Sprintf("step %s: input: %v", tid, err)}
+			}
+			p.Request = req
 			return RunStep{Plan: p}
 		}
+		sent = len(msgs)
 		var out LLMOutput
 		if err := json.Unmarshal(ts.Output, &out); err != nil {
 			return Fail{Code: event.CodeStepFailed, StepID: tid, Error: fmt.Sprintf("step %s: output: %v", tid, err)}
@@ -662,6 +686,22 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 			msgs = append(msgs, provider.Message{Role: provider.RoleTool, ToolCallID: call.ID, Content: content})
 		}
 	}
+}
+
+// turnRequest is the whole request of an agent turn whose journaled input
+// is input: its settings, with the conversation msgs rebuilt from the
+// journal. A turn journaled whole (before turns journaled their new
+// messages only) gives the same request.
+func turnRequest(input json.RawMessage, msgs []provider.Message) (json.RawMessage, error) {
+	var in AIInput
+	if err := json.Unmarshal(input, &in); err != nil {
+		return nil, err
+	}
+	if in.Prior > len(msgs) || in.Prior+len(in.Messages) != len(msgs) {
+		return nil, fmt.Errorf("the turn journals messages %d to %d, the journal rebuilds %d", in.Prior, in.Prior+len(in.Messages), len(msgs))
+	}
+	in.Messages, in.Prior = msgs, 0
+	return json.Marshal(in)
 }
 
 // scopeEnv is the environment of one scope: input, and the outputs of the

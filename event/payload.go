@@ -13,10 +13,13 @@ type RunCreatedData struct {
 	// WorkflowName is the workflow's name, for listings.
 	WorkflowName string          `json:"workflow_name,omitempty"`
 	Input        json.RawMessage `json:"input"`
-	ParentRunID  string          `json:"parent_run_id,omitempty"`
-	ParentStepID string          `json:"parent_step_id,omitempty"`
-	Depth        int             `json:"depth"`
-	TriggerMeta  map[string]any  `json:"trigger_meta,omitempty"`
+	// InputBlob stands for Input when it is kept in PAL_BLOBS (§6.4); a
+	// reader of the store sees Input instead.
+	InputBlob    *BlobRef       `json:"input_blob,omitempty"`
+	ParentRunID  string         `json:"parent_run_id,omitempty"`
+	ParentStepID string         `json:"parent_step_id,omitempty"`
+	Depth        int            `json:"depth"`
+	TriggerMeta  map[string]any `json:"trigger_meta,omitempty"`
 	// IdempotencyKey is the start request's key, when the client gave one.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
@@ -95,7 +98,9 @@ type CopiedStep struct {
 	NodeID   string          `json:"node_id"`
 	NodeType string          `json:"node_type"`
 	Output   json.RawMessage `json:"output"`
-	Delivery string          `json:"delivery,omitempty"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
+	Delivery   string   `json:"delivery,omitempty"`
 	// Seq is the seq of the source's step_completed.
 	Seq uint64 `json:"seq"`
 	// NodeHash is the hex sha256 of the canonical JSON of the step's
@@ -138,6 +143,9 @@ type StepStartedData struct {
 	NodeType       string          `json:"node_type"`
 	Input          json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key"`
+	// InputBlob stands for Input when it is kept in PAL_BLOBS (§6.4); a
+	// reader of the store sees Input instead.
+	InputBlob *BlobRef `json:"input_blob,omitempty"`
 }
 
 // Usage is the token and cost accounting of a step.
@@ -181,6 +189,9 @@ type StepCompletedData struct {
 	SignalSeq uint64 `json:"signal_seq,omitempty"`
 	// CopiedFrom is set on a step a fork copied instead of executing.
 	CopiedFrom *CopiedFrom `json:"copied_from,omitempty"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4); a
+	// reader of the store sees Output instead.
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // Error classes used for retry policies.
@@ -341,6 +352,8 @@ type ConfidenceEvaluatedData struct {
 	Source string          `json:"source"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Usage  *Usage          `json:"usage,omitempty"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // ConfidenceGateBypassedData is the payload of confidence_gate_bypassed:
@@ -358,6 +371,8 @@ const BypassedByPolicy = "policy"
 // RunSucceededData is the payload of run_succeeded.
 type RunSucceededData struct {
 	Output json.RawMessage `json:"output"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }
 
 // Error codes of run_failed.
@@ -452,4 +467,6 @@ type SubstepStartedData struct {
 type SubstepCompletedData struct {
 	Name   string          `json:"name"`
 	Output json.RawMessage `json:"output"`
+	// OutputBlob stands for Output when it is kept in PAL_BLOBS (§6.4).
+	OutputBlob *BlobRef `json:"output_blob,omitempty"`
 }

@@ -157,6 +157,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", InflightBucket, err)
 	}
+	// Big step values, by sha256 (blob.go): kept like the journal that
+	// names them.
+	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      BlobBucket,
+		Description: "PAL big step values: sha256 → the value's bytes",
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up object store %s: %w", BlobBucket, err)
+	}
 	if ownsTTL {
 		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
 	} else if _, err = js.Consumer(ctx, WorkStream, WorkConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,12 @@ type Store struct {
 	// (the sweep's): other roles write it by subject only.
 	inflightMu sync.Mutex
 	inflight   jetstream.KeyValue
+	// blobThreshold is the size above which a step value goes to
+	// PAL_BLOBS (blob.go); blobs is that store, opened on first use.
+	blobThreshold int
+	blobMu        sync.Mutex
+	blobs         jetstream.ObjectStore
+	blobCache     *blobCache
 }
 
 // Option configures a Store.
@@ -74,7 +81,7 @@ func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.time
 
 // Open returns a Store over streams created by Setup.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
-	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options())}
+	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options()), blobCache: newBlobCache()}
 	for _, o := range opts {
 		o(s)
 	}
@@ -89,6 +96,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	if mp := int(js.Conn().MaxPayload()); s.maxMsg <= 0 || (mp > 0 && mp < s.maxMsg) {
 		s.maxMsg = mp
 	}
+	s.clampBlobThreshold()
 	return s, nil
 }
 
@@ -161,28 +169,50 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 			evs[i].Data = []byte("{}")
 		}
 	}
-	groups := [][]event.Event{evs}
+	// The caller keeps its events as they were; the stored ones carry
+	// references to the big values, put before anything is published.
+	stored, err := s.externalize(ctx, evs)
+	if err != nil {
+		return head, err
+	}
+	groups := [][]event.Event{stored}
 	if !s.pack {
-		groups = make([][]event.Event, len(evs))
-		for i := range evs {
-			groups[i] = evs[i : i+1]
+		groups = make([][]event.Event, len(stored))
+		for i := range stored {
+			groups[i] = stored[i : i+1]
 		}
 	}
 	// Encode and size-check every message before publishing any, so an
 	// oversized event refuses the whole append instead of half-applying it.
 	// Each message's prev is the hash of the one before it, so the bodies
 	// are chained here, before anything is sent.
-	bodies := make([][]byte, len(groups))
+	bodies := make([][]byte, 0, len(groups))
 	prev := head.Hash
-	for i, g := range groups {
+	for i := 0; i < len(groups); i++ {
+		g := groups[i]
 		for j := range g {
 			g[j].Prev = prev
 		}
 		body, err := s.encode(runID, g)
+		if errors.Is(err, ErrPayloadTooLarge) && len(g) > 1 {
+			// A packed message of several values near the threshold can
+			// pass the message size: it is split in two, each half a
+			// message of its own (no event is ever inline above the
+			// threshold, so a single one always fits).
+			half := len(g) / 2
+			groups = slices.Insert(groups, i+1, g[half:])
+			groups[i] = g[:half]
+			i--
+			continue
+		}
 		if err != nil {
 			return head, err
 		}
-		bodies[i], prev = body, event.Hash(body)
+		bodies = append(bodies[:i], body)
+		prev = event.Hash(body)
+	}
+	for i := range evs {
+		evs[i].Prev = stored[i].Prev
 	}
 	for i, g := range groups {
 		h, err := s.publish(ctx, runID, head, g, bodies[i], idSuffix)
@@ -281,7 +311,10 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 
 // Read returns every event of a run, in order, and the head after them.
 // It uses batched Direct Get and verifies every message (event.Chain).
-// Errors: ErrRunNotFound when the run has no events; *event.CorruptError
+// Big values are put back from PAL_BLOBS (blob.go); a reference that does
+// not hold returns event.ErrBlob with the events read (their values not
+// all back) and the head. Errors: ErrRunNotFound when the run has no
+// events; *event.CorruptError
 // (matches event.ErrJournalCorrupt) when the journal does not verify and
 // no seal follows: the events are then the sound ones before the bad
 // message, and the head is where a seal is appended (Seq after the sound
@@ -326,6 +359,12 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 		return true
 	})
 	if err != nil {
+		return nil, head, err
+	}
+	if err := s.resolve(ctx, out); err != nil {
+		if errors.Is(err, event.ErrBlob) {
+			return out, head, err // the events, not all of their values back
+		}
 		return nil, head, err
 	}
 	if chain.Corrupt != nil && !chain.Sealed {

@@ -104,6 +104,10 @@ type folder struct {
 	// earlier reports which runs have a message at or before a stream
 	// sequence (eventstore.Store.Earlier).
 	earlier func(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error)
+	// resolve puts back the big values the events name (PAL_BLOBS,
+	// eventstore.Store.ResolveBlobs): the journal rows keep the events as
+	// stored, the fold and the derived rows get the values.
+	resolve func(ctx context.Context, evs []event.Event) error
 	log     *slog.Logger
 	stats   *counters
 	// hook, when set (tests), runs before each message's events are
@@ -275,6 +279,13 @@ func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []
 			e, prev, withBlobs = ne, 0, true
 			continue
 		}
+		if err := f.resolve(ctx, evs); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			foldErr = err
+			continue
+		}
 		if err := f.apply(runID, e.st, evs, m.streamSeq); err != nil {
 			foldErr = err
 			panicked = errors.Is(err, errFoldPanic)
@@ -344,6 +355,9 @@ func (f *folder) rebuild(ctx context.Context, runID string, before uint64) (*cac
 		evs, e.stream = append(evs, got...), streamSeq
 	})
 	if err != nil {
+		return e, err
+	}
+	if err := f.resolve(ctx, evs); err != nil {
 		return e, err
 	}
 	st, err := engine.Fold(evs)

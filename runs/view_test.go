@@ -12,11 +12,13 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
 )
 
 // TestRunViewIsTheSameFromJournalAndPostgres renders runs in every state
@@ -38,7 +40,10 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 		require.NoError(t, p.Stop(ctx))
 	})
 	reader := projections.NewReader(pool)
-	b.worker(t, "w1", nil)
+	bigValue := strings.Repeat("v", 2*eventstore.DefaultBlobThreshold)
+	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return json.Marshal(map[string]any{"z": 1, "big": bigValue, "a": []int{2, 1}})
+	}})
 
 	// In retry backoff: the first call fails, the retry waits a minute.
 	b.LLM.FailNext(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "flaky") }, 500, 1)
@@ -83,12 +88,20 @@ print("{}")`})
 		"policy":{"budget":{"maxSteps":1,"maxCostUsd":0.25,"onExceed":"pause"}}}`, `{}`)
 	b.WaitFor(t, paused, "the budget wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
 
+	// Big values (PAL_BLOBS): big's output, echo's input made from it
+	// and echo's output, which is also the run's.
+	big := b.Start(t, `{"name":"big","nodes":[{"id":"start","type":"trigger"},
+		{"id":"big","type":"tool","data":{"tool":"big"}},
+		{"id":"echo","type":"tool","data":{"tool":"echo","input":{"got":"{{steps.big.output}}"}}}],
+		"edges":[{"from":"start","to":"big"},{"from":"big","to":"echo"}]}`, `{}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, big).Kind)
+
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(ctx))
 
 	views := map[string]*runs.RunView{}
-	for _, id := range []string{retrying, waiting, decided, plain, processed, paused} {
+	for _, id := range []string{retrying, waiting, decided, plain, processed, paused, big} {
 		fromJournal, err := b.Runs.Get(ctx, id)
 		require.NoError(t, err)
 		d, err := reader.GetRun(ctx, id)
@@ -102,6 +115,20 @@ print("{}")`})
 		require.Equal(t, string(j), string(pg), "byte for byte")
 		views[id] = fromJournal
 	}
+
+	bv := views[big]
+	require.Len(t, bv.Steps, 2)
+	wantBig := `{"a":[2,1],"big":"` + bigValue + `","z":1}`
+	require.True(t, wantBig == string(bv.Steps[0].Output), "big's output: %.100s", bv.Steps[0].Output)
+	require.True(t, strings.Contains(string(bv.Steps[1].Input), `{"got":`+wantBig+`}`), "echo's input: %.100s", bv.Steps[1].Input)
+	require.True(t, strings.Contains(string(bv.Output), bigValue), "the run's output: %.100s", bv.Output)
+	refs := 0
+	for _, ev := range testenv.ReadJournal(t, b.NC)[big] {
+		if _, ok, _ := event.BlobOf(ev); ok {
+			refs++
+		}
+	}
+	require.Equal(t, 4, refs, "big's output, echo's input and output, and the run's output are blobs")
 
 	pv := views[paused]
 	require.Equal(t, engine.StatusWaiting, pv.Status)

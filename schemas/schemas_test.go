@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,13 +209,17 @@ func TestInvalidEvents(t *testing.T) {
 		{"step kind without step id", `{` + valid + `,"kind":"step_failed","data":{"error":"x","class":"llm","duration_ms":1}}`,
 			"invalid event: /: missing property 'step_id'"},
 		{"completed without output", `{` + valid + `,"kind":"step_completed","step_id":"a","data":{"duration_ms":1}}`,
-			"invalid event: /data: missing property 'output'"},
+			"invalid event: /data: missing property 'output' or 'output_blob'"},
+		{"output and its blob", `{` + valid + `,"kind":"step_completed","step_id":"a","data":{"duration_ms":1,"output":1,"output_blob":{"blob":"` + strings.Repeat("a", 64) + `","size":1}}}`,
+			"invalid event: /data: 'oneOf' failed, subschemas 0, 1 matched"},
+		{"blob not a sum", `{` + valid + `,"kind":"step_completed","step_id":"a","data":{"duration_ms":1,"output_blob":{"blob":"../x","size":1}}}`,
+			"invalid event: /data/output_blob/blob: '../x' does not match pattern '^[0-9a-f]{64}$'"},
 		{"bad idempotency key", `{` + valid + `,"kind":"step_started","step_id":"a","data":{"node_id":"a","node_type":"tool","idempotency_key":"abc"}}`,
 			"invalid event: /data/idempotency_key: 'abc' does not match pattern '^[0-9a-f]{64}$'"},
 		{"unknown anomaly", `{` + valid + `,"kind":"anomaly_detected","data":{"type":"vibes","observed":1,"threshold":1,"action":"halt","step_id":"s"}}`,
 			"invalid event: /data/type: value must be one of 'runaway_loop', 'excessive_steps', 'retry_storm', 'cost_spike', 'token_spike'"},
 		{"second of batch bad", `[{` + valid + `,"kind":"run_cancelled","data":{}},{` + valid + `,"kind":"run_succeeded","data":{}}]`,
-			"invalid event: /1/data: missing property 'output'"},
+			"invalid event: /1/data: missing property 'output' or 'output_blob'"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -518,6 +518,11 @@ func (d *drive) load() error {
 			}
 			return err
 		}
+		if errors.Is(err, event.ErrBlob) {
+			// A value the journal names is not what its hash says (or
+			// not there): the run cannot be driven.
+			return d.unfoldable(evs, head, err)
+		}
 		if err != nil {
 			return err
 		}

@@ -222,12 +222,14 @@ func (d *drive) runWait(p engine.StepPlan) error {
 // whose JSON comes near the stream's limit cannot be appended, and a drive
 // that kept trying would run the step again and again.
 func (d *drive) fits(p engine.StepPlan, what string, v json.RawMessage) error {
-	limit := d.w.store.MaxEventBytes()
-	if limit <= 0 || len(v) < limit-16<<10 {
+	// A value above the blob threshold is kept in PAL_BLOBS (§6.4), so
+	// the bound is a blob's, not the journal's message size.
+	limit := d.w.store.MaxValueBytes()
+	if len(v) <= limit {
 		return nil
 	}
-	return permanent("step %s: its %s is %d bytes; the journal takes events up to about %d bytes (PAL_EVENTS max message size)",
-		p.StepID, what, len(v), limit-16<<10)
+	return permanent("step %s: its %s is %d bytes; a step value is at most %d bytes (event.MaxBlobBytes)",
+		p.StepID, what, len(v), limit)
 }
 
 func (d *drive) execute(p engine.StepPlan) (stepResult, error) {
@@ -254,7 +256,7 @@ func timeoutOf(ms int, def time.Duration) time.Duration {
 
 func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	var in engine.AIInput
-	if err := json.Unmarshal(p.Input, &in); err != nil {
+	if err := json.Unmarshal(p.Call(), &in); err != nil {
 		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
 	}
 	prov, err := d.w.providers.Get(in.Provider)

@@ -235,7 +235,8 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
 			"PAL_NATS_CREDS=" + filepath.Join(dataDir, natsauth.SeedFile(natsauth.Worker)),
 			"PAL_REPLICAS=" + strconv.Itoa(wc.replicas), "PAL_DURABILITY=" + wc.durability,
-			"PAL_LEASE_TTL=" + wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + wc.egress.String()}
+			"PAL_LEASE_TTL=" + wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + wc.egress.String(),
+			"PAL_BLOB_THRESHOLD=" + strconv.Itoa(wc.blobThreshold)}
 		for k, v := range llmVars {
 			env = append(env, k+"="+v)
 		}
@@ -401,7 +402,7 @@ func devStore(ctx context.Context, nc *nats.Conn, wc workerConfig) (*eventstore.
 	if err != nil {
 		return nil, err
 	}
-	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict))
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {
 		return nil, withCode(ExitUnavailable, err)
 	}

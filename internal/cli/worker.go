@@ -91,6 +91,9 @@ type workerConfig struct {
 	// providerConcurrency limits model calls in flight
 	// (PAL_PROVIDER_CONCURRENCY).
 	providerConcurrency map[string]int
+	// blobThreshold is the size above which a step value goes to
+	// PAL_BLOBS (PAL_BLOB_THRESHOLD).
+	blobThreshold int
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -106,6 +109,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.concurrency, err = e.intSetting(cmd, "concurrency", "PAL_WORKER_CONCURRENCY", 64, 1); err != nil {
+		return wc, err
+	}
+	if wc.blobThreshold, err = e.intSetting(cmd, "blob-threshold", "PAL_BLOB_THRESHOLD", eventstore.DefaultBlobThreshold, eventstore.MinBlobThreshold); err != nil {
 		return wc, err
 	}
 	if wc.durability, err = e.durability(cmd); err != nil {
@@ -215,7 +221,7 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	// after this long; the retry is resolved by the lost-ack check.
 	reqTimeout := min(max(wc.leaseTTL/2, time.Second), 5*time.Second)
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
-		eventstore.WithRequestTimeout(reqTimeout))
+		eventstore.WithRequestTimeout(reqTimeout), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}

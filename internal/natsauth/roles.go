@@ -68,6 +68,8 @@ const (
 	receiptPrefix     = "$KV." + eventstore.ReceiptBucket + "."
 	inflightStream    = "KV_" + eventstore.InflightBucket
 	inflightPrefix    = "$KV." + eventstore.InflightBucket + "."
+	blobStream        = eventstore.BlobStream
+	blobPrefix        = "$O." + eventstore.BlobBucket + "."
 	inbox             = "_INBOX.>"
 	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
@@ -122,7 +124,17 @@ func For(role Role) Permissions {
 
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
-	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream}
+	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream}
+
+// readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
+// step values back, §6.4): the object's meta (read) and its chunks, which
+// nats.go reads with an ordered push consumer (ordered, and the legacy
+// ephemeral create endpoint it may use).
+func readBlobs() []string {
+	out := read(blobStream)
+	out = append(out, ordered(blobStream)...)
+	return append(out, jsAPI+"CONSUMER.CREATE."+blobStream)
+}
 
 // read is what reading a stream takes: its info, Direct Get (by sequence,
 // by subject, batched) and the stream's message get.
@@ -182,6 +194,10 @@ func worker() Permissions {
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	pub = append(pub, ordered(inflightStream)...) // the sweep lists the runs in flight
+	// Big step values: put (chunks and meta under $O.PAL_BLOBS.), read, and
+	// purge a put's chunks when it failed half way.
+	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
+	pub = append(pub, readBlobs()...)
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
@@ -200,6 +216,8 @@ func projector() Permissions {
 	pub = append(pub, jsAPI+"CONSUMER.DELETE."+eventstore.EventsStream+"."+projectorConsumer)
 	// pal projections rebuild reads the journal with an ordered consumer.
 	pub = append(pub, ordered(eventstore.EventsStream)...)
+	// steps.output gets the values of big outputs (PAL_BLOBS).
+	pub = append(pub, readBlobs()...)
 	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
 }
 
@@ -213,6 +231,10 @@ func api() Permissions {
 	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
+	// GET /v1/runs/{id} shows big values; a start's big input and a
+	// fork's big copies are kept there too (run_created, §6.4).
+	pub = append(pub, readBlobs()...)
+	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
 	// POST /v1/runs/{id}/resume: a forced resume purges the run's lease,
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
@@ -233,10 +255,12 @@ func client() Permissions {
 	pub = append(pub, read(eventstore.EventsStream, leaseStream, receiptStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
+	// It reads the journal, so it reads the big values the journal names.
+	pub = append(pub, readBlobs()...)
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
-		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>",
+		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>", "$O.>",
 		deadPrefix + ">", eventstore.RejectedSubject,
 		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
 		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",

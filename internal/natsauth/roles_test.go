@@ -131,6 +131,9 @@ func setup(t *testing.T) *bundle {
 			return nil, ctx.Err()
 		}
 	})
+	w.RegisterTool("big", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return json.Marshal(strings.Repeat("b", bigSize))
+	})
 	require.NoError(t, w.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
 	b.runs = runs.New(b.store)
@@ -510,6 +513,70 @@ func TestClientAllowed(t *testing.T) {
 	require.Contains(t, string(last.Data), `"kind":"run_succeeded"`)
 	require.NoError(t, b.client.Flush())
 	require.Empty(t, b.cviol.all())
+}
+
+// bigSize is the tool "big"'s output: above the blob threshold.
+const bigSize = 2 * eventstore.DefaultBlobThreshold
+
+const bigWF = `{"name":"big","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"big"}}],"edges":[{"from":"start","to":"t1"}]}`
+
+// TestBigValuesUnderRoles: a big output goes through PAL_BLOBS under the
+// roles: the worker puts and reads it, the projector and the api role read
+// it, the client may read it and cannot write there. PAL's own roles hit no
+// violation (setup's cleanup).
+func TestBigValuesUnderRoles(t *testing.T) {
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runID := b.start(t, bigWF)
+	b.waitStatus(t, runID, "succeeded")
+	want, _ := json.Marshal(strings.Repeat("b", bigSize))
+
+	evs, _, err := b.apiStore.Read(ctx, runID)
+	require.NoError(t, err)
+	var out json.RawMessage
+	for _, ev := range evs {
+		if ev.Kind == event.StepCompleted {
+			var d event.StepCompletedData
+			require.NoError(t, ev.DecodeData(&d))
+			out = d.Output
+		}
+	}
+	require.Equal(t, string(want), string(out), "the api role reads the value")
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(ctx, `SELECT length(output::text) FROM steps WHERE run_id = $1 AND step_id = 't1'`, runID).Scan(&n)
+		return err == nil && n == len(want)
+	}, 30*time.Second, 20*time.Millisecond, "the projector writes the value to steps.output")
+
+	obs, err := b.cjs.ObjectStore(ctx, eventstore.BlobBucket)
+	require.NoError(t, err)
+	got, err := obs.GetBytes(ctx, event.BlobSum(want))
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the client reads the value")
+	require.NoError(t, b.client.Flush())
+	require.Empty(t, b.cviol.all())
+
+	// The api role keeps a start's big input (and a fork's big copies) as
+	// a blob: a value no worker put before.
+	in, _ := json.Marshal(map[string]string{"v": strings.Repeat("i", bigSize)})
+	res, err := runs.New(b.apiStore).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(bigWF), Input: in, By: "test"})
+	require.NoError(t, err)
+	b.waitStatus(t, res.RunID, "succeeded")
+	evs, _, err = b.store.Read(ctx, res.RunID)
+	require.NoError(t, err)
+	require.JSONEq(t, string(in), string(createdData(t, evs[0]).Input))
+
+	// The client cannot put a value.
+	require.NoError(t, b.client.Publish("$O."+eventstore.BlobBucket+".C.x", []byte("x")))
+	b.cviol.wait(t, "$O."+eventstore.BlobBucket+".C.x")
+}
+
+func createdData(t *testing.T, ev event.Event) event.RunCreatedData {
+	t.Helper()
+	var d event.RunCreatedData
+	require.NoError(t, ev.DecodeData(&d))
+	return d
 }
 
 // TestProjectorName: the projector's consumer name in the roles is the

@@ -1,0 +1,107 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
+)
+
+// bigText is the answer of step big: 5 MiB, with an end a later step can
+// tell apart.
+var bigText = strings.Repeat("x", 5<<20-4) + "TAIL"
+
+// bigWF: step big answers bigText; check reads the whole of it (a
+// condition: templates are paths, and one render is at most 1 MiB); next
+// sees both through its prompt's template.
+const bigWF = `{"name":"big","nodes":[{"id":"start","type":"trigger"},
+ {"id":"big","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"big"}},
+ {"id":"check","type":"condition","data":{"expression":"string(len(steps.big.output.text)) + \":\" + steps.big.output.text[5242876:]"}},
+ {"id":"next","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini",
+  "prompt":"seen={{steps.check.output.result}} model={{steps.big.output.model}}"}}],
+ "edges":[{"from":"start","to":"big"},{"from":"big","to":"check"},{"from":"check","to":"next"}]}`
+
+// TestBigOutputSurvivesKill9 journals a 5 MiB step output through PAL_BLOBS
+// in a real pal worker, kills it with kill -9 after that step completed, and
+// has another worker resume the run: the later step sees the output through
+// a template, and GET /v1/runs/{id} shows it whole.
+func TestBigOutputSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *bundleCfg) { c.stack = append(c.stack, paltest.LeaseTTL(time.Second)) })
+	b.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
+		if c.LastUser() == "big" {
+			return providertest.Reply{Text: bigText}
+		}
+		return providertest.Reply{Text: "echo: " + c.LastUser()}
+	})
+	bin := testenv.PalBinary(t)
+	worker := func(id string) *testenv.Process {
+		env := append([]string{"PAL_NATS_URL=" + b.NATS.URL(), "PAL_WORKER_ID=" + id, "PAL_LEASE_TTL=1s"}, b.LLM.Env()...)
+		p := testenv.StartProcess(t, bin, []string{"worker"}, env)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, p.WaitForOutput(ctx, "worker ready"), "worker %s did not start:\n%s", id, p.Output())
+		return p
+	}
+	runID := event.NewRunID()
+	hold := b.LLM.Hold(providertest.ByKey(event.IdempotencyKey(runID, "next", 1)))
+	w1 := worker("w1")
+	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+		RunID: runID, Workflow: json.RawMessage(bigWF), Input: json.RawMessage(`{}`), By: "test"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err, "w1 never reached step next:\n%s", w1.Output())
+	w1.Kill() // step big is journaled; next is in flight
+	worker("w2")
+	hold.Release()
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+
+	want := fmt.Sprintf("seen=%d:TAIL model=gpt-4o-mini", len(bigText))
+	calls := b.LLM.CallsWithKey(event.IdempotencyKey(runID, "next", 1))
+	require.Len(t, calls, 2, "next was sent by w1, then again by w2")
+	for _, c := range calls {
+		require.Equal(t, want, c.LastUser())
+	}
+
+	// The journal holds a reference, never the value.
+	refs := 0
+	for _, ev := range testenv.ReadJournal(t, b.NC)[runID] {
+		require.Less(t, len(ev.Data), 64<<10, "seq %d (%s) carries the value", ev.Seq, ev.Kind)
+		if _, ok, _ := event.BlobOf(ev); ok {
+			refs++
+		}
+	}
+	require.Equal(t, 1, refs, "big's step_completed names its blob")
+	evs := b.Events(t, runID)
+	rs := 0
+	for _, ev := range evs {
+		if ev.Kind == event.RunResumed {
+			rs++
+		}
+	}
+	require.Equal(t, 2, rs)
+
+	r := b.get(t, "/v1/runs/"+runID)
+	require.Equal(t, 200, r.status, "body: %.200s", r.body)
+	var view runs.RunView
+	require.NoError(t, json.Unmarshal(r.body, &view))
+	var out struct{ Text string }
+	for _, s := range view.Steps {
+		if s.StepID == "big" {
+			require.NoError(t, json.Unmarshal(s.Output, &out))
+		}
+	}
+	require.Equal(t, bigText, out.Text, "GET /v1/runs/{id} shows the whole output")
+}
