@@ -30,6 +30,12 @@ type Head struct {
 	// Hash is the hex sha256 of the last message's bytes (event.Hash): the
 	// prev of the next append.
 	Hash string
+	// Driver, when the caller knows it, is the worker_id of the run's
+	// latest run_resumed up to this head: ReadAfter then applies the
+	// writer rule from the first message on, as a read from the start
+	// does. Unset (as in every head the store returns), the rule applies
+	// from the next run_resumed (event.Chain.Tail).
+	Driver string
 }
 
 // chain returns the verifier that continues after h. A head does not say
@@ -37,7 +43,7 @@ type Head struct {
 // rule from the next run_resumed on (event.Chain.Tail); a read from the
 // start (Read, a zero head) applies it throughout.
 func (h Head) chain(runID string) event.Chain {
-	return event.Chain{RunID: runID, Seq: h.Seq, Hash: h.Hash, Tail: h.Seq > 0}
+	return event.Chain{RunID: runID, Seq: h.Seq, Hash: h.Hash, Driver: h.Driver, Tail: h.Seq > 0 && h.Driver == ""}
 }
 
 // after returns the head after a message the chain c took at stream

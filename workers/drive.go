@@ -100,7 +100,13 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 		if parked && d.st != nil && d.bug == nil && len(d.pending) == 0 && d.st.LastSeq == d.head.Seq {
 			// The next drive takes the state whole: afterDrive no longer
 			// reads it.
-			w.folded.put(runID, &folded{st: d.st, head: d.head, earlier: d.earlier, at: time.Now()})
+			// The kept head names its driver, so the next drive's read of
+			// what came after it applies the writer rule from the first
+			// message on: a forged step event before the next run_resumed
+			// is caught as it is on a read from the start.
+			head := d.head
+			head.Driver = d.st.LastWorker
+			w.folded.put(runID, &folded{st: d.st, head: head, earlier: d.earlier, at: time.Now()})
 		}
 		w.afterDrive(actx, d, parked)
 	}
