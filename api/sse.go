@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
 )
 
@@ -53,6 +54,14 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, errStreamEnded) {
 			w.WriteHeader(http.StatusNoContent)
 			return
+		}
+		if errors.Is(err, eventstore.ErrRunNotFound) {
+			if d, ok := h.removedRun(ctx, id); ok {
+				writeError(w, http.StatusGone, "journal_removed", fmt.Sprintf(
+					"run %s: its journal was removed by retention (PAL_RETENTION) at %s; GET /v1/runs/%s reads its kept rows",
+					id, runs.FormatTime(d.Run.JournalRemovedAt), id), "")
+				return
+			}
 		}
 		h.fail(w, r, err)
 		return

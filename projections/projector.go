@@ -43,6 +43,10 @@ type Config struct {
 	CacheSize int
 	// Logger receives the projector's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Retention, when set (PAL_RETENTION, ParseRetention), removes the
+	// journals of runs that ended longer ago than it and keeps their rows
+	// (RemoveExpired); zero keeps journals forever.
+	Retention time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -169,6 +173,9 @@ func (p *Projector) Start(ctx context.Context) error {
 	case stopped:
 		return errProjectorStopped
 	}
+	if r := p.cfg.Retention; r != 0 && r < minRetention {
+		return fmt.Errorf("projector: retention %s is below the minimum %s", r, minRetention)
+	}
 	// Not under mu: this may wait for Postgres or NATS; Stop cancels it.
 	cons, cp, err := p.initConsumer(ictx)
 	if err != nil {
@@ -176,6 +183,11 @@ func (p *Projector) Start(ctx context.Context) error {
 			return errProjectorStopped
 		}
 		return err
+	}
+	if p.cfg.Retention > 0 {
+		if err := p.store.CheckPurgeable(ictx); err != nil {
+			return fmt.Errorf("projector: PAL_RETENTION: %w", err)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -193,6 +205,10 @@ func (p *Projector) Start(ctx context.Context) error {
 	go func() { defer wg.Done(); p.read(runCtx, cons, in) }()
 	go func() { defer wg.Done(); p.project(runCtx, in) }()
 	go func() { defer wg.Done(); p.projectReceipts(runCtx) }()
+	if p.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.retain(runCtx) }()
+	}
 	unwatch := telemetry.WatchConsumer(p.store.JetStream(), eventstore.EventsStream, p.cfg.Name)
 	go func() { wg.Wait(); unwatch(); close(p.done) }()
 	p.log.Info("projector started", "checkpoint", cp, "batch_size", p.cfg.BatchSize)

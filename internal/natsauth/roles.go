@@ -10,7 +10,8 @@
 //     the command processor and answers the NATS service; it also creates
 //     PAL's streams and its durable consumers (eventstore.Setup).
 //   - projector: reads the journal through its durable consumer and writes
-//     dead letters.
+//     dead letters; with PAL_RETENTION it purges finished runs' journals
+//     and deletes their blobs.
 //   - api: what pal server needs: appends inputs (run_created,
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
 //     answers the NATS service, reads and watches journals.
@@ -68,6 +69,8 @@ const (
 	receiptPrefix     = "$KV." + eventstore.ReceiptBucket + "."
 	inflightStream    = "KV_" + eventstore.InflightBucket
 	inflightPrefix    = "$KV." + eventstore.InflightBucket + "."
+	blobStream        = "OBJ_" + eventstore.BlobBucket
+	blobPrefix        = "$O." + eventstore.BlobBucket + "."
 	inbox             = "_INBOX.>"
 	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
@@ -200,6 +203,14 @@ func projector() Permissions {
 	pub = append(pub, jsAPI+"CONSUMER.DELETE."+eventstore.EventsStream+"."+projectorConsumer)
 	// pal projections rebuild reads the journal with an ordered consumer.
 	pub = append(pub, ordered(eventstore.EventsStream)...)
+	// Retention (PAL_RETENTION) purges finished runs' journals by subject
+	// and deletes their blobs (an object delete reads the object's info,
+	// rolls its meta up to a delete marker and purges its chunks). NATS
+	// cannot check a purge's subject filter, so this role may purge all of
+	// PAL_EVENTS; no other PAL role may purge it at all.
+	pub = append(pub, jsAPI+"STREAM.PURGE."+eventstore.EventsStream,
+		jsAPI+"STREAM.PURGE."+blobStream, blobPrefix+"M.>")
+	pub = append(pub, read(blobStream)...)
 	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
 }
 
