@@ -118,7 +118,7 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	stopping := shutdownSignal(ctx)
 	for {
 		select {
-		case ev, ok := <-sub.events:
+		case p, ok := <-sub.events:
 			if !ok {
 				if sub.err != nil && ctx.Err() == nil {
 					h.log.Info("event stream ended", "run_id", id, "reason", sub.err)
@@ -126,19 +126,19 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 				_ = s.flush()
 				return
 			}
-			if send(ev) {
+			if send(*p) {
 				_ = s.flush()
 				return
 			}
 			// Write what else has arrived before flushing once.
 			for more := true; more; {
 				select {
-				case ev, ok := <-sub.events:
+				case p, ok := <-sub.events:
 					if !ok {
 						more = false
 						break
 					}
-					if send(ev) {
+					if send(*p) {
 						_ = s.flush()
 						return
 					}
