@@ -52,7 +52,9 @@ type HandlerConfig struct {
 	// connection.
 	NC *nats.Conn
 	// Runs serves GET /v1/runs; nil answers it with 503 (the listing needs
-	// the Postgres projection).
+	// the Postgres projection). A Runs that is also a RunReader
+	// (projections.Reader) serves GET /v1/runs/{id} of a run whose journal
+	// retention removed.
 	Runs RunLister
 	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
 	// NATS is always checked. Return a *NotReadyError to name what is

@@ -156,8 +156,10 @@ func Open(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg C
 
 // Start positions the durable consumer at the checkpoint stored in Postgres
 // and begins projecting in the background; Stop ends it. While Postgres or
-// NATS is unreachable Start keeps trying until ctx ends. Errors: ctx's;
-// *CheckpointAheadError; a missing table (run Migrate first).
+// NATS is unreachable Start keeps trying until ctx ends. With Retention it
+// also removes expired journals every tenth of it (RemoveExpired). Errors:
+// ctx's; *CheckpointAheadError; a missing table (run Migrate first); with
+// Retention, one below MinRetention or eventstore.ErrPurgeDenied.
 func (p *Projector) Start(ctx context.Context) error {
 	p.startMu.Lock()
 	defer p.startMu.Unlock()
