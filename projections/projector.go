@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/internal/telemetry"
@@ -47,6 +48,12 @@ type Config struct {
 	// journals of runs that ended longer ago than it and keeps their rows
 	// (RemoveExpired); zero keeps journals forever.
 	Retention time.Duration
+	// RemoveBlobs removes the blobs of a run whose journal retention is
+	// about to purge, given its events, and returns how many it removed;
+	// default: delete from PAL_BLOBS every object the events name
+	// (eventstore.BlobNames, Store.RemoveBlobs). A blob store that shares
+	// objects between runs (content-addressed) must count references here.
+	RemoveBlobs func(ctx context.Context, runID string, evs []event.Event) (int, error)
 }
 
 func (c Config) withDefaults() Config {

@@ -138,7 +138,12 @@ func (p *Projector) removeJournal(ctx context.Context, runID string) (bool, erro
 	if err != nil && !errors.Is(err, eventstore.ErrRunNotFound) && !errors.Is(err, event.ErrJournalCorrupt) {
 		return false, fmt.Errorf("retention: %w", err)
 	}
-	blobs, err := p.store.RemoveBlobs(ctx, eventstore.BlobNames(evs))
+	var blobs int
+	if p.cfg.RemoveBlobs != nil {
+		blobs, err = p.cfg.RemoveBlobs(ctx, runID, evs)
+	} else {
+		blobs, err = p.store.RemoveBlobs(ctx, eventstore.BlobNames(evs))
+	}
 	if err != nil {
 		return false, fmt.Errorf("retention: run %s: %w", runID, err)
 	}

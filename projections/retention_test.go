@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -193,7 +194,13 @@ func TestRetentionLoop(t *testing.T) {
 	b := setup(t)
 	b.worker(t, "w1")
 	const retention = 3 * time.Second
-	p := b.projector(t, projections.Config{Retention: retention})
+	// A blob store's own removal replaces the default one.
+	var hooked sync.Map
+	p := b.projector(t, projections.Config{Retention: retention,
+		RemoveBlobs: func(_ context.Context, runID string, evs []event.Event) (int, error) {
+			hooked.Store(runID, len(evs))
+			return 0, nil
+		}})
 
 	id := b.Start(t, echoChain(2), `{"v":"x"}`)
 	end := b.WaitEnd(t, id)
@@ -209,6 +216,9 @@ func TestRetentionLoop(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(end.TS), retention, "removed no earlier than the retention")
 	require.Equal(t, 1, countRows(t, b, id).runs)
 	require.True(t, hasJournal(t, b, parked))
+	n, ok := hooked.Load(id)
+	require.True(t, ok, "the blob hook saw the run")
+	require.Positive(t, n, "with its events")
 	caughtUp(t, p) // the projector's checkpoint still reaches the stream's end
 }
 
