@@ -66,13 +66,14 @@ fuzz: ## Run each fuzz target briefly (FUZZTIME=10s each) over its seed corpus
 	done
 
 .PHONY: bench
-bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, pal bench, pal bench --economics)
+bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, 10,000 SSE watchers, pal bench, pal bench --economics)
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill|WorkflowFixedCost|LongRun' -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench LoopIteration -benchtime 100x ./engine/
 	$(GO) test -run '^$$' -bench ResumeFold ./engine/
 	PAL_LEASE_TTL=1s $(GO) test -run '^$$' -bench RecoveryAfterKill -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./projections/
 	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x ./api/
+	PAL_TEST_SSE_WATCHERS=10000 $(GO) test -count=1 -run '^TestSSEWatchers$$' -v ./api/
 	./$(BIN) bench
 	./$(BIN) bench --economics
 

@@ -97,7 +97,7 @@ func TestFeeds(t *testing.T) {
 	for _, sub := range []*subscription{reader, late} {
 		var last event.Event
 		for ev := range sub.events {
-			last = ev
+			last = *ev
 		}
 		require.Equal(t, event.RunSucceeded, last.Kind)
 		require.NoError(t, sub.err, "the terminal event ends the feed cleanly")

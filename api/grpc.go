@@ -203,14 +203,14 @@ func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream pal
 	stopping := shutdownSignal(ctx)
 	for {
 		select {
-		case ev, ok := <-sub.events:
+		case p, ok := <-sub.events:
 			if !ok {
 				if sub.err != nil && ctx.Err() == nil {
 					return status.Errorf(codes.Unavailable, "following run %s: %v; resume from the last seq received", id, sub.err)
 				}
 				return status.Error(codes.Unavailable, "the run's feed ended; resume from the last seq received")
 			}
-			if done, err := send(ev); done {
+			if done, err := send(*p); done {
 				return err
 			}
 		case <-stopping:

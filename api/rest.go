@@ -37,6 +37,13 @@ type RunLister interface {
 	ListRuns(ctx context.Context, f projections.RunFilter) ([]projections.RunRow, error)
 }
 
+// RunReader reads one run from the read side (projections.Reader does).
+// A Runs that is one serves the runs whose journal retention removed.
+type RunReader interface {
+	// GetRun returns the run's rows. Errors: projections.ErrRunNotFound.
+	GetRun(ctx context.Context, runID string) (projections.RunDetail, error)
+}
+
 // HandlerConfig configures NewHandler.
 type HandlerConfig struct {
 	// Store is the journal (required).
@@ -45,7 +52,9 @@ type HandlerConfig struct {
 	// connection.
 	NC *nats.Conn
 	// Runs serves GET /v1/runs; nil answers it with 503 (the listing needs
-	// the Postgres projection).
+	// the Postgres projection). A Runs that is also a RunReader
+	// (projections.Reader) serves GET /v1/runs/{id} of a run whose journal
+	// retention removed.
 	Runs RunLister
 	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
 	// NATS is always checked. Return a *NotReadyError to name what is
@@ -379,11 +388,33 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	v, err := h.client.Get(ctx, id)
+	if errors.Is(err, eventstore.ErrRunNotFound) {
+		if d, ok := h.removedRun(ctx, id); ok {
+			v, err = runs.ViewOfDetail(d), nil
+		}
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// removedRun returns the rows of a run with no journal whose journal
+// retention removed (PAL_RETENTION), if the read side has them.
+func (h *handler) removedRun(ctx context.Context, id string) (projections.RunDetail, bool) {
+	rr, ok := h.cfg.Runs.(RunReader)
+	if !ok {
+		return projections.RunDetail{}, false
+	}
+	d, err := rr.GetRun(ctx, id)
+	if err != nil {
+		if !errors.Is(err, projections.ErrRunNotFound) {
+			h.log.Warn("reading a run from the projection", "run_id", id, "err", err)
+		}
+		return projections.RunDetail{}, false
+	}
+	return d, !d.Run.JournalRemovedAt.IsZero()
 }
 
 // approveBody is POST /v1/runs/{id}/approve: the durable approve command

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
 )
 
@@ -53,6 +54,14 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, errStreamEnded) {
 			w.WriteHeader(http.StatusNoContent)
 			return
+		}
+		if errors.Is(err, eventstore.ErrRunNotFound) {
+			if d, ok := h.removedRun(ctx, id); ok {
+				writeError(w, http.StatusGone, "journal_removed", fmt.Sprintf(
+					"run %s: its journal was removed by retention (PAL_RETENTION) at %s; GET /v1/runs/%s reads its kept rows",
+					id, runs.FormatTime(d.Run.JournalRemovedAt), id), "")
+				return
+			}
 		}
 		h.fail(w, r, err)
 		return
@@ -109,7 +118,7 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	stopping := shutdownSignal(ctx)
 	for {
 		select {
-		case ev, ok := <-sub.events:
+		case p, ok := <-sub.events:
 			if !ok {
 				if sub.err != nil && ctx.Err() == nil {
 					h.log.Info("event stream ended", "run_id", id, "reason", sub.err)
@@ -117,19 +126,19 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 				_ = s.flush()
 				return
 			}
-			if send(ev) {
+			if send(*p) {
 				_ = s.flush()
 				return
 			}
 			// Write what else has arrived before flushing once.
 			for more := true; more; {
 				select {
-				case ev, ok := <-sub.events:
+				case p, ok := <-sub.events:
 					if !ok {
 						more = false
 						break
 					}
-					if send(ev) {
+					if send(*p) {
 						_ = s.flush()
 						return
 					}

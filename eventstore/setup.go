@@ -65,8 +65,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			MaxMsgSize:  cfg.MaxEventBytes,
 			Duplicates:  2 * time.Minute,
 			AllowDirect: true,
-			DenyDelete:  true,
-			DenyPurge:   true,
+			// No message of a journal can be deleted. A whole journal can be
+			// purged: retention (PAL_RETENTION) removes finished runs' by
+			// subject, and only the projector's role may (§5.6). A stream
+			// made by an earlier PAL keeps DenyPurge (below).
+			DenyDelete: true,
 			// Watches take the stored messages from here (watch.go).
 			RePublish: &jetstream.RePublish{Source: EventsPrefix + "*", Destination: WatchPrefix + "{{wildcard(1)}}"},
 		},
@@ -119,6 +122,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		},
 	}
 	for _, sc := range streams {
+		// JetStream cannot lift DenyPurge: an update that tries is refused,
+		// so a stream that has it keeps it (retention then refuses to start).
+		if old, err := js.Stream(ctx, sc.Name); err == nil && old.CachedInfo().Config.DenyPurge {
+			sc.DenyPurge = true
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("setting up stream %s: %w", sc.Name, err)
 		}

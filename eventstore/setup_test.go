@@ -60,7 +60,7 @@ func TestSetupLayout(t *testing.T) {
 	require.Equal(t, 1, events.Replicas)
 	require.True(t, events.AllowDirect, "PAL_EVENTS must allow Direct Get (batched reads)")
 	require.True(t, events.DenyDelete, "PAL_EVENTS must deny delete")
-	require.True(t, events.DenyPurge, "PAL_EVENTS must deny purge")
+	require.False(t, events.DenyPurge, "retention purges finished journals by subject")
 	require.Equal(t, int32(eventstore.DefaultMaxEventBytes), events.MaxMsgSize)
 	require.Positive(t, events.Duplicates)
 	require.NotNil(t, events.RePublish, "watches take the republished copies")

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/internal/telemetry"
@@ -43,6 +44,16 @@ type Config struct {
 	CacheSize int
 	// Logger receives the projector's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Retention, when set (PAL_RETENTION, ParseRetention), removes the
+	// journals of runs that ended longer ago than it and keeps their rows
+	// (RemoveExpired); zero keeps journals forever.
+	Retention time.Duration
+	// RemoveBlobs, when set, removes the blobs of a run whose journal
+	// retention is about to purge, given its events, and returns how many
+	// it removed. Unset, no blob is removed: PAL_BLOBS is keyed by
+	// content (sha256), so a blob may also be named by runs that are
+	// kept, and only a store that counts references can tell.
+	RemoveBlobs func(ctx context.Context, runID string, evs []event.Event) (int, error)
 }
 
 func (c Config) withDefaults() Config {
@@ -152,8 +163,10 @@ func Open(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg C
 
 // Start positions the durable consumer at the checkpoint stored in Postgres
 // and begins projecting in the background; Stop ends it. While Postgres or
-// NATS is unreachable Start keeps trying until ctx ends. Errors: ctx's;
-// *CheckpointAheadError; a missing table (run Migrate first).
+// NATS is unreachable Start keeps trying until ctx ends. With Retention it
+// also removes expired journals every tenth of it (RemoveExpired). Errors:
+// ctx's; *CheckpointAheadError; a missing table (run Migrate first); with
+// Retention, one below MinRetention or eventstore.ErrPurgeDenied.
 func (p *Projector) Start(ctx context.Context) error {
 	p.startMu.Lock()
 	defer p.startMu.Unlock()
@@ -169,6 +182,9 @@ func (p *Projector) Start(ctx context.Context) error {
 	case stopped:
 		return errProjectorStopped
 	}
+	if r := p.cfg.Retention; r != 0 && r < minRetention {
+		return fmt.Errorf("projector: retention %s is below the minimum %s", r, minRetention)
+	}
 	// Not under mu: this may wait for Postgres or NATS; Stop cancels it.
 	cons, cp, err := p.initConsumer(ictx)
 	if err != nil {
@@ -176,6 +192,11 @@ func (p *Projector) Start(ctx context.Context) error {
 			return errProjectorStopped
 		}
 		return err
+	}
+	if p.cfg.Retention > 0 {
+		if err := p.store.CheckPurgeable(ictx); err != nil {
+			return fmt.Errorf("projector: PAL_RETENTION: %w", err)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -193,6 +214,10 @@ func (p *Projector) Start(ctx context.Context) error {
 	go func() { defer wg.Done(); p.read(runCtx, cons, in) }()
 	go func() { defer wg.Done(); p.project(runCtx, in) }()
 	go func() { defer wg.Done(); p.projectReceipts(runCtx) }()
+	if p.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.retain(runCtx) }()
+	}
 	unwatch := telemetry.WatchConsumer(p.store.JetStream(), eventstore.EventsStream, p.cfg.Name)
 	go func() { wg.Wait(); unwatch(); close(p.done) }()
 	p.log.Info("projector started", "checkpoint", cp, "batch_size", p.cfg.BatchSize)

@@ -80,7 +80,7 @@ func parseCursor(c string) (time.Time, string, error) {
 const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(workflow_hash, ''), input, output,
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
-	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown`
+	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at`
 
 func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
 	var (
@@ -89,13 +89,13 @@ func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
 		input, output  []byte
 		budget         []byte
 		depth, resumes int32
-		ended          pgtype.Timestamptz
+		ended, removed pgtype.Timestamptz
 		last           int64
 	)
 	dest := append([]any{&r.RunID, &status, &r.WorkflowName, &r.WorkflowHash, &input, &output,
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
-		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown}, extra...)
+		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -103,6 +103,9 @@ func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
 	r.Depth, r.Resumes, r.LastSeq = int(depth), int(resumes), uint64(last)
 	if ended.Valid {
 		r.EndedAt = ended.Time
+	}
+	if removed.Valid {
+		r.JournalRemovedAt = removed.Time
 	}
 	return r, nil
 }

@@ -219,6 +219,9 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 		return res, err
 	}
 	r.progress(PhaseSwap, r.seq, target)
+	if err := keepRetained(ctx, tx, live); err != nil {
+		return res, err
+	}
 	liveID := pgx.Identifier{live}.Sanitize()
 	for _, t := range projectedTables {
 		if _, err := tx.Exec(ctx, "DROP TABLE "+qualify(live, t)); err != nil {
@@ -338,4 +341,29 @@ func (r *replayer) progress(phase string, seq, target uint64) {
 	if r.opts.Progress != nil {
 		r.opts.Progress(RebuildProgress{Phase: phase, Events: r.events, StreamSeq: seq, Target: target})
 	}
+}
+
+// retainedTables are the rows a run whose journal retention removed
+// keeps; a rebuild cannot replay them, so it copies them over.
+var retainedTables = []string{"runs", "steps", "side_effect_receipts"}
+
+// keepRetained copies the rows of the runs whose journal retention
+// removed (runs.journal_removed_at) from the live tables into the staging
+// ones, in the swap transaction (under the batch lock, which retention's
+// mark takes too).
+func keepRetained(ctx context.Context, tx pgx.Tx, live string) error {
+	for _, t := range retainedTables {
+		var cols string
+		// Generated columns (runs.cost, runs.tokens) cannot be inserted.
+		if err := tx.QueryRow(ctx, `SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position)
+			FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 AND is_generated = 'NEVER'`,
+			StagingSchema, t).Scan(&cols); err != nil {
+			return fmt.Errorf("rebuild: listing the columns of %s: %w", t, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+qualify(StagingSchema, t)+" ("+cols+") SELECT "+cols+" FROM "+qualify(live, t)+
+			" WHERE run_id IN (SELECT run_id FROM "+qualify(live, "runs")+" WHERE journal_removed_at IS NOT NULL) ON CONFLICT DO NOTHING"); err != nil {
+			return fmt.Errorf("rebuild: keeping the rows of runs whose journal retention removed (%s): %w", t, err)
+		}
+	}
+	return nil
 }

@@ -80,6 +80,7 @@ func (q *Reader) Unsigned(ctx context.Context, limit int) ([]string, error) {
 	rows, err := q.pool.Query(ctx, `SELECT r.run_id FROM runs r
 		WHERE r.status IN ('succeeded', 'failed', 'cancelled')
 		  AND NOT EXISTS (SELECT 1 FROM run_receipts rr WHERE rr.run_id = r.run_id)
+		  AND r.journal_removed_at IS NULL
 		ORDER BY r.updated_at, r.run_id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing unsigned runs: %w", err)

@@ -49,6 +49,10 @@ type RunRow struct {
 	Budget     json.RawMessage
 	StepsSpent int64
 	PausedOn   string
+	// JournalRemovedAt is when retention removed the run's journal
+	// (PAL_RETENTION); zero while it has one. Only the read side sets it:
+	// the fold never does.
+	JournalRemovedAt time.Time
 }
 
 // StepRow is a row of the steps table: one attempt of one step.

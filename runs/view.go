@@ -43,7 +43,10 @@ type RunView struct {
 	Budget   *event.Budget `json:"budget,omitempty"`
 	Spent    engine.Spend  `json:"spent"`
 	PausedOn string        `json:"paused_on,omitempty"`
-	Steps    []StepView    `json:"steps"`
+	// JournalRemovedAt is when retention (PAL_RETENTION) removed the
+	// run's journal: the run is read from its Postgres rows, which stay.
+	JournalRemovedAt string     `json:"journal_removed_at,omitempty"`
+	Steps            []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -120,7 +123,7 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 			CostUnknown: r.CostUnknown},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
-		PausedOn: r.PausedOn, Steps: []StepView{}}
+		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
 	if len(r.Budget) > 0 && string(r.Budget) != "null" {
 		var b event.Budget
 		if json.Unmarshal(r.Budget, &b) == nil {

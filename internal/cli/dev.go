@@ -82,6 +82,10 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	retention, err := projections.ParseRetention(e.getenv("PAL_RETENTION"))
+	if err != nil {
+		return badInput("%v", err)
+	}
 	log, err := e.logger()
 	if err != nil {
 		return err
@@ -281,7 +285,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
-	proj := projections.New(pool, projStore, projections.Config{Logger: log})
+	proj := projections.New(pool, projStore, projections.Config{Logger: log, Retention: retention})
 	if err := proj.Start(ctx); err != nil {
 		return withCode(ExitUnavailable, err)
 	}

@@ -188,6 +188,13 @@ While Postgres is down it retries and acknowledges nothing, and catches up
 when Postgres returns; the workers do not need Postgres. Killed at any
 moment, it starts again from the checkpoint and changes nothing twice.
 
+With PAL_RETENTION (e.g. 30d, 12h; at least 1h) it also removes the journals
+of runs that ended longer ago than that: their messages in PAL_EVENTS, their
+journal_events rows and their PAL_BLOBS objects. Their runs, steps and
+side_effect_receipts rows stay, and so do their receipts in PAL_RECEIPTS.
+Archive first if you need the events: pal run export RUN_ID > run.jsonl, or
+nats stream backup PAL_EVENTS. Unset, journals are kept forever.
+
 With PAL_METRICS_ADDR (host:port) it serves Prometheus metrics at /metrics
 there, without a token: its lag and its consumer's pending count.`,
 		Args: cobra.NoArgs,
@@ -216,6 +223,10 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	batch, err := e.intSetting(cmd, "batch-size", "PAL_PROJECTOR_BATCH", projections.DefaultBatchSize, 1)
 	if err != nil {
 		return err
+	}
+	retention, err := projections.ParseRetention(e.getenv("PAL_RETENTION"))
+	if err != nil {
+		return badInput("%v", err)
 	}
 	natsAt, err := e.natsTarget(cmd)
 	if err != nil {
@@ -255,7 +266,7 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		return shutdownOr(ctx, withCode(ExitUnavailable, err))
 	}
 
-	p := projections.New(pool, store, projections.Config{BatchSize: batch, Logger: log})
+	p := projections.New(pool, store, projections.Config{BatchSize: batch, Logger: log, Retention: retention})
 	if err := p.Start(ctx); err != nil {
 		var ahead *projections.CheckpointAheadError
 		if errors.As(err, &ahead) {

@@ -99,6 +99,10 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 		defer nc.Close()
 		if view, err = runs.New(store).Get(ctx, runID); err != nil {
 			if errors.Is(err, eventstore.ErrRunNotFound) {
+				if e.stringSetting(cmd, "database-url", "DATABASE_URL", "") == "" || forceJournal {
+					// Retention (PAL_RETENTION) keeps a finished run's rows only.
+					return withCode(ExitNotFound, fmt.Errorf("run %s not found in the journal (if retention removed it, its rows are in Postgres: set DATABASE_URL)", runID))
+				}
 				return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
 			}
 			return workersError(err)
@@ -182,6 +186,9 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 		fmt.Fprintf(tw, "Ended\t%s, took %s\n", fmtTime(ended, now), fmtDuration(ended.Sub(created)))
 	} else {
 		fmt.Fprintf(tw, "Running for\t%s\n", fmtDuration(now.Sub(created)))
+	}
+	if v.JournalRemovedAt != "" {
+		fmt.Fprintf(tw, "Journal\tremoved by retention (PAL_RETENTION) %s; shown from Postgres\n", fmtTime(parseTime(v.JournalRemovedAt), now))
 	}
 	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
 	u := v.Usage

@@ -31,3 +31,18 @@ func TestPrintRunShowsSubsteps(t *testing.T) {
 	require.Regexp(t, `└ fetch\s+substep\s+completed\s.*pages`, out)
 	require.Regexp(t, `└ summarise\s+substep\s+running`, out)
 }
+
+// TestPrintRunSaysTheJournalWasRemoved: pal run get of a run read from
+// Postgres after retention removed its journal says so.
+func TestPrintRunSaysTheJournalWasRemoved(t *testing.T) {
+	t.Parallel()
+	v := &runs.RunView{RunID: "run_x", Status: engine.StatusSucceeded, CreatedAt: "2026-01-01T00:00:00.000000Z",
+		EndedAt: "2026-01-01T00:00:02.000000Z", JournalRemovedAt: "2026-02-01T00:00:00.000000Z", Steps: []runs.StepView{}}
+	var b strings.Builder
+	require.NoError(t, printRun(&b, v, "postgres", time.Date(2026, 2, 1, 0, 1, 0, 0, time.UTC)))
+	require.Regexp(t, `Journal\s+removed by retention \(PAL_RETENTION\)`, b.String())
+	b.Reset()
+	v.JournalRemovedAt = ""
+	require.NoError(t, printRun(&b, v, "postgres", time.Date(2026, 2, 1, 0, 1, 0, 0, time.UTC)))
+	require.NotContains(t, b.String(), "retention")
+}

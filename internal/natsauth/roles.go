@@ -10,7 +10,7 @@
 //     the command processor and answers the NATS service; it also creates
 //     PAL's streams and its durable consumers (eventstore.Setup).
 //   - projector: reads the journal through its durable consumer and writes
-//     dead letters.
+//     dead letters; with PAL_RETENTION it purges finished runs' journals.
 //   - api: what pal server needs: appends inputs (run_created,
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
 //     answers the NATS service, reads and watches journals.
@@ -218,6 +218,10 @@ func projector() Permissions {
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	// steps.output gets the values of big outputs (PAL_BLOBS).
 	pub = append(pub, readBlobs()...)
+	// Retention (PAL_RETENTION) purges finished runs' journals by
+	// subject. NATS cannot check a purge's subject filter, so this role may
+	// purge all of PAL_EVENTS; no other PAL role may purge it at all.
+	pub = append(pub, jsAPI+"STREAM.PURGE."+eventstore.EventsStream)
 	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
 }
 

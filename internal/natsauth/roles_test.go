@@ -89,6 +89,7 @@ type bundle struct {
 	admin    *nats.Conn
 	store    *eventstore.Store // the worker's
 	apiStore *eventstore.Store // the api role's
+	pstore   *eventstore.Store // the projector role's
 	runs     *runs.Client
 	pool     *pgxpool.Pool
 	proj     *projections.Projector
@@ -153,12 +154,12 @@ func setup(t *testing.T) *bundle {
 	pnc := b.srv.ConnAs(t, natsauth.Projector, b.palViol.option())
 	pjs, err := jetstream.New(pnc)
 	require.NoError(t, err)
-	pstore, err := eventstore.Open(ctx, pjs)
+	b.pstore, err = eventstore.Open(ctx, pjs)
 	require.NoError(t, err)
 	b.pool = testenv.Postgres(t).Pool(t)
 	_, err = projections.Migrate(ctx, b.pool)
 	require.NoError(t, err)
-	b.proj = projections.New(b.pool, pstore, projections.Config{Logger: log})
+	b.proj = projections.New(b.pool, b.pstore, projections.Config{Logger: log})
 	require.NoError(t, b.proj.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, b.proj.Stop(context.Background())) })
 
@@ -643,4 +644,41 @@ func TestWorkerTakeoverUnderRoles(t *testing.T) {
 	require.NotEqual(t, first, second)
 	require.Less(t, time.Since(closed), ttl/3, "taken over only after the lease would have expired")
 	require.Empty(t, viol.all(), "the worker role hit a permissions violation")
+}
+
+// TestRetentionUnderRoles: the projector role may do what retention does
+// (purge a run's journal from PAL_EVENTS) without a permissions violation,
+// and leaves PAL_BLOBS alone.
+func TestRetentionUnderRoles(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	ajs, err := jetstream.New(b.admin)
+	require.NoError(t, err)
+	obs, err := ajs.ObjectStore(ctx, eventstore.BlobBucket) // made by Setup
+	require.NoError(t, err)
+	_, err = obs.PutBytes(ctx, "blob-old", []byte("old"))
+	require.NoError(t, err)
+	res, err := b.runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoWF),
+		Input: json.RawMessage(`{"doc":{"blob":"blob-old","size":3}}`), By: "test"})
+	require.NoError(t, err)
+	old := res.RunID
+	b.waitStatus(t, old, "succeeded")
+	later := b.start(t, echoWF) // so old's last message is not the stream's last
+	b.waitStatus(t, later, "succeeded")
+	b.state(t) // the projection has caught up
+	_, err = b.pool.Exec(ctx, "UPDATE runs SET ended_at = now() - interval '2 hours' WHERE run_id = $1", old)
+	require.NoError(t, err)
+
+	p := projections.New(b.pool, b.pstore, projections.Config{Retention: time.Hour, Logger: paltest.Logger(t)})
+	n, err := p.RemoveExpired(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, head, err := b.store.LastEvent(ctx, old)
+	require.NoError(t, err)
+	require.Zero(t, head.Seq, "the journal is purged")
+	_, err = obs.GetInfo(ctx, "blob-old")
+	require.NoError(t, err, "blobs are keyed by content: retention keeps them")
+	_, head, err = b.store.LastEvent(ctx, later)
+	require.NoError(t, err)
+	require.Positive(t, head.Seq)
 }

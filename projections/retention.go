@@ -1,0 +1,200 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+)
+
+// MinRetention is the shortest PAL_RETENTION accepted: a journal must
+// outlive the projector's lag, the receipt sweep and an operator's
+// archive by a wide margin.
+const MinRetention = time.Hour
+
+// minRetention is MinRetention, lowered by tests (export_test.go).
+var minRetention = MinRetention
+
+// ParseRetention parses a PAL_RETENTION value: empty keeps journals
+// forever (0); otherwise a Go duration (12h, 90m) or a whole number of
+// days (30d), at least MinRetention.
+func ParseRetention(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 || n > 100*365 {
+			return 0, fmt.Errorf("PAL_RETENTION=%q: want a whole number of days from 1 to 36500 (30d) or a Go duration (12h)", v)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			return 0, fmt.Errorf("PAL_RETENTION=%q: want a number of days (30d) or a Go duration (12h)", v)
+		}
+	}
+	if d < minRetention {
+		return 0, fmt.Errorf("PAL_RETENTION=%q: below the minimum %s (leave it unset to keep journals forever)", v, minRetention)
+	}
+	return d, nil
+}
+
+// retentionPage is how many expired runs one query returns;
+// retentionPerPass bounds the runs one pass removes, so a first pass over
+// a large backlog does not hold the projector's connection for long.
+const (
+	retentionPage    = 100
+	retentionPerPass = 1000
+)
+
+// retentionInterval is how often the projector looks for expired runs:
+// a tenth of the retention, between 100 ms (tests) and 5 minutes.
+func retentionInterval(d time.Duration) time.Duration {
+	return min(max(d/10, 100*time.Millisecond), 5*time.Minute)
+}
+
+// RemoveExpired removes the journals of runs that ended more than the
+// projector's Retention ago, up to retentionPerPass of them, oldest end
+// first, and returns how many it removed. For each run it checks the
+// journal's last event is terminal (the journal is the truth, not the
+// row), deletes the PAL_BLOBS objects its events name, marks the run
+// (runs.journal_removed_at) and drops its journal_events rows, then
+// purges its subject from PAL_EVENTS. The runs, steps and
+// side_effect_receipts rows stay, and so does its PAL_RECEIPTS entry.
+// With no Retention it removes nothing.
+func (p *Projector) RemoveExpired(ctx context.Context) (int, error) {
+	if p.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	n := 0
+	for n < retentionPerPass {
+		cutoff := time.Now().Add(-p.cfg.Retention)
+		rows, err := p.pool.Query(ctx, `SELECT run_id FROM runs
+			WHERE ended_at IS NOT NULL AND journal_removed_at IS NULL AND ended_at < $1
+			ORDER BY ended_at LIMIT $2`, cutoff, retentionPage)
+		if err != nil {
+			return n, fmt.Errorf("retention: listing expired runs: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return n, fmt.Errorf("retention: listing expired runs: %w", err)
+		}
+		removed := 0
+		for _, id := range ids {
+			ok, err := p.removeJournal(ctx, id)
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				removed++
+				n++
+			}
+		}
+		if len(ids) < retentionPage || removed == 0 {
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+// removeJournal removes one expired run's journal; false means it was
+// left, because its journal goes on past its projected end (the row is
+// behind; a later pass sees it again).
+func (p *Projector) removeJournal(ctx context.Context, runID string) (bool, error) {
+	last, head, err := p.store.LastEvent(ctx, runID)
+	if err != nil {
+		return false, fmt.Errorf("retention: %w", err)
+	}
+	if head.Seq > 0 && !last.Kind.Terminal() {
+		p.log.Warn("retention: skipping a run whose journal has not ended", "run_id", runID, "last", last.Kind)
+		return false, nil
+	}
+	// The stream's last message is never purged, so its last sequence is
+	// always a message that exists: readers that replay up to it (the
+	// projector catching up, a rebuild) would wait forever for a purged
+	// one. Such a run goes in a later pass, once anything is appended.
+	if head.Seq > 0 {
+		tail, err := streamLastSeq(ctx, p.store.JetStream())
+		if err != nil {
+			return false, fmt.Errorf("retention: %w", err)
+		}
+		if head.StreamSeq >= tail {
+			return false, nil
+		}
+	}
+	// A journal that does not verify ends in its seal; its sound events
+	// name the blobs.
+	evs, _, err := p.store.Read(ctx, runID)
+	if err != nil && !errors.Is(err, eventstore.ErrRunNotFound) && !errors.Is(err, event.ErrJournalCorrupt) {
+		return false, fmt.Errorf("retention: %w", err)
+	}
+	// PAL_BLOBS is keyed by content (sha256), so one blob may be named by
+	// runs that are kept: retention leaves it unless a hook that knows
+	// better removes it.
+	var blobs int
+	if p.cfg.RemoveBlobs != nil {
+		if blobs, err = p.cfg.RemoveBlobs(ctx, runID, evs); err != nil {
+			return false, fmt.Errorf("retention: run %s: %w", runID, err)
+		}
+	}
+	// Mark first, under the batch lock: a rebuild that swaps after this
+	// commit copies the run's rows over (it cannot replay them once the
+	// journal is purged), one that swapped before is already live.
+	if err := p.markRemoved(ctx, runID); err != nil {
+		return false, err
+	}
+	if err := p.store.PurgeJournal(ctx, runID); err != nil {
+		// The journal is still there, so the run reads from it; unmark it
+		// so a later pass tries again.
+		if _, uerr := p.pool.Exec(context.WithoutCancel(ctx),
+			"UPDATE runs SET journal_removed_at = NULL WHERE run_id = $1", runID); uerr != nil {
+			p.log.Warn("retention: unmarking a run whose purge failed", "run_id", runID, "err", uerr)
+		}
+		return false, fmt.Errorf("retention: %w", err)
+	}
+	p.log.Debug("retention removed a finished run's journal", "run_id", runID, "events", len(evs), "blobs", blobs)
+	return true, nil
+}
+
+func (p *Projector) markRemoved(ctx context.Context, runID string) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockBatch); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE runs SET journal_removed_at = now() WHERE run_id = $1", runID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DELETE FROM journal_events WHERE run_id = $1", runID)
+		return err
+	})
+}
+
+// retain runs RemoveExpired every retentionInterval until ctx ends.
+func (p *Projector) retain(ctx context.Context) {
+	t := time.NewTicker(retentionInterval(p.cfg.Retention))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := p.RemoveExpired(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			p.log.Warn("retention pass failed", "err", err)
+		case n > 0:
+			p.log.Info("retention removed finished runs' journals", "runs", n, "retention", p.cfg.Retention)
+		}
+	}
+}
