@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -203,7 +204,11 @@ func Economics(ctx context.Context, o EconomicsOptions) (EconomicsResult, error)
 		res.DedupedCalls += n - 1
 		res.ReSpentWithoutDedup += float64(n-1) * cost(i)
 	}
-	res.ReSpent = charged - res.CleanCost
+	// Sums in map order differ in the last bits: what is within a
+	// nano-dollar of nothing is nothing (and never prints as -0).
+	if res.ReSpent = charged - res.CleanCost; math.Abs(res.ReSpent) < 1e-9 {
+		res.ReSpent = 0
+	}
 	killMu.Lock()
 	defer killMu.Unlock()
 	if len(killAt) > 0 {
