@@ -151,7 +151,7 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	d.cached = w.folded.take(d.runID, time.Now())
 	go func(cached *folded) {
 		var r journalRead
-		if cached == nil {
+		if cached == nil && !firstDrive(msg) {
 			// A worker that kept no state starts from the run's
 			// snapshot, when it has one that holds.
 			cached = w.snapshotFolded(rctx, d.runID)

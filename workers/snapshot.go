@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 )
@@ -94,6 +96,17 @@ func loadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*
 		return nil, err
 	}
 	return &folded{st: st, head: head, earlier: h.Earlier, at: time.Now()}, nil
+}
+
+// firstDrive reports whether work message msg is a run's start, taken for
+// the first time: no drive can have snapshotted the run, so a drive of it
+// does not look (a round trip less on every run's start).
+func firstDrive(msg jetstream.Msg) bool {
+	if msg == nil || eventstore.WorkReason(msg) != "start" {
+		return false
+	}
+	meta, err := msg.Metadata()
+	return err == nil && meta.NumDelivered == 1
 }
 
 // snapshotFolded is loadSnapshot for a drive: nil on any trouble, logged
