@@ -145,3 +145,31 @@ func TestForgedSnapshotIgnored(t *testing.T) {
 		return errors.Is(err, eventstore.ErrNoSnapshot)
 	}, 10*time.Second, 10*time.Millisecond)
 }
+
+// TestSnapshotTailKeepsWriterRule: a step event forged after a snapshot's
+// head by a writer that does not drive the run is caught on the read from
+// the snapshot, as on a read from the start (the head names its driver):
+// the worker folds the whole journal and seals it.
+func TestSnapshotTailKeepsWriterRule(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it forges an event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	forged := event.MustNew(event.StepCompleted, "hold", 1, event.StepCompletedData{Output: json.RawMessage(`{"n":666}`)})
+	forged.WorkerID = "intruder"
+	s.AppendRaw(t, runID, forged)
+
+	_, head, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err, "the snapshot's head still holds")
+	_, _, err = s.Store.ReadAfter(ctx, runID, head)
+	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+
+	w2 := s.Worker(t, "w2")
+	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	end := s.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
+	var d event.RunFailedData
+	require.NoError(t, end.DecodeData(&d))
+	require.Equal(t, event.CodeJournalCorrupt, d.Code)
+	require.Zero(t, workers.SnapshotHits(w2))
+}
