@@ -40,3 +40,7 @@ func LoadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*
 func EncodeSnapshot(st *engine.RunState, head eventstore.Head) ([]byte, error) {
 	return encodeSnapshot(st, head, nil)
 }
+
+// SnapshotInterval is how many events apart a worker snapshots a journal
+// of n events: a resume's tail is at most that long.
+func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }

@@ -22,10 +22,13 @@ import (
 // journal reads in a few milliseconds.
 const (
 	snapshotFrom = 1_000
-	// A snapshot is written every snapshotEvery events, or every 1/16th
-	// of the journal when that is more, so encoding states (which grow
-	// with the run) costs the same per event however long the run.
+	// A snapshot is written every snapshotEvery events, or every
+	// 1/snapshotShare of the journal when that is more, so writing states
+	// (which grow with the run) costs about the same per event however
+	// long the run. More often slowed every step of a long run: each put
+	// of a state of several MiB takes CPU from the drive.
 	snapshotEvery = 1_000
+	snapshotShare = 2
 )
 
 // snapshotDue reports whether a journal that went from seq before to seq
@@ -34,8 +37,14 @@ func snapshotDue(before, after uint64) bool {
 	if after < snapshotFrom {
 		return false
 	}
-	every := max(uint64(snapshotEvery), after/16)
+	every := snapshotInterval(after)
 	return after/every != before/every
+}
+
+// snapshotInterval is the number of events between snapshots of a
+// journal of after events.
+func snapshotInterval(after uint64) uint64 {
+	return max(uint64(snapshotEvery), after/snapshotShare)
 }
 
 // snapshotHeader opens a snapshot: the head the state was folded at, and
