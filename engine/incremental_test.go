@@ -20,14 +20,28 @@ import (
 func requireIncrementalFold(t *testing.T, evs []event.Event) {
 	t.Helper()
 	inc := &engine.RunState{}
+	// snap is inc encoded and decoded every third event, folding on in
+	// between: a snapshot and its tail must fold to the same state.
+	var snap *engine.RunState
 	for i, ev := range evs {
 		require.NoError(t, inc.Apply(ev), "seq %d", ev.Seq)
+		if snap != nil {
+			require.NoError(t, snap.Apply(ev), "seq %d after a snapshot", ev.Seq)
+		}
+		if i%3 == 0 {
+			b, err := engine.EncodeState(inc)
+			require.NoError(t, err)
+			snap, err = engine.DecodeState(b)
+			require.NoError(t, err)
+		}
 		scratch, err := engine.Fold(evs[:i+1])
 		require.NoError(t, err)
 		at := fmt.Sprintf("after seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
 		now := ev.TS.Add(time.Second)
 		require.Equal(t, engine.Next(scratch.Workflow, scratch, now), engine.Next(inc.Workflow, inc, now), at)
 		require.Equal(t, engine.Comparable(scratch), engine.Comparable(inc), at)
+		require.Equal(t, engine.Next(scratch.Workflow, scratch, now), engine.Next(snap.Workflow, snap, now), at+" from a snapshot")
+		require.Equal(t, engine.Comparable(scratch), engine.Comparable(snap), at+" from a snapshot")
 	}
 }
 

@@ -311,7 +311,10 @@ type loopMemo struct {
 // loopMemo returns the memo of loop step sid under body and the rendered
 // over and with, a fresh one when it has none or they changed.
 func (st *RunState) loopMemo(sid string, body *workflow.Workflow, over, with json.RawMessage) *loopMemo {
-	if m, ok := st.loops[sid]; ok && m.body == body && m.overRaw == string(over) && m.withRaw == string(with) {
+	if m, ok := st.loops[sid]; ok && (m.body == body || m.body == nil) && m.overRaw == string(over) && m.withRaw == string(with) {
+		// A memo from a snapshot (DecodeState) has no body yet: a loop's
+		// step id names its node, so its body is this one.
+		m.body = body
 		return m
 	}
 	m := &loopMemo{body: body, overRaw: string(over), withRaw: string(with), items: decode(over), with: decode(with)}

@@ -176,6 +176,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up object store %s: %w", BlobBucket, err)
 	}
+	// Snapshots of folded run states (snapshot.go): a cache, which the
+	// journal can always rebuild, so one left behind by a run that ended
+	// without removing it goes after a month.
+	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      SnapshotBucket,
+		Description: "PAL run state snapshots: run id → the state folded at a journal head",
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		TTL:         30 * 24 * time.Hour,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up object store %s: %w", SnapshotBucket, err)
+	}
 	if ownsTTL {
 		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
 	} else if _, err = js.Consumer(ctx, WorkStream, WorkConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {

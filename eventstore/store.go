@@ -72,6 +72,9 @@ type Store struct {
 	blobMu        sync.Mutex
 	blobs         jetstream.ObjectStore
 	blobCache     *blobCache
+	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
+	snapMu sync.Mutex
+	snaps  jetstream.ObjectStore
 }
 
 // Option configures a Store.

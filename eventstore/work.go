@@ -36,6 +36,10 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 	})
 }
 
+// WorkReason is the reason Enqueue gave work message msg ("start" for a
+// run's first).
+func WorkReason(msg jetstream.Msg) string { return msg.Headers().Get(reasonHeader) }
+
 // Requeue puts a fresh work message for the run at the head of the
 // queue: a pending one (waiting out a redelivery delay, or held by a
 // worker that is frozen) is deleted first, so a worker takes the run at

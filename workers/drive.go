@@ -62,11 +62,13 @@ type drive struct {
 	cached *folded
 }
 
-// journalRead is the result of one Store.Read.
+// journalRead is the result of one Store.Read, or of a ReadAfter from
+// from's head when the read started from the run's snapshot.
 type journalRead struct {
 	evs  []event.Event
 	head eventstore.Head
 	err  error
+	from *folded
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -106,7 +108,10 @@ func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) 
 			// is caught as it is on a read from the start.
 			head := d.head
 			head.Driver = d.st.LastWorker
+			w.keepSnapshot(d)
 			w.folded.put(runID, &folded{st: d.st, head: head, earlier: d.earlier, at: time.Now()})
+		} else if d.st != nil && d.st.Status.Terminal() && !d.inline {
+			w.dropSnapshot(d)
 		}
 		w.afterDrive(actx, d, parked)
 	}
@@ -146,6 +151,12 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	d.cached = w.folded.take(d.runID, time.Now())
 	go func(cached *folded) {
 		var r journalRead
+		if cached == nil && !firstDrive(msg) {
+			// A worker that kept no state starts from the run's
+			// snapshot, when it has one that holds.
+			cached = w.snapshotFolded(rctx, d.runID)
+			r.from = cached
+		}
 		if cached != nil {
 			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
 		} else {
@@ -507,11 +518,22 @@ func (d *drive) run() error {
 // (event.Chain) is sealed when this drive holds the lease: the run fails
 // with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
-	if c := d.cached; c != nil {
-		d.cached = nil
+	c, snap := d.cached, false
+	d.cached = nil
+	if c == nil {
+		c, snap = d.fromSnapshot(), true
+	}
+	if c != nil {
 		if d.loadFolded(c) {
-			d.w.folded.hit()
+			if snap {
+				d.w.snaps.hits.Add(1)
+			} else {
+				d.w.folded.hit()
+			}
 			return nil
+		}
+		if snap {
+			d.log.Warn("the run's snapshot does not go on to its journal; folding the journal")
 		}
 	}
 	for tries := 0; ; tries++ {
@@ -580,6 +602,26 @@ func (d *drive) loadFolded(c *folded) bool {
 	return true
 }
 
+// fromSnapshot returns the state of the run's snapshot, or nil. The read
+// withLease started did the snapshot's part, if the lease came at once:
+// its result stays in d.read for loadFolded or readJournal.
+func (d *drive) fromSnapshot() *folded {
+	ch := d.read
+	if ch == nil {
+		return d.w.snapshotFolded(d.ctx, d.runID)
+	}
+	var r journalRead
+	select {
+	case r = <-ch:
+	case <-d.ctx.Done():
+		return nil
+	}
+	back := make(chan journalRead, 1)
+	back <- r
+	d.read = back
+	return r.from
+}
+
 // readJournal reads the whole journal: the first time, by the read
 // withLease started (read again if that failed, so errors are this
 // drive's own).
@@ -588,7 +630,7 @@ func (d *drive) readJournal() ([]event.Event, eventstore.Head, error) {
 		d.read = nil
 		select {
 		case r := <-ch:
-			if r.err == nil {
+			if r.err == nil && r.from == nil {
 				return r.evs, r.head, nil
 			}
 		case <-d.ctx.Done():
@@ -752,6 +794,9 @@ func (d *drive) flush() error {
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
 	if err == nil {
+		if snapshotDue(before.Seq, head.Seq) && !d.inline {
+			d.w.keepSnapshot(d)
+		}
 		return nil
 	}
 	if errors.Is(err, eventstore.ErrConflict) {

@@ -1,5 +1,12 @@
 package workers
 
+import (
+	"context"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/eventstore"
+)
+
 // SetBeforeDrive makes w run hook at the start of each drive, before the
 // journal is read: a test's way to make a drive fail where the journal
 // cannot count it.
@@ -12,3 +19,28 @@ func FoldedHits(w *Worker) int {
 	defer w.folded.mu.Unlock()
 	return w.folded.hits
 }
+
+// SnapshotHits counts the drives of w that started from a run's snapshot,
+// and SnapshotPuts the snapshots it wrote (snapshot.go).
+func SnapshotHits(w *Worker) int64 { return w.snaps.hits.Load() }
+func SnapshotPuts(w *Worker) int64 { return w.snaps.puts.Load() }
+
+// LoadSnapshot is what a drive of run runID with no kept state starts
+// from: its snapshot, checked against the journal.
+func LoadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*engine.RunState, eventstore.Head, error) {
+	f, err := loadSnapshot(ctx, store, runID)
+	if err != nil {
+		return nil, eventstore.Head{}, err
+	}
+	return f.st, f.head, nil
+}
+
+// EncodeSnapshot is the snapshot a worker writes of st folded through
+// head.
+func EncodeSnapshot(st *engine.RunState, head eventstore.Head) ([]byte, error) {
+	return encodeSnapshot(st, head, nil)
+}
+
+// SnapshotInterval is how many events apart a worker snapshots a journal
+// of n events: a resume's tail is at most that long.
+func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }

@@ -13,6 +13,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/bench"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
 )
 
 // loopWorkflow is a loop of n iterations whose body is one echo tool step
@@ -112,7 +113,80 @@ func BenchmarkLongRun(b *testing.B) {
 			total[i] = read[i] + fold[i] + next[i]
 		}
 		b.ReportMetric(ms(total), "ms/resume")
+		evs = all(ctx, b, env.Store, res.RunID)
+		b.ReportMetric(resumeFromSnapshot(ctx, b, env.Store, res.RunID, evs, last, 0), "ms/resume-snapshot-at-head")
+		b.ReportMetric(resumeFromSnapshot(ctx, b, env.Store, res.RunID, evs, last, workers.SnapshotInterval(len(evs))), "ms/resume-snapshot-behind")
 	}
+}
+
+func all(ctx context.Context, b *testing.B, store *eventstore.Store, runID string) []event.Event {
+	evs, _, err := store.Read(ctx, runID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return evs
+}
+
+// resumeFromSnapshot is the same resume on a worker that has not seen the
+// run, from the snapshot a worker writes of it (snapshot.go), behind
+// events before the resume: 0 as at a park, SnapshotInterval as at worst
+// after a crash. It returns the median time of the snapshot's read and
+// check, the read and fold of the journal after it, and the first Next.
+func resumeFromSnapshot(ctx context.Context, b *testing.B, store *eventstore.Store, runID string, evs []event.Event, last string, behind int) float64 {
+	at := cut(evs, last)
+	every := behind
+	// The head of the message holding event at-every.
+	var head eventstore.Head
+	err := store.Scan(ctx, runID, 0, 0, func(streamSeq uint64, body []byte) {
+		mevs, err := event.Decode(body)
+		if err == nil && len(mevs) > 0 && mevs[len(mevs)-1].Seq <= uint64(at-every) {
+			head = eventstore.Head{Seq: mevs[len(mevs)-1].Seq, StreamSeq: streamSeq, Hash: event.Hash(body)}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := engine.Fold(evs[:head.Seq])
+	if err != nil {
+		b.Fatal(err)
+	}
+	head.Driver = st.LastWorker
+	// A drive's state has met Next at every step, as this one now has.
+	engine.Next(st.Workflow, st, time.Now())
+	snap, err := workers.EncodeSnapshot(st, head)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.PutSnapshot(ctx, runID, snap); err != nil {
+		b.Fatal(err)
+	}
+	var took []time.Duration
+	for range 5 {
+		t0 := time.Now()
+		st, head, err := workers.LoadSnapshot(ctx, store, runID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tail, _, err := store.ReadAfter(ctx, runID, head)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, ev := range tail[:uint64(at)-head.Seq] {
+			if err := st.Apply(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		rs, ok := engine.Next(st.Workflow, st, time.Now()).(engine.RunStep)
+		took = append(took, time.Since(t0))
+		if !ok || rs.Plan.StepID != last || !rs.Plan.Started {
+			b.Fatalf("resume from a snapshot plans %#v", rs)
+		}
+	}
+	b.ReportMetric(float64(len(snap))/(1<<20), "MiB/snapshot")
+	if behind > 0 {
+		b.ReportMetric(float64(uint64(at)-head.Seq), "events/tail-behind")
+	}
+	return float64(bench.Median(took).Microseconds()) / 1e3
 }
 
 // cut is the length of the journal evs before stepID's completion.

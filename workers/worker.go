@@ -142,6 +142,7 @@ type Worker struct {
 
 	// folded keeps the states of runs this worker parked (folded.go).
 	folded foldedCache
+	snaps  snapshots
 
 	// beforeDrive, when set (tests), runs at the start of each drive.
 	beforeDrive atomic.Pointer[func(runID string)]

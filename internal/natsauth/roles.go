@@ -70,6 +70,8 @@ const (
 	inflightPrefix    = "$KV." + eventstore.InflightBucket + "."
 	blobStream        = eventstore.BlobStream
 	blobPrefix        = "$O." + eventstore.BlobBucket + "."
+	snapshotStream    = eventstore.SnapshotStream
+	snapshotPrefix    = "$O." + eventstore.SnapshotBucket + "."
 	inbox             = "_INBOX.>"
 	palInbox          = Inbox + ".>"
 	jsAPI             = "$JS.API."
@@ -124,16 +126,20 @@ func For(role Role) Permissions {
 
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
-	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream}
+	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
-// step values back, §6.4): the object's meta (read) and its chunks, which
-// nats.go reads with an ordered push consumer (ordered, and the legacy
-// ephemeral create endpoint it may use).
-func readBlobs() []string {
-	out := read(blobStream)
-	out = append(out, ordered(blobStream)...)
-	return append(out, jsAPI+"CONSUMER.CREATE."+blobStream)
+// step values back, §6.4).
+func readBlobs() []string { return readObjects(blobStream) }
+
+// readObjects is what reading an object store's objects takes: the
+// object's meta (read) and its chunks, which nats.go reads with an ordered
+// push consumer (ordered, and the legacy ephemeral create endpoint it may
+// use).
+func readObjects(stream string) []string {
+	out := read(stream)
+	out = append(out, ordered(stream)...)
+	return append(out, jsAPI+"CONSUMER.CREATE."+stream)
 }
 
 // read is what reading a stream takes: its info, Direct Get (by sequence,
@@ -198,6 +204,10 @@ func worker() Permissions {
 	// purge a put's chunks when it failed half way.
 	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
 	pub = append(pub, readBlobs()...)
+	// Snapshots of run states (PAL_SNAPSHOTS): put, read, and delete
+	// (a put or delete purges the object's old chunks).
+	pub = append(pub, snapshotPrefix+">", jsAPI+"STREAM.PURGE."+snapshotStream)
+	pub = append(pub, readObjects(snapshotStream)...)
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.

@@ -682,3 +682,30 @@ func TestRetentionUnderRoles(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, head.Seq)
 }
+
+// TestSnapshotsUnderRoles: the worker role puts, reads and deletes a run's
+// snapshot in PAL_SNAPSHOTS and checks its head against the journal; the
+// client may not write there. PAL's own roles hit no violation (setup's
+// cleanup).
+func TestSnapshotsUnderRoles(t *testing.T) {
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runID := b.start(t, bigWF)
+	b.waitStatus(t, runID, "succeeded")
+	head, err := b.store.LastHead(ctx, runID)
+	require.NoError(t, err)
+	require.NoError(t, b.store.CheckHead(ctx, runID, head))
+	snap := []byte(strings.Repeat("s", 300<<10)) // more than one chunk
+	require.NoError(t, b.store.PutSnapshot(ctx, runID, snap))
+	require.NoError(t, b.store.PutSnapshot(ctx, runID, snap[:10])) // replaced
+	got, err := b.store.GetSnapshot(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, snap[:10], got)
+	require.NoError(t, b.store.DeleteSnapshot(ctx, runID))
+	_, err = b.store.GetSnapshot(ctx, runID)
+	require.ErrorIs(t, err, eventstore.ErrNoSnapshot)
+
+	require.NoError(t, b.client.Publish("$O."+eventstore.SnapshotBucket+".C.x", []byte("x")))
+	b.cviol.wait(t, "$O."+eventstore.SnapshotBucket+".C.x")
+}

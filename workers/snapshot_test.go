@@ -1,0 +1,175 @@
+package workers_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
+)
+
+// snapLoopWorkflow echoes 520 times (over 1,000 events, so the worker
+// snapshots it), then waits for signal "go" and echoes what it carried.
+const snapLoopWorkflow = `{"name":"snap","nodes":[{"id":"start","type":"trigger"},
+	{"id":"each","type":"loop","data":{"maxIterations":520,"until":"false","body":{"name":"b","nodes":[
+		{"id":"start","type":"trigger"},
+		{"id":"echo","type":"tool","data":{"tool":"echo","input":{"i":"{{input.index}}"}}}],
+		"edges":[{"from":"start","to":"echo"}]}}},
+	{"id":"hold","type":"wait","data":{"signal":"go"}},
+	{"id":"last","type":"tool","data":{"tool":"echo","input":{"n":"{{steps.hold.output.n}}"}}}],
+	"edges":[{"from":"start","to":"each"},{"from":"each","to":"hold"},{"from":"hold","to":"last"}]}`
+
+// parkLongRun drives snapLoopWorkflow on worker w1 until it parks on its
+// wait and w1 has snapshotted it there, then stops w1.
+func parkLongRun(t *testing.T, s *paltest.Stack) (runID string) {
+	t.Helper()
+	w1 := s.Worker(t, "w1")
+	runID = s.Start(t, snapLoopWorkflow, `{}`)
+	s.WaitFor(t, runID, "the wait", func(ev event.Event) bool {
+		return ev.Kind == event.StepWaiting && ev.StepID == "hold"
+	})
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		_, head, err := workers.LoadSnapshot(ctx, s.Store, runID)
+		last, lerr := s.Store.LastHead(ctx, runID)
+		return err == nil && lerr == nil && head.StreamSeq == last.StreamSeq
+	}, 30*time.Second, 10*time.Millisecond, "a snapshot at the park")
+	require.GreaterOrEqual(t, workers.SnapshotPuts(w1), int64(2), "snapshots as the journal grew, and at the park")
+	require.NoError(t, w1.Stop(ctx))
+	return runID
+}
+
+// finishLongRun signals the parked run and checks it ends as a fold of
+// its whole journal says.
+func finishLongRun(t *testing.T, s *paltest.Stack, runID string) {
+	t.Helper()
+	require.NoError(t, s.Runs.Signal(context.Background(), runs.SignalCommand{RunID: runID, Signal: "go",
+		Payload: json.RawMessage(`{"n":7}`), By: "test"}))
+	end := s.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
+	st, err := engine.Fold(s.Events(t, runID))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"n":7}`, string(st.Steps["last"].Output))
+	require.Equal(t, 520+3, len(st.Order)) // the echoes, the loop, the wait, the last echo
+}
+
+// TestResumeFromSnapshot: a worker that has never seen a long run drives
+// it from the snapshot another worker left at its park, reading only the
+// journal after it, and the run ends as a fold of its whole journal says.
+// The snapshot's state equals a fold of the journal up to its head.
+func TestResumeFromSnapshot(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t)
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	snap, head, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	evs := s.Events(t, runID)
+	require.Equal(t, uint64(len(evs)), head.Seq)
+	full, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, full.Steps, snap.Steps)
+	require.Equal(t, full.Order, snap.Order)
+	require.Equal(t, full.Created, snap.Created)
+	require.Equal(t, []any{full.Status, full.LastSeq, full.Usage, full.StepsStarted, full.Workflow},
+		[]any{snap.Status, snap.LastSeq, snap.Usage, snap.StepsStarted, snap.Workflow})
+	now := time.Now()
+	require.Equal(t, engine.Next(full.Workflow, full, now), engine.Next(snap.Workflow, snap, now))
+	require.Equal(t, "w1", head.Driver)
+
+	w2 := s.Worker(t, "w2")
+	finishLongRun(t, s, runID)
+	require.GreaterOrEqual(t, workers.SnapshotHits(w2), int64(1))
+}
+
+// TestForgedSnapshotIgnored: a snapshot that is garbage, names a head not
+// in the run's journal (a wrong hash, another subject's message, a seq
+// past the journal), or is of another version is refused, and a worker
+// that finds one folds the journal and ends the run as it should.
+func TestForgedSnapshotIgnored(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t)
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	good, err := s.Store.GetSnapshot(ctx, runID)
+	require.NoError(t, err)
+	other := s.Start(t, `{"name":"o","nodes":[{"id":"start","type":"trigger"},{"id":"hold","type":"wait","data":{"signal":"x"}}],"edges":[{"from":"start","to":"hold"}]}`, `{}`)
+	otherHead, err := s.Store.LastHead(ctx, other)
+	require.NoError(t, err)
+
+	nl := bytes.IndexByte(good, '\n')
+	var h map[string]any
+	require.NoError(t, json.Unmarshal(good[:nl], &h))
+	forge := func(k string, v any) []byte {
+		c := map[string]any{}
+		for kk, vv := range h {
+			c[kk] = vv
+		}
+		c[k] = v
+		b, err := json.Marshal(c)
+		require.NoError(t, err)
+		return append(append(b, '\n'), good[nl+1:]...)
+	}
+	forged := map[string][]byte{
+		"garbage":       []byte("{}\nnot a state"),
+		"no header":     []byte("nothing"),
+		"wrong hash":    forge("hash", event.Hash([]byte("forged"))),
+		"other subject": forge("stream_seq", otherHead.StreamSeq),
+		"past the end":  forge("stream_seq", h["stream_seq"].(float64)+1e6),
+		"other version": forge("v", engine.StateVersion+1),
+		"truncated":     good[:nl+1+(len(good)-nl)/2],
+	}
+	for name, b := range forged {
+		require.NoError(t, s.Store.PutSnapshot(ctx, runID, b))
+		_, _, err := workers.LoadSnapshot(ctx, s.Store, runID)
+		require.Error(t, err, name)
+	}
+	// A forged hash: a worker that finds it folds the journal.
+	require.NoError(t, s.Store.PutSnapshot(ctx, runID, forge("hash", event.Hash([]byte("forged")))))
+	w2 := s.Worker(t, "w2")
+	finishLongRun(t, s, runID)
+	require.Zero(t, workers.SnapshotHits(w2))
+	// The run ended: its snapshot goes.
+	require.Eventually(t, func() bool {
+		_, err := s.Store.GetSnapshot(ctx, runID)
+		return errors.Is(err, eventstore.ErrNoSnapshot)
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestSnapshotTailKeepsWriterRule: a step event forged after a snapshot's
+// head by a writer that does not drive the run is caught on the read from
+// the snapshot, as on a read from the start (the head names its driver):
+// the worker folds the whole journal and seals it.
+func TestSnapshotTailKeepsWriterRule(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it forges an event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	forged := event.MustNew(event.StepCompleted, "hold", 1, event.StepCompletedData{Output: json.RawMessage(`{"n":666}`)})
+	forged.WorkerID = "intruder"
+	s.AppendRaw(t, runID, forged)
+
+	_, head, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err, "the snapshot's head still holds")
+	_, _, err = s.Store.ReadAfter(ctx, runID, head)
+	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+
+	w2 := s.Worker(t, "w2")
+	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	end := s.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
+	var d event.RunFailedData
+	require.NoError(t, end.DecodeData(&d))
+	require.Equal(t, event.CodeJournalCorrupt, d.Code)
+	require.Zero(t, workers.SnapshotHits(w2))
+}
