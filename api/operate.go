@@ -64,26 +64,12 @@ type resumeBody struct {
 	Force bool   `json:"force,omitempty"`
 }
 
+func (b *resumeBody) bodyRun() string { return b.RunID }
+
 func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, empty, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b resumeBody
-	if !empty {
-		if err := runs.DecodeStrict(body, &b); err != nil {
-			h.fail(w, r, err)
-			return
-		}
-	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, true)
+	if !ok {
 		return
 	}
 	if v := r.URL.Query().Get("force"); v != "" {
@@ -123,24 +109,12 @@ type forkBody struct {
 	NewRunID string          `json:"new_run_id,omitempty"`
 }
 
+func (b *forkBody) bodyRun() string { return b.RunID }
+
 func (h *handler) fork(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, _, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b forkBody
-	if err := runs.DecodeStrict(body, &b); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, false)
+	if !ok {
 		return
 	}
 	ctx, cancel := requestContext(r)
@@ -156,26 +130,12 @@ type retryBody struct {
 	NewRunID string `json:"new_run_id,omitempty"`
 }
 
+func (b *retryBody) bodyRun() string { return b.RunID }
+
 func (h *handler) retry(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, empty, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b retryBody
-	if !empty {
-		if err := runs.DecodeStrict(body, &b); err != nil {
-			h.fail(w, r, err)
-			return
-		}
-	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, true)
+	if !ok {
 		return
 	}
 	ctx, cancel := requestContext(r)

@@ -429,33 +429,20 @@ type approveBody struct {
 	Comment  string `json:"comment,omitempty"`
 }
 
+func (b *approveBody) bodyRun() string { return b.RunID }
+
 func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, _, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b approveBody
-	if err := runs.DecodeStrict(body, &b); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, false)
+	if !ok {
 		return
 	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	var ok bool
 	if b.Approver, ok = actingAs(w, r, "approver", b.Approver); !ok {
 		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	err = h.client.Approve(ctx, runs.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision,
+	err := h.client.Approve(ctx, runs.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision,
 		Approved: b.Approved, Approver: b.Approver, Comment: b.Comment})
 	if err != nil {
 		h.fail(w, r, err)
@@ -473,29 +460,14 @@ type cancelBody struct {
 	By     string `json:"by,omitempty"`
 }
 
+func (b *cancelBody) bodyRun() string { return b.RunID }
+
 func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, empty, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b cancelBody
-	if !empty {
-		if err := runs.DecodeStrict(body, &b); err != nil {
-			h.fail(w, r, err)
-			return
-		}
-	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, true)
+	if !ok {
 		return
 	}
-	var ok bool
 	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
 		return
 	}
@@ -519,33 +491,20 @@ type budgetBody struct {
 	By        string  `json:"by,omitempty"`
 }
 
+func (b *budgetBody) bodyRun() string { return b.RunID }
+
 func (h *handler) raiseBudget(w http.ResponseWriter, r *http.Request) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	body, _, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	var b budgetBody
-	if err := runs.DecodeStrict(body, &b); err != nil {
-		h.fail(w, r, err)
+	id, ok := h.readRunBody(w, r, &b, false)
+	if !ok {
 		return
 	}
-	if err := sameRun(id, b.RunID); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	var ok bool
 	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
 		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	err = h.client.RaiseBudget(ctx, runs.BudgetCommand{RunID: id, AddUSD: b.AddUSD, AddTokens: b.AddTokens,
+	err := h.client.RaiseBudget(ctx, runs.BudgetCommand{RunID: id, AddUSD: b.AddUSD, AddTokens: b.AddTokens,
 		AddSteps: b.AddSteps, AddMs: b.AddMs, By: b.By})
 	if err != nil {
 		h.fail(w, r, err)
@@ -560,6 +519,39 @@ func sameRun(pathID, bodyID string) error {
 		return &runs.InputError{Field: "run_id", Msg: fmt.Sprintf("%q does not match the run id in the path (%s); leave it out", bodyID, pathID)}
 	}
 	return nil
+}
+
+// runBody is a POST /v1/runs/{id}/… body: it may repeat the run id, and
+// the path's is the one that counts.
+type runBody interface{ bodyRun() string }
+
+// readRunBody reads the body of a POST /v1/runs/{id}/… route into b: the
+// path's run id checked, the body (at most MaxBodyBytes) decoded strictly,
+// and a run_id in it other than the path's refused. An empty body leaves
+// b as it is when optional, and is refused otherwise. On false the error
+// is answered already.
+func (h *handler) readRunBody(w http.ResponseWriter, r *http.Request, b runBody, optional bool) (string, bool) {
+	id, err := pathRunID(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return "", false
+	}
+	body, empty, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return "", false
+	}
+	if !empty || !optional {
+		if err := runs.DecodeStrict(body, b); err != nil {
+			h.fail(w, r, err)
+			return "", false
+		}
+	}
+	if err := sameRun(id, b.bodyRun()); err != nil {
+		h.fail(w, r, err)
+		return "", false
+	}
+	return id, true
 }
 
 // maxWorkflowFilter bounds GET /v1/runs?workflow=.

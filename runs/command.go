@@ -73,6 +73,8 @@ type StartCommand struct {
 	forkedFrom *event.ForkedFrom
 }
 
+func (c *StartCommand) replySubject() string { return c.ReplyTo }
+
 // ApproveCommand decides an approval step.
 type ApproveCommand struct {
 	RunID    string `json:"run_id"`
@@ -85,6 +87,8 @@ type ApproveCommand struct {
 	ReplyTo  string `json:"reply_to,omitempty"`
 }
 
+func (c *ApproveCommand) replySubject() string { return c.ReplyTo }
+
 // CancelCommand cancels a run.
 type CancelCommand struct {
 	RunID   string `json:"run_id"`
@@ -92,6 +96,8 @@ type CancelCommand struct {
 	By      string `json:"by,omitempty"`
 	ReplyTo string `json:"reply_to,omitempty"`
 }
+
+func (c *CancelCommand) replySubject() string { return c.ReplyTo }
 
 // BudgetCommand raises a run's budget: pal.cmd.runs.budget,
 // pal.api.runs.budget, POST /v1/runs/{id}/budget, pal run budget. Each
@@ -106,6 +112,8 @@ type BudgetCommand struct {
 	By        string  `json:"by,omitempty"`
 	ReplyTo   string  `json:"reply_to,omitempty"`
 }
+
+func (c *BudgetCommand) replySubject() string { return c.ReplyTo }
 
 // MaxBudgetAdd bounds one raise of each limit (USD, tokens, steps, ms),
 // so a typo cannot make a budget meaningless.
@@ -142,6 +150,8 @@ type SignalCommand struct {
 	By      string `json:"by,omitempty"`
 	ReplyTo string `json:"reply_to,omitempty"`
 }
+
+func (c *SignalCommand) replySubject() string { return c.ReplyTo }
 
 // MaxSignalPayloadBytes bounds a signal's payload, and MaxPendingSignals
 // how many signals of one name a run keeps that no wait node has taken.

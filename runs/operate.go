@@ -41,6 +41,8 @@ type ResumeCommand struct {
 	ReplyTo string `json:"reply_to,omitempty"`
 }
 
+func (c *ResumeCommand) replySubject() string { return c.ReplyTo }
+
 // ResumeResult says what a resume did.
 type ResumeResult struct {
 	RunID string `json:"run_id"`
@@ -140,6 +142,8 @@ type ForkCommand struct {
 	By string `json:"-"`
 }
 
+func (c *ForkCommand) replySubject() string { return c.ReplyTo }
+
 // RetryCommand is a fork from the source's first failed step with the
 // same workflow and input: pal.cmd.runs.retry, pal.api.runs.retry,
 // POST /v1/runs/{id}/retry, pal run retry.
@@ -149,6 +153,8 @@ type RetryCommand struct {
 	ReplyTo  string `json:"reply_to,omitempty"`
 	By       string `json:"-"`
 }
+
+func (c *RetryCommand) replySubject() string { return c.ReplyTo }
 
 // ForkResult says what a fork made: the new run, which source steps it
 // copies and which it runs again, and why.
@@ -380,47 +386,3 @@ func nodeHash(wf *workflow.Workflow, id string) string {
 
 // errLeaseHeld reports whether err is a refused resume.
 func errLeaseHeld(err error) bool { return errors.Is(err, eventstore.ErrLeaseHeld) }
-
-// doOperate carries out resume, fork and retry for Do.
-func (c *Client) doOperate(ctx context.Context, kind string, body []byte, by string) (Answer, string, error) {
-	switch kind {
-	case CmdResume:
-		var cmd ResumeCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
-			return Answer{}, "", err
-		}
-		res, err := c.Resume(ctx, cmd)
-		return Answer{OK: err == nil, RunID: cmd.RunID, Broke: res.Broke, TakenBy: res.TakenBy}, cmd.ReplyTo, err
-	case CmdFork:
-		var cmd ForkCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
-			return Answer{}, "", err
-		}
-		cmd.By = by
-		res, err := c.Fork(ctx, cmd)
-		if err != nil && res.RunID == "" {
-			return Answer{}, cmd.ReplyTo, err
-		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
-	default:
-		var cmd RetryCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
-			return Answer{}, "", err
-		}
-		cmd.By = by
-		res, err := c.Retry(ctx, cmd)
-		if err != nil && res.RunID == "" {
-			return Answer{}, cmd.ReplyTo, err
-		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
-	}
-}

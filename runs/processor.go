@@ -103,6 +103,23 @@ func truncate(s string, n int) string {
 	return strings.ToValidUTF8(s[:n], "") + "…"
 }
 
+// decodeCommand decodes a command of type C strictly from body and
+// checks the reply subject it names (CheckReply): what every kind of Do
+// does first.
+func decodeCommand[C any, P interface {
+	*C
+	replySubject() string
+}](c *Client, body []byte) (*C, error) {
+	cmd := P(new(C))
+	if err := DecodeStrict(body, cmd); err != nil {
+		return nil, err
+	}
+	if err := c.CheckReply(cmd.replySubject()); err != nil {
+		return nil, err
+	}
+	return (*C)(cmd), nil
+}
+
 // Do carries out one command of the given kind (start, approve, cancel,
 // budget, signal) from its JSON body. key, when not empty, is the transport's
 // deduplication id (Nats-Msg-Id), used as the start's idempotency key
@@ -112,74 +129,86 @@ func truncate(s string, n int) string {
 func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
 	switch kind {
 	case CmdStart:
-		var cmd StartCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+		cmd, err := decodeCommand[StartCommand](c, body)
+		if err != nil {
 			return Answer{}, "", err
 		}
 		if cmd.IdempotencyKey == "" {
 			cmd.IdempotencyKey = key
 		}
 		cmd.By = by
-		res, err := c.Start(ctx, cmd)
+		res, err := c.Start(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
 		}
 		created := res.Created
 		return Answer{OK: true, RunID: res.RunID, Created: &created}, cmd.ReplyTo, nil
 	case CmdApprove:
-		var cmd ApproveCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
+		cmd, err := decodeCommand[ApproveCommand](c, body)
+		if err != nil {
 			return Answer{}, "", err
 		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
-			return Answer{}, "", err
-		}
-		err := c.Approve(ctx, cmd)
+		err = c.Approve(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdCancel:
-		var cmd CancelCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+		cmd, err := decodeCommand[CancelCommand](c, body)
+		if err != nil {
 			return Answer{}, "", err
 		}
 		if cmd.By == "" {
 			cmd.By = by
 		}
-		err := c.Cancel(ctx, cmd)
+		err = c.Cancel(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdBudget:
-		var cmd BudgetCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+		cmd, err := decodeCommand[BudgetCommand](c, body)
+		if err != nil {
 			return Answer{}, "", err
 		}
 		if cmd.By == "" {
 			cmd.By = by
 		}
-		err := c.RaiseBudget(ctx, cmd)
+		err = c.RaiseBudget(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdSignal:
-		var cmd SignalCommand
-		if err := DecodeStrict(body, &cmd); err != nil {
-			return Answer{}, "", err
-		}
-		if err := c.CheckReply(cmd.ReplyTo); err != nil {
+		cmd, err := decodeCommand[SignalCommand](c, body)
+		if err != nil {
 			return Answer{}, "", err
 		}
 		if cmd.By == "" {
 			cmd.By = by
 		}
-		err := c.Signal(ctx, cmd)
+		err = c.Signal(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
-	case CmdResume, CmdFork, CmdRetry:
-		return c.doOperate(ctx, kind, body, by)
+	case CmdResume:
+		cmd, err := decodeCommand[ResumeCommand](c, body)
+		if err != nil {
+			return Answer{}, "", err
+		}
+		res, err := c.Resume(ctx, *cmd)
+		return Answer{OK: err == nil, RunID: cmd.RunID, Broke: res.Broke, TakenBy: res.TakenBy}, cmd.ReplyTo, err
+	case CmdFork:
+		cmd, err := decodeCommand[ForkCommand](c, body)
+		if err != nil {
+			return Answer{}, "", err
+		}
+		cmd.By = by
+		res, err := c.Fork(ctx, *cmd)
+		if err != nil && res.RunID == "" {
+			return Answer{}, cmd.ReplyTo, err
+		}
+		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+	case CmdRetry:
+		cmd, err := decodeCommand[RetryCommand](c, body)
+		if err != nil {
+			return Answer{}, "", err
+		}
+		cmd.By = by
+		res, err := c.Retry(ctx, *cmd)
+		if err != nil && res.RunID == "" {
+			return Answer{}, cmd.ReplyTo, err
+		}
+		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
 	default:
 		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
 	}
