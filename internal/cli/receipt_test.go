@@ -32,11 +32,7 @@ func TestSignedReceiptsWithRoles(t *testing.T) {
 	nats := testenv.NATS(t, testenv.Roles())
 	pg := testenv.Postgres(t)
 	dir := t.TempDir()
-	creds := func(r natsauth.Role) string {
-		path := filepath.Join(dir, natsauth.SeedFile(r))
-		require.NoError(t, os.WriteFile(path, nats.Keys().Seed(r), 0o600))
-		return "PAL_NATS_CREDS=" + path
-	}
+	creds := func(r natsauth.Role) string { return roleCreds(t, nats, dir, r) }
 	key, err := receipt.WriteKey(filepath.Join(dir, "pal.key"))
 	require.NoError(t, err)
 	_, err = receipt.WriteKey(filepath.Join(dir, "other.key"))

@@ -26,11 +26,7 @@ func TestProcessesWithRoles(t *testing.T) {
 	nats := testenv.NATS(t, testenv.Roles())
 	pg := testenv.Postgres(t)
 	dir := t.TempDir()
-	creds := func(r natsauth.Role) string {
-		path := filepath.Join(dir, natsauth.SeedFile(r))
-		require.NoError(t, os.WriteFile(path, nats.Keys().Seed(r), 0o600))
-		return "PAL_NATS_CREDS=" + path
-	}
+	creds := func(r natsauth.Role) string { return roleCreds(t, nats, dir, r) }
 	common := []string{"PAL_NATS_URL=" + nats.URL(), "DATABASE_URL=" + pg.DSN(), "PAL_DATA_DIR=" + dir}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -89,4 +85,14 @@ func TestProcessesWithRoles(t *testing.T) {
 		require.NotContains(t, p.Output(), "NATS error", "%s was refused something", name)
 		require.NotContains(t, strings.ToLower(p.Output()), "permissions violation", name)
 	}
+}
+
+// roleCreds writes role r's nkey seed of the server n into dir and
+// returns the PAL_NATS_CREDS setting naming it, for a pal process that
+// runs as that role.
+func roleCreds(t *testing.T, n *testenv.NATSServer, dir string, r natsauth.Role) string {
+	t.Helper()
+	path := filepath.Join(dir, natsauth.SeedFile(r))
+	require.NoError(t, os.WriteFile(path, n.Keys().Seed(r), 0o600))
+	return "PAL_NATS_CREDS=" + path
 }
