@@ -128,21 +128,30 @@ func stallAfter(evs []event.Event, killed time.Time) time.Duration {
 // 3-node cluster (R3, two pal worker processes), each time mid-run, and
 // reports how long runs went without a new event: p50 and max over the
 // kills of each kill's longest stall. The node is started again and the
-// cluster made current before the next kill.
+// cluster made current before the next kill. It runs on stock nats-server
+// and on nodes with PAL's raft timing (natsraft.Fast, as pal dev --cluster
+// runs them).
 //
 //	go test -run '^$' -bench LeaderKill -benchtime 1x ./workers/
 func BenchmarkLeaderKill(b *testing.B) {
-	for range b.N {
-		stalls := leaderKills(b, 10)
-		slices.Sort(stalls)
-		b.ReportMetric(float64(stalls[len(stalls)/2].Milliseconds()), "p50-ms")
-		b.ReportMetric(float64(stalls[len(stalls)-1].Milliseconds()), "max-ms")
-		b.Logf("longest stall per leader kill: %v", stalls)
+	for _, nodes := range []struct {
+		name string
+		opts []testenv.ClusterOption
+	}{{"stock-raft", nil}, {"fast-raft", []testenv.ClusterOption{testenv.FastRaft()}}} {
+		b.Run(nodes.name, func(b *testing.B) {
+			for range b.N {
+				stalls := leaderKills(b, 10, nodes.opts...)
+				slices.Sort(stalls)
+				b.ReportMetric(float64(stalls[len(stalls)/2].Milliseconds()), "p50-ms")
+				b.ReportMetric(float64(stalls[len(stalls)-1].Milliseconds()), "max-ms")
+				b.Logf("longest stall per leader kill: %v", stalls)
+			}
+		})
 	}
 }
 
-func leaderKills(tb testing.TB, kills int) []time.Duration {
-	c := testenv.NATSClusterProcesses(tb, 3)
+func leaderKills(tb testing.TB, kills int, opts ...testenv.ClusterOption) []time.Duration {
+	c := testenv.NATSClusterProcesses(tb, 3, opts...)
 	nc := c.Conn(tb)
 	js, err := jetstream.New(nc)
 	require.NoError(tb, err)

@@ -217,9 +217,11 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	// A try that gets no answer (the server died mid-request) is retried
-	// after this long; the retry is resolved by the lost-ack check.
-	reqTimeout := min(max(wc.leaseTTL/2, time.Second), 5*time.Second)
+	// A try that gets no answer (the server or the stream's leader died
+	// mid-request) is retried after this long; the retry is resolved by the
+	// lost-ack check. Short, since on a cluster the new leader is there
+	// within about a second (natsraft.Fast): 500 ms at the default TTL.
+	reqTimeout := min(max(wc.leaseTTL/6, 500*time.Millisecond), 5*time.Second)
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
 		eventstore.WithRequestTimeout(reqTimeout), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {

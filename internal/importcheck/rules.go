@@ -10,7 +10,7 @@ var layers = [][]string{
 	{"internal/cli"},
 	{"api", "runs", "workers", "projections", "internal/bench", "internal/paltest"},
 	{"engine", "workflow", "eventstore", "receipt", "provider/...", "connector/...", "internal/testenv", "internal/natsauth"},
-	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/importcheck", "internal/retry", "internal/registry", "internal/egress", "internal/redact", "internal/telemetry", "api/ui"},
+	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/importcheck", "internal/retry", "internal/registry", "internal/egress", "internal/redact", "internal/telemetry", "internal/natsraft/...", "api/ui"},
 	// sdk is linked into the programs PAL runs as process steps: it
 	// imports nothing of PAL.
 	{"sdk"},

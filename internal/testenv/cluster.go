@@ -24,18 +24,35 @@ type NATSCluster struct {
 	names []string
 }
 
+// ClusterOption changes how NATSClusterProcesses starts its nodes.
+type ClusterOption func(*clusterConfig)
+
+type clusterConfig struct{ fastRaft bool }
+
+// FastRaft runs the nodes with PAL's raft timing (natsraft.Fast, the
+// timing of pal dev --cluster's nodes) instead of stock nats-server's: the
+// binary is internal/natsraft/natsnode, nats-server with that timing set.
+func FastRaft() ClusterOption { return func(c *clusterConfig) { c.fastRaft = true } }
+
 // NATSClusterProcesses starts n nats-server processes (built like
 // NATSProcess's) as one JetStream cluster named pal: each listens on
 // 127.0.0.1 on a free client port and a free route port, with its store in
 // a fresh t.TempDir(), and routes to the others. It returns once every
 // node's JetStream answers, which needs the cluster's meta leader. The
 // test's cleanup kills them.
-func NATSClusterProcesses(tb testing.TB, n int) *NATSCluster {
+func NATSClusterProcesses(tb testing.TB, n int, opts ...ClusterOption) *NATSCluster {
 	tb.Helper()
 	if n < 3 {
 		tb.Fatalf("testenv: a JetStream cluster needs at least 3 nodes, not %d", n)
 	}
+	var cfg clusterConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	bin := natsServerBinary(tb)
+	if cfg.fastRaft {
+		bin = BuildBinary(tb, "./internal/natsraft/natsnode")
+	}
 	c := &NATSCluster{}
 	routes := make([]string, n)
 	clientPorts := make([]int, n)
