@@ -70,6 +70,8 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			// subject, and only the projector's role may (§5.6). A stream
 			// made by an earlier PAL keeps DenyPurge (below).
 			DenyDelete: true,
+			// Strict mode commits appends in atomic batches (group.go).
+			AllowAtomicPublish: true,
 			// Watches take the stored messages from here (watch.go).
 			RePublish: &jetstream.RePublish{Source: EventsPrefix + "*", Destination: WatchPrefix + "{{wildcard(1)}}"},
 		},

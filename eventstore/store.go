@@ -75,6 +75,9 @@ type Store struct {
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
 	snapMu sync.Mutex
 	snaps  jetstream.ObjectStore
+	// group commits packed appends in atomic batches (group.go); nil
+	// without packing.
+	group *groupCommit
 }
 
 // Option configures a Store.
@@ -106,6 +109,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 		s.maxMsg = mp
 	}
 	s.clampBlobThreshold()
+	if s.pack && s.events.CachedInfo().Config.AllowAtomicPublish {
+		s.group = newGroupCommit(js, s.timeout)
+	}
 	return s, nil
 }
 
@@ -261,11 +267,18 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 	msg.Header.Set(kindHeader, kindsOf(evs))
 	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
-		ack, err := s.js.PublishMsg(pctx, msg,
-			jetstream.WithMsgID(msgID),
-			jetstream.WithExpectStream(EventsStream),
-			jetstream.WithExpectLastSequencePerSubject(head.StreamSeq),
-			jetstream.WithRetryWait(pubRetryWait))
+		var ack *jetstream.PubAck
+		err := errGroupFailed
+		if s.group != nil {
+			ack, err = s.group.publish(pctx, msg, msgID, head.StreamSeq)
+		}
+		if errors.Is(err, errGroupFailed) {
+			ack, err = s.js.PublishMsg(pctx, msg,
+				jetstream.WithMsgID(msgID),
+				jetstream.WithExpectStream(EventsStream),
+				jetstream.WithExpectLastSequencePerSubject(head.StreamSeq),
+				jetstream.WithRetryWait(pubRetryWait))
+		}
 		cancel()
 		if err == nil && !ack.Duplicate {
 			return advance(evs, body, ack.Sequence), nil

@@ -259,8 +259,11 @@ func TestBrokerKill9MidRun(t *testing.T) {
 
 // TestBrokerKill9MidRunStrict is TestBrokerKill9MidRun in strict mode: the
 // server fsyncs before every ack (sync_interval: always) and the worker
-// packs each step boundary into one message. No event the server had
-// stored before the kill is lost or changed, and every run ends once.
+// packs each step boundary into one message and commits the appends of its
+// runs in atomic batches (eventstore's group commit; 12 runs append at
+// once, and the worker's metrics must show committed groups). No event the
+// server had stored before the kill is lost or changed, and every run ends
+// once.
 func TestBrokerKill9MidRunStrict(t *testing.T) {
 	t.Parallel()
 	brokerKill9MidRun(t, true)
@@ -287,11 +290,17 @@ func brokerKill9MidRun(t *testing.T, strict bool) {
 	// registers a cleanup that stops it before a cleanup check would run.
 
 	env := append([]string{"PAL_NATS_URL=" + nproc.URL(), "PAL_WORKER_ID=w1", "PAL_LEASE_TTL=1s", "PAL_LOG_LEVEL=debug",
-		"PAL_DURABILITY=" + durability}, llm.Env()...)
+		"PAL_DURABILITY=" + durability, "PAL_METRICS_ADDR=127.0.0.1:0"}, llm.Env()...)
 	w := testenv.StartProcess(t, testenv.PalBinary(t), []string{"worker"}, env)
 	require.NoError(t, w.WaitForOutput(ctx, "worker ready"))
+	metrics := metricsURL.FindString(w.Output())
+	require.NotEmpty(t, metrics, "the worker logged no metrics address:\n%s", w.Output())
+	nfast := 4
+	if strict {
+		nfast = 12
+	}
 
-	// Run A parks on a held LLM call at s4; runs B–E append 150 tool
+	// Run A parks on a held LLM call at s4; the others append 150 tool
 	// steps each as fast as they can.
 	heldID := event.NewRunID()
 	hold := llm.Hold(providertest.ByKey(key(heldID, "s4", 1)))
@@ -299,7 +308,7 @@ func brokerKill9MidRun(t *testing.T, strict bool) {
 	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
 	require.NoError(t, err)
 	var fast []string
-	for range 4 {
+	for range nfast {
 		res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(150))})
 		require.NoError(t, err)
 		fast = append(fast, res.RunID)
@@ -327,6 +336,16 @@ func brokerKill9MidRun(t *testing.T, strict bool) {
 	require.Equal(t, map[string]int{key(heldID, "s1", 1): 1, key(heldID, "s2", 1): 1, key(heldID, "s3", 1): 1,
 		key(heldID, "s4", 1): llm.Keys()[key(heldID, "s4", 1)], key(heldID, "s5", 1): 1, key(heldID, "s6", 1): 1}, llm.Keys())
 	require.LessOrEqual(t, llm.Keys()[key(heldID, "s4", 1)], 2)
+	m := testenv.Scrape(t, metrics, nil)
+	committed, _ := m.Value("pal_append_groups_total", "result=committed")
+	grouped, _ := m.Value("pal_append_grouped_total")
+	t.Logf("%s: %v groups committed, holding %v appends", durability, committed, grouped)
+	if strict {
+		require.Positive(t, committed, "strict mode committed no group")
+		require.GreaterOrEqual(t, grouped, 4*committed)
+	} else {
+		require.Zero(t, committed, "process mode publishes each event alone")
+	}
 }
 
 // observe reads stored events of all runs until it has seen at least n.

@@ -61,6 +61,11 @@ var (
 	providerCost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pal_provider_cost_usd_total", Help: "Estimated cost of LLM provider calls in USD (provider price table), by provider and model."},
 		[]string{"provider", "model"})
+	groups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pal_append_groups_total", Help: "Atomic batches of appends written by strict mode's group commit, by result (committed, failed: its appends were then published one by one)."},
+		[]string{"result"})
+	grouped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pal_append_grouped_total", Help: "Appends that landed in a committed group (pal_append_groups_total)."})
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pal_commands_refused_total", Help: "Commands refused, by command and reason."}, []string{"command", "reason"})
 )
@@ -68,7 +73,7 @@ var (
 func init() {
 	Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		runsStarted, runsFinished, appendSeconds, steps, stepSeconds, drives, driveSeconds, takeovers, resumeGap,
-		projectorLag, projectorBehind, providerCalls, providerSeconds, providerTokens, providerCost, refused, consumerMetrics)
+		projectorLag, projectorBehind, providerCalls, providerSeconds, providerTokens, providerCost, groups, grouped, refused, consumerMetrics)
 }
 
 // Handler serves Registry in the Prometheus text format.
@@ -96,6 +101,16 @@ func Appended(took time.Duration, result string, kinds []string) {
 			runsFinished.WithLabelValues("cancelled").Inc()
 		}
 	}
+}
+
+// GroupWritten counts one atomic batch of n appends, committed or not.
+func GroupWritten(n int, committed bool) {
+	if !committed {
+		groups.WithLabelValues("failed").Inc()
+		return
+	}
+	groups.WithLabelValues("committed").Inc()
+	grouped.Add(float64(n))
 }
 
 // DriveEnded counts a drive by its outcome and duration.
