@@ -75,7 +75,8 @@ func (l *Leases) Renew(ctx context.Context, ls *Lease) error {
 		ack, err := l.js.PublishMsg(ctx, msg,
 			jetstream.WithExpectStream(leaseStream),
 			jetstream.WithExpectLastSequencePerSubject(ls.Revision),
-			jetstream.WithMsgTTL(ls.ttl))
+			jetstream.WithMsgTTL(ls.ttl),
+			jetstream.WithRetryWait(pubRetryWait))
 		if err == nil {
 			ls.Revision = ack.Sequence
 			ls.sent = sent

@@ -45,7 +45,7 @@ func startKeeper(ctx context.Context, leases *eventstore.Leases, lease *eventsto
 func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
 	every := k.lease.TTL() / 3
-	t := time.NewTicker(every)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -69,15 +69,25 @@ func (k *keeper) run(ctx context.Context) {
 			k.mu.Lock()
 			k.lease = l
 			k.mu.Unlock()
+			t.Reset(every)
 		case errors.Is(err, eventstore.ErrLeaseLost):
 			k.cancel(errLeaseLost)
 			return
 		case !l.Valid(time.Now()):
 			k.cancel(errLeaseExpired)
 			return
+		default:
+			// A renewal that failed transiently (the bucket's leader is
+			// being elected) is tried again soon, not a third of the TTL
+			// later: a lease is kept through an election shorter than
+			// what is left of its TTL.
+			t.Reset(min(every, renewRetry))
 		}
 	}
 }
+
+// renewRetry is how soon a renewal that failed transiently is tried again.
+const renewRetry = 100 * time.Millisecond
 
 // valid reports whether the lease is certainly held now.
 func (k *keeper) valid() bool {
