@@ -133,6 +133,8 @@ func TestForgedSnapshotIgnored(t *testing.T) {
 		require.NoError(t, s.Store.PutSnapshot(ctx, runID, b))
 		_, _, err := workers.LoadSnapshot(ctx, s.Store, runID)
 		require.Error(t, err, name)
+		_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+		require.Error(t, err, name)
 	}
 	// A forged hash: a worker that finds it folds the journal.
 	require.NoError(t, s.Store.PutSnapshot(ctx, runID, forge("hash", event.Hash([]byte("forged")))))
@@ -163,6 +165,12 @@ func TestSnapshotTailKeepsWriterRule(t *testing.T) {
 	require.NoError(t, err, "the snapshot's head still holds")
 	_, _, err = s.Store.ReadAfter(ctx, runID, head)
 	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+	// A resume leaves the state at the snapshot's head, for the drive's
+	// own read to meet the forgery.
+	st, resumed, err := workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	require.Equal(t, head, resumed)
+	require.Equal(t, head.Seq, st.LastSeq)
 
 	w2 := s.Worker(t, "w2")
 	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
@@ -171,5 +179,76 @@ func TestSnapshotTailKeepsWriterRule(t *testing.T) {
 	var d event.RunFailedData
 	require.NoError(t, end.DecodeData(&d))
 	require.Equal(t, event.CodeJournalCorrupt, d.Code)
+	require.Zero(t, workers.SnapshotHits(w2))
+}
+
+// TestResumeSnapshotFoldsTail: a resume from a snapshot behind the
+// journal's end reads the journal after it and folds it on: the state
+// equals a fold of the whole journal, and the head is the journal's,
+// naming the driver of the tail's latest run_resumed, so a read from it
+// applies the writer rule from the first message on.
+func TestResumeSnapshotFoldsTail(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it forges an event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	_, snapHead, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	// A signal, and a drive by w9 that parks again at once.
+	require.NoError(t, s.Runs.Signal(ctx, runs.SignalCommand{RunID: runID, Signal: "go", Payload: json.RawMessage(`{"n":1}`), By: "test"}))
+	evs := s.Events(t, runID)
+	resumed := event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 99})
+	resumed.WorkerID, resumed.TraceID = "w9", "0af7651916cd43dd8448eb211c80319c"
+	s.AppendRaw(t, runID, resumed)
+	evs = s.Events(t, runID)
+	require.Greater(t, uint64(len(evs)), snapHead.Seq+1)
+
+	st, head, err := workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	last, err := s.Store.LastHead(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, last.StreamSeq, head.StreamSeq)
+	require.Equal(t, last.Hash, head.Hash)
+	require.Equal(t, uint64(len(evs)), head.Seq)
+	require.Equal(t, "w9", head.Driver)
+	full, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, full.Steps, st.Steps)
+	require.Equal(t, full.Order, st.Order)
+	require.Equal(t, full.Signals, st.Signals)
+	require.Equal(t, []any{full.Status, full.LastSeq, full.Resumes, full.LastWorker, full.DriveOpen, full.UpdatedAt},
+		[]any{st.Status, st.LastSeq, st.Resumes, st.LastWorker, st.DriveOpen, st.UpdatedAt})
+	now := time.Now()
+	require.Equal(t, engine.Next(full.Workflow, full, now), engine.Next(st.Workflow, st, now))
+
+	// The writer rule holds from that head: a step event by w1, no longer
+	// the driver, is corrupt on the read from it.
+	forged := event.MustNew(event.StepCompleted, "hold", 1, event.StepCompletedData{Output: json.RawMessage(`{"n":666}`)})
+	forged.WorkerID = "w1"
+	s.AppendRaw(t, runID, forged)
+	_, _, err = s.Store.ReadAfter(ctx, runID, head)
+	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+}
+
+// TestResumeSnapshotTailDoesNotFold: a tail that verifies but does not
+// fold on the snapshot's state is an error, not a state half folded, and
+// the worker folds the whole journal, which fails the run.
+func TestResumeSnapshotTailDoesNotFold(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it appends a bad event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	again := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(snapLoopWorkflow)})
+	s.AppendRaw(t, runID, again)
+
+	_, _, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err, "the snapshot itself holds")
+	_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.ErrorContains(t, err, "run_created")
+
+	w2 := s.Worker(t, "w2")
+	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	end := s.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
 	require.Zero(t, workers.SnapshotHits(w2))
 }
