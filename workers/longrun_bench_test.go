@@ -35,7 +35,10 @@ func loopWorkflow(n int) json.RawMessage {
 // median of the 50 iterations up to it) at iterations 100, 1,000 and
 // 10,000: a step's cost must not grow with the run's history. It then
 // reports what a resume of that run costs: reading its journal (about
-// 20,000 events), folding it and the first Next.
+// 20,000 events), folding it and the first Next; and, on a copy of the
+// run cut mid-way in its last step as a crash leaves it, a resume from a
+// snapshot at the cut and from one as far behind it as snapshots are
+// apart (workers.SnapshotInterval).
 //
 //	go test -run '^$' -bench LongRun -benchtime 1x ./workers/
 func BenchmarkLongRun(b *testing.B) {
