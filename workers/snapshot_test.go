@@ -194,13 +194,12 @@ func TestResumeSnapshotFoldsTail(t *testing.T) {
 	ctx := context.Background()
 	_, snapHead, err := workers.LoadSnapshot(ctx, s.Store, runID)
 	require.NoError(t, err)
-	// A signal, and a drive by w9 that parks again at once.
+	// A signal, and the run_resumed of a drive by w9.
 	require.NoError(t, s.Runs.Signal(ctx, runs.SignalCommand{RunID: runID, Signal: "go", Payload: json.RawMessage(`{"n":1}`), By: "test"}))
-	evs := s.Events(t, runID)
 	resumed := event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 99})
 	resumed.WorkerID, resumed.TraceID = "w9", "0af7651916cd43dd8448eb211c80319c"
 	s.AppendRaw(t, runID, resumed)
-	evs = s.Events(t, runID)
+	evs := s.Events(t, runID)
 	require.Greater(t, uint64(len(evs)), snapHead.Seq+1)
 
 	st, head, err := workers.ResumeSnapshot(ctx, s.Store, runID)
