@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
@@ -136,6 +137,16 @@ func TestForgedSnapshotIgnored(t *testing.T) {
 		_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
 		require.Error(t, err, name)
 	}
+	// Bytes changed under the object's digest: the state they decode to is
+	// not taken.
+	require.NoError(t, s.Store.PutSnapshot(ctx, runID, good))
+	tamperSnapshot(t, s, runID)
+	_, err = s.Store.GetSnapshot(ctx, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
+	_, _, err = workers.LoadSnapshot(ctx, s.Store, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
+	_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
 	// A forged hash: a worker that finds it folds the journal.
 	require.NoError(t, s.Store.PutSnapshot(ctx, runID, forge("hash", event.Hash([]byte("forged")))))
 	w2 := s.Worker(t, "w2")
@@ -250,4 +261,39 @@ func TestResumeSnapshotTailDoesNotFold(t *testing.T) {
 	end := s.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, end.Kind)
 	require.Zero(t, workers.SnapshotHits(w2))
+}
+
+// tamperSnapshot changes a digit of run runID's snapshot as stored, in
+// its last chunk, leaving the object's digest as it was.
+func tamperSnapshot(t *testing.T, s *paltest.Stack, runID string) {
+	t.Helper()
+	ctx := context.Background()
+	obs, err := s.JS.ObjectStore(ctx, eventstore.SnapshotBucket)
+	require.NoError(t, err)
+	info, err := obs.GetInfo(ctx, runID)
+	require.NoError(t, err)
+	stream, err := s.JS.Stream(ctx, eventstore.SnapshotStream)
+	require.NoError(t, err)
+	subj := "$O." + eventstore.SnapshotBucket + ".C." + info.NUID
+	var chunks [][]byte
+	for seq := uint64(1); ; {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		require.NoError(t, err)
+		chunks, seq = append(chunks, m.Data), m.Sequence+1
+	}
+	require.NotEmpty(t, chunks)
+	// An echo's output, {"i":N}, says another N: the bytes still decode.
+	last := chunks[len(chunks)-1]
+	at := bytes.LastIndex(last, []byte(`{"i":`))
+	require.GreaterOrEqual(t, at, 0)
+	d := &last[at+len(`{"i":`)]
+	*d = '0' + (*d-'0'+1)%10
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject(subj)))
+	for _, c := range chunks {
+		_, err := s.JS.Publish(ctx, subj, c)
+		require.NoError(t, err)
+	}
 }
