@@ -28,7 +28,7 @@ type testBundle struct {
 
 // setup starts a JetStream server for the test, runs Setup with cfg and
 // opens a store with opts.
-func setup(t *testing.T, cfg eventstore.Config, opts ...eventstore.Option) *testBundle {
+func setup(t testing.TB, cfg eventstore.Config, opts ...eventstore.Option) *testBundle {
 	t.Helper()
 	srv := testenv.NATS(t)
 	nc := srv.Conn(t)

@@ -88,9 +88,14 @@ func (s *Store) GetSnapshot(ctx context.Context, runID string) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	buf.Grow(int(info.Size))
-	// Reading to the end checks the object's digest (nats.go).
+	// Reading to the end checks the object's digest (nats.go); an object
+	// whose chunks hold more than its info says is cut short of its end,
+	// unchecked, and refused.
 	if _, err := io.Copy(&buf, io.LimitReader(r, MaxSnapshot+1)); err != nil {
 		return nil, fmt.Errorf("getting the snapshot of run %s: %w", runID, err)
+	}
+	if buf.Len() > MaxSnapshot {
+		return nil, fmt.Errorf("snapshot of run %s: over %d bytes", runID, MaxSnapshot)
 	}
 	return buf.Bytes(), nil
 }

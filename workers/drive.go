@@ -794,7 +794,7 @@ func (d *drive) flush() error {
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
 	if err == nil {
-		if snapshotDue(before.Seq, head.Seq) && !d.inline {
+		if !d.inline && d.w.snaps.due(d.runID, head.Seq) {
 			d.w.keepSnapshot(d)
 		}
 		return nil

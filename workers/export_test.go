@@ -35,12 +35,23 @@ func LoadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*
 	return f.st, f.head, nil
 }
 
+// ResumeSnapshot is what a drive of run runID on a worker that has not
+// seen it starts from: its snapshot, checked, and the journal after it,
+// read while the snapshot decodes, folded on.
+func ResumeSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*engine.RunState, eventstore.Head, error) {
+	f, _, err := resumeSnapshot(ctx, store, runID)
+	if err != nil {
+		return nil, eventstore.Head{}, err
+	}
+	return f.st, f.head, nil
+}
+
 // EncodeSnapshot is the snapshot a worker writes of st folded through
 // head.
 func EncodeSnapshot(st *engine.RunState, head eventstore.Head) ([]byte, error) {
 	return encodeSnapshot(st, head, nil)
 }
 
-// SnapshotInterval is how many events apart a worker snapshots a journal
-// of n events: a resume's tail is at most that long.
+// SnapshotInterval is how many events a journal of n events grows by
+// between a worker's snapshots of it: a resume's tail is at most that long.
 func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }

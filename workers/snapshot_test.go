@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
@@ -133,7 +134,19 @@ func TestForgedSnapshotIgnored(t *testing.T) {
 		require.NoError(t, s.Store.PutSnapshot(ctx, runID, b))
 		_, _, err := workers.LoadSnapshot(ctx, s.Store, runID)
 		require.Error(t, err, name)
+		_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+		require.Error(t, err, name)
 	}
+	// Bytes changed under the object's digest: the state they decode to is
+	// not taken.
+	require.NoError(t, s.Store.PutSnapshot(ctx, runID, good))
+	tamperSnapshot(t, s, runID)
+	_, err = s.Store.GetSnapshot(ctx, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
+	_, _, err = workers.LoadSnapshot(ctx, s.Store, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
+	_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.ErrorIs(t, err, jetstream.ErrDigestMismatch)
 	// A forged hash: a worker that finds it folds the journal.
 	require.NoError(t, s.Store.PutSnapshot(ctx, runID, forge("hash", event.Hash([]byte("forged")))))
 	w2 := s.Worker(t, "w2")
@@ -163,6 +176,12 @@ func TestSnapshotTailKeepsWriterRule(t *testing.T) {
 	require.NoError(t, err, "the snapshot's head still holds")
 	_, _, err = s.Store.ReadAfter(ctx, runID, head)
 	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+	// A resume leaves the state at the snapshot's head, for the drive's
+	// own read to meet the forgery.
+	st, resumed, err := workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	require.Equal(t, head, resumed)
+	require.Equal(t, head.Seq, st.LastSeq)
 
 	w2 := s.Worker(t, "w2")
 	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
@@ -172,4 +191,109 @@ func TestSnapshotTailKeepsWriterRule(t *testing.T) {
 	require.NoError(t, end.DecodeData(&d))
 	require.Equal(t, event.CodeJournalCorrupt, d.Code)
 	require.Zero(t, workers.SnapshotHits(w2))
+}
+
+// TestResumeSnapshotFoldsTail: a resume from a snapshot behind the
+// journal's end reads the journal after it and folds it on: the state
+// equals a fold of the whole journal, and the head is the journal's,
+// naming the driver of the tail's latest run_resumed, so a read from it
+// applies the writer rule from the first message on.
+func TestResumeSnapshotFoldsTail(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it forges an event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	_, snapHead, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	// A signal, and the run_resumed of a drive by w9.
+	require.NoError(t, s.Runs.Signal(ctx, runs.SignalCommand{RunID: runID, Signal: "go", Payload: json.RawMessage(`{"n":1}`), By: "test"}))
+	resumed := event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "w9", ResumeCount: 99})
+	resumed.WorkerID, resumed.TraceID = "w9", "0af7651916cd43dd8448eb211c80319c"
+	s.AppendRaw(t, runID, resumed)
+	evs := s.Events(t, runID)
+	require.Greater(t, uint64(len(evs)), snapHead.Seq+1)
+
+	st, head, err := workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err)
+	last, err := s.Store.LastHead(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, last.StreamSeq, head.StreamSeq)
+	require.Equal(t, last.Hash, head.Hash)
+	require.Equal(t, uint64(len(evs)), head.Seq)
+	require.Equal(t, "w9", head.Driver)
+	full, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, full.Steps, st.Steps)
+	require.Equal(t, full.Order, st.Order)
+	require.Equal(t, full.Signals, st.Signals)
+	require.Equal(t, []any{full.Status, full.LastSeq, full.Resumes, full.LastWorker, full.DriveOpen, full.UpdatedAt},
+		[]any{st.Status, st.LastSeq, st.Resumes, st.LastWorker, st.DriveOpen, st.UpdatedAt})
+	now := time.Now()
+	require.Equal(t, engine.Next(full.Workflow, full, now), engine.Next(st.Workflow, st, now))
+
+	// The writer rule holds from that head: a step event by w1, no longer
+	// the driver, is corrupt on the read from it.
+	forged := event.MustNew(event.StepCompleted, "hold", 1, event.StepCompletedData{Output: json.RawMessage(`{"n":666}`)})
+	forged.WorkerID = "w1"
+	s.AppendRaw(t, runID, forged)
+	_, _, err = s.Store.ReadAfter(ctx, runID, head)
+	require.ErrorIs(t, err, event.ErrJournalCorrupt)
+}
+
+// TestResumeSnapshotTailDoesNotFold: a tail that verifies but does not
+// fold on the snapshot's state is an error, not a state half folded, and
+// the worker folds the whole journal, which fails the run.
+func TestResumeSnapshotTailDoesNotFold(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t, paltest.NoJournalCheck()) // it appends a bad event
+	runID := parkLongRun(t, s)
+	ctx := context.Background()
+	again := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(snapLoopWorkflow)})
+	s.AppendRaw(t, runID, again)
+
+	_, _, err := workers.LoadSnapshot(ctx, s.Store, runID)
+	require.NoError(t, err, "the snapshot itself holds")
+	_, _, err = workers.ResumeSnapshot(ctx, s.Store, runID)
+	require.ErrorContains(t, err, "run_created")
+
+	w2 := s.Worker(t, "w2")
+	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	end := s.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
+	require.Zero(t, workers.SnapshotHits(w2))
+}
+
+// tamperSnapshot changes a digit of run runID's snapshot as stored, in
+// its last chunk, leaving the object's digest as it was.
+func tamperSnapshot(t *testing.T, s *paltest.Stack, runID string) {
+	t.Helper()
+	ctx := context.Background()
+	obs, err := s.JS.ObjectStore(ctx, eventstore.SnapshotBucket)
+	require.NoError(t, err)
+	info, err := obs.GetInfo(ctx, runID)
+	require.NoError(t, err)
+	stream, err := s.JS.Stream(ctx, eventstore.SnapshotStream)
+	require.NoError(t, err)
+	subj := "$O." + eventstore.SnapshotBucket + ".C." + info.NUID
+	var chunks [][]byte
+	for seq := uint64(1); ; {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		require.NoError(t, err)
+		chunks, seq = append(chunks, m.Data), m.Sequence+1
+	}
+	require.NotEmpty(t, chunks)
+	// An echo's output, {"i":N}, says another N: the bytes still decode.
+	last := chunks[len(chunks)-1]
+	at := bytes.LastIndex(last, []byte(`{"i":`))
+	require.GreaterOrEqual(t, at, 0)
+	d := &last[at+len(`{"i":`)]
+	*d = '0' + (*d-'0'+1)%10
+	require.NoError(t, stream.Purge(ctx, jetstream.WithPurgeSubject(subj)))
+	for _, c := range chunks {
+		_, err := s.JS.Publish(ctx, subj, c)
+		require.NoError(t, err)
+	}
 }
