@@ -177,13 +177,7 @@ func (g *groupCommit) handOff() {
 func (g *groupCommit) publishEach(ctx context.Context, group []*groupAppend) {
 	var wg sync.WaitGroup
 	for _, a := range group {
-		wg.Go(func() {
-			a.ack, a.err = g.js.PublishMsg(ctx, a.msg,
-				jetstream.WithMsgID(a.msgID),
-				jetstream.WithExpectStream(EventsStream),
-				jetstream.WithExpectLastSequencePerSubject(a.expect),
-				jetstream.WithRetryWait(pubRetryWait))
-		})
+		wg.Go(func() { a.ack, a.err = publishFenced(ctx, g.js, a.msg, a.msgID, a.expect) })
 	}
 	wg.Wait()
 }

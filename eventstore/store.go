@@ -273,11 +273,7 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 			ack, err = s.group.publish(pctx, msg, msgID, head.StreamSeq)
 		}
 		if errors.Is(err, errGroupFailed) {
-			ack, err = s.js.PublishMsg(pctx, msg,
-				jetstream.WithMsgID(msgID),
-				jetstream.WithExpectStream(EventsStream),
-				jetstream.WithExpectLastSequencePerSubject(head.StreamSeq),
-				jetstream.WithRetryWait(pubRetryWait))
+			ack, err = publishFenced(pctx, s.js, msg, msgID, head.StreamSeq)
 		}
 		cancel()
 		if err == nil && !ack.Duplicate {
@@ -299,6 +295,13 @@ func (s *Store) publish(ctx context.Context, runID string, head Head, evs []even
 		}
 		return head, err
 	})
+}
+
+// publishFenced publishes one journal message on its own, fenced on the
+// subject's last sequence expect and deduplicated by msgID.
+func publishFenced(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, msgID string, expect uint64) (*jetstream.PubAck, error) {
+	return js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(EventsStream),
+		jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithRetryWait(pubRetryWait))
 }
 
 // checkLanded resolves a wrong-sequence answer: either our earlier try
