@@ -56,6 +56,12 @@ func TestDurableForkResumeSignal(t *testing.T) {
 		"edges":[{"from":"start","to":"hold"}]}`
 	id := b.Start(t, wait, `{}`)
 	b.WaitFor(t, id, "the wait", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })
+	// The drive that journaled the wait lets go of the run just after it:
+	// a resume refuses a run that is being driven.
+	require.Eventually(t, func() bool {
+		h, err := b.Leases.Holder(ctx, id)
+		return err == nil && h == ""
+	}, 10*time.Second, 10*time.Millisecond, "the parked run's lease released")
 	ans = do("pal.cmd.runs.resume", fmt.Sprintf(`{"run_id":%q}`, id))
 	require.True(t, ans.OK, ans.Error)
 	ans = do("pal.cmd.runs.signal", fmt.Sprintf(`{"run_id":%q,"signal":"go","payload":{"ok":true}}`, id))
