@@ -1,14 +1,17 @@
 package provider_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -515,4 +518,75 @@ func exercise(t *testing.T, a adapter) {
 		require.True(t, pe.Unknown, "502: a gateway may have lost the answer")
 		require.NotNil(t, errors.Unwrap(err))
 	})
+}
+
+// TestHugeAnswerIsCut: an answer bigger than MaxResponseBytes (here from a
+// server that keeps writing a 96 MiB content string) is not read past the
+// cap, and fails the call permanently with ErrResponseTooLarge. An answer
+// just under a MiB reads as usual.
+func TestHugeAnswerIsCut(t *testing.T) {
+	t.Parallel()
+	for _, a := range adapters {
+		t.Run(a.name, func(t *testing.T) {
+			t.Parallel()
+			var written atomic.Int64
+			size := int64(3 * provider.MaxResponseBytes)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				n := size
+				if r.Header.Get("X-Small") != "" {
+					n = 1 << 19
+				}
+				head, tail := answerFrame(a.name)
+				_, _ = io.WriteString(w, head)
+				chunk := bytes.Repeat([]byte("a"), 64<<10)
+				for left := n; left > 0; left -= int64(len(chunk)) {
+					k, err := w.Write(chunk[:min(int64(len(chunk)), left)])
+					written.Add(int64(k))
+					if err != nil {
+						return
+					}
+				}
+				_, _ = io.WriteString(w, tail)
+			}))
+			t.Cleanup(srv.Close)
+			hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+			t.Cleanup(hc.CloseIdleConnections)
+			root := srv.URL
+			p := a.new(root, hc)
+			req := provider.Request{Model: "m", IdempotencyKey: "huge", MaxTokens: 10,
+				Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}}
+			_, err := p.Complete(context.Background(), req)
+			require.ErrorIs(t, err, provider.ErrResponseTooLarge)
+			var pe *provider.Error
+			require.ErrorAs(t, err, &pe)
+			require.False(t, pe.Retryable, "the same request would get the same answer")
+			require.Less(t, written.Load(), size, "the client stopped reading")
+
+			small := &http.Client{Transport: headerTransport{"X-Small", "1"}}
+			res, err := a.new(root, small).Complete(context.Background(), req)
+			require.NoError(t, err)
+			require.Len(t, res.Text, 1<<19)
+		})
+	}
+}
+
+// answerFrame is a minimal answer of the adapter's wire format around a
+// content string: the bytes before it and after it.
+func answerFrame(name string) (string, string) {
+	if name == "openai" {
+		return `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"`,
+			`"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	}
+	return `{"id":"x","type":"message","role":"assistant","model":"m","stop_reason":"end_turn","content":[{"type":"text","text":"`,
+		`"}],"usage":{"input_tokens":1,"output_tokens":1}}`
+}
+
+// headerTransport adds one header to every request.
+type headerTransport struct{ key, value string }
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.key, h.value)
+	return http.DefaultTransport.RoundTrip(r)
 }

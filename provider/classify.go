@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,17 @@ import (
 // same idempotency key) decides what happens next.
 var ErrMaybeDelivered = errors.New("connection lost after the request was sent; not resending it")
 
+// MaxResponseBytes bounds what PAL reads of one provider answer: the SDKs
+// read a whole body into memory, and a provider (or whatever answers at its
+// base URL) is outside PAL. The biggest real answers (128k output tokens
+// with logprobs) are a few MiB.
+const MaxResponseBytes = 32 << 20
+
+// ErrResponseTooLarge is returned (wrapped) when an answer passes
+// MaxResponseBytes; PAL stops reading it. The error is permanent: the
+// provider did the work, and the same request would get the same answer.
+var ErrResponseTooLarge = fmt.Errorf("provider answer over %d MiB; not read further", MaxResponseBytes>>20)
+
 // Attempt follows one HTTP call to a provider so that a failure can be
 // classified by how far the call got. Install Middleware in the SDK call
 // (both official SDKs take a func(*http.Request, next) middleware), then
@@ -28,12 +40,38 @@ type Attempt struct {
 	handed    atomic.Bool // the SDK handed the request to the HTTP client
 	connected atomic.Bool // a connection was obtained: bytes may reach the provider
 	written   atomic.Bool // the whole request was written
+	tooLarge  atomic.Bool // the answer passed MaxResponseBytes
+}
+
+// cappedBody reads at most MaxResponseBytes of an answer, then fails with
+// ErrResponseTooLarge.
+type cappedBody struct {
+	io.ReadCloser
+	left  int64 // bytes that may still be read, plus one to see the excess
+	limit func()
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, ErrResponseTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 {
+		b.limit()
+		return n - 1, ErrResponseTooLarge
+	}
+	return n, err
 }
 
 // Middleware records the call's progress and stops the HTTP transport from
 // resending a request that was written in full (net/http does that on a
 // reused connection for requests carrying an Idempotency-Key header).
-// Requests on which nothing was written may still be resent.
+// Requests on which nothing was written may still be resent. The answer's
+// body is read at most up to MaxResponseBytes.
 func (a *Attempt) Middleware(req *http.Request, next func(*http.Request) (*http.Response, error)) (*http.Response, error) {
 	a.handed.Store(true)
 	trace := &httptrace.ClientTrace{
@@ -53,7 +91,11 @@ func (a *Attempt) Middleware(req *http.Request, next func(*http.Request) (*http.
 			return getBody()
 		}
 	}
-	return next(r)
+	resp, err := next(r)
+	if resp != nil && resp.Body != nil {
+		resp.Body = &cappedBody{ReadCloser: resp.Body, left: MaxResponseBytes + 1, limit: func() { a.tooLarge.Store(true) }}
+	}
+	return resp, err
 }
 
 // Error classifies err, the failure of the call this Attempt followed, as an
@@ -65,6 +107,9 @@ func (a *Attempt) Middleware(req *http.Request, next func(*http.Request) (*http.
 func (a *Attempt) Error(name string, status int, err error) error {
 	if err == nil {
 		return nil
+	}
+	if a.tooLarge.Load() {
+		return &Error{Provider: name, Status: status, Err: fmt.Errorf("%w: %v", ErrResponseTooLarge, err)}
 	}
 	reach := reachConnection
 	switch {
