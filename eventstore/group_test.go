@@ -183,3 +183,52 @@ func TestGroupCommitGivesUpWithItsCaller(t *testing.T) {
 	require.Zero(t, n)
 	require.False(t, writing)
 }
+
+// TestGroupCommitOnACluster: on a 3-node cluster (R3, where a stream's
+// writes go through raft rather than an fsync per message), strict mode's
+// atomic batches commit as on one server, and every journal reads back
+// whole with the heads its appends returned.
+func TestGroupCommitOnACluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.NATSClusterProcesses(t, 3, testenv.FastRaft())
+	js, err := jetstream.New(c.Conn(t))
+	require.NoError(t, err)
+	ctx := timeout(t, 2*time.Minute)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{Replicas: 3}))
+	require.NoError(t, c.WaitCurrent(ctx, js, eventstore.EventsStream))
+	s, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
+	require.NoError(t, err)
+	const runs, appends = 32, 10
+	heads := make([]eventstore.Head, runs)
+	errs := make(chan error, runs)
+	var wg sync.WaitGroup
+	for r := range runs {
+		wg.Go(func() {
+			run := "run_cluster_" + strconv.Itoa(r)
+			var h eventstore.Head
+			for n := 1; n <= appends; n++ {
+				var err error
+				if h, err = s.Append(ctx, run, h, ev(event.ApprovalReceived, n)); err != nil {
+					errs <- fmt.Errorf("run %s append %d: %w", run, n, err)
+					return
+				}
+			}
+			heads[r] = h
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	batches, batched, _ := s.GroupStats()
+	t.Logf("%d appends on R3: %d atomic batches holding %d of them", runs*appends, batches, batched)
+	require.Positive(t, batches, "no append was group-committed")
+	for r := range runs {
+		run := "run_cluster_" + strconv.Itoa(r)
+		evs, h, err := s.Read(ctx, run)
+		require.NoError(t, err)
+		requireJournal(t, run, evs, appends)
+		require.Equal(t, heads[r], h, "run %s", run)
+	}
+}
