@@ -153,13 +153,15 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 		var r journalRead
 		if cached == nil && !firstDrive(msg) {
 			// A worker that kept no state starts from the run's
-			// snapshot, when it has one that holds.
-			cached = w.snapshotFolded(rctx, d.runID)
-			r.from = cached
+			// snapshot, when it has one that holds, and the journal
+			// after it.
+			r = w.snapshotFolded(rctx, d.runID)
 		}
-		if cached != nil {
+		switch {
+		case r.from != nil:
+		case cached != nil:
 			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
-		} else {
+		default:
 			r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
 		}
 		read <- r
@@ -585,35 +587,26 @@ func (d *drive) loadFolded(c *folded) bool {
 	} else {
 		r.evs, r.head, r.err = d.w.store.ReadAfter(d.ctx, d.runID, c.head)
 	}
-	if r.err != nil {
+	if r.err != nil || c.foldOn(r.evs) != nil {
 		return false
 	}
-	for _, ev := range r.evs {
-		if err := c.st.Apply(ev); err != nil {
-			return false
-		}
-	}
 	d.st, d.head, d.pending, d.earlier = c.st, r.head, nil, c.earlier
-	for _, ev := range r.evs {
-		if ev.Kind == event.RunResumed && ev.TraceID != "" {
-			d.earlier = append(d.earlier, ev.TraceID)
-		}
-	}
 	return true
 }
 
-// fromSnapshot returns the state of the run's snapshot, or nil. The read
-// withLease started did the snapshot's part, if the lease came at once:
-// its result stays in d.read for loadFolded or readJournal.
+// fromSnapshot returns the state of the run's snapshot, or nil, and
+// leaves the journal read after it (or the whole journal's) in d.read for
+// loadFolded or readJournal. The read withLease started did the
+// snapshot's part, if the lease came at once.
 func (d *drive) fromSnapshot() *folded {
-	ch := d.read
-	if ch == nil {
-		return d.w.snapshotFolded(d.ctx, d.runID)
-	}
 	var r journalRead
-	select {
-	case r = <-ch:
-	case <-d.ctx.Done():
+	if ch := d.read; ch != nil {
+		select {
+		case r = <-ch:
+		case <-d.ctx.Done():
+			return nil
+		}
+	} else if r = d.w.snapshotFolded(d.ctx, d.runID); r.from == nil {
 		return nil
 	}
 	back := make(chan journalRead, 1)

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
@@ -28,7 +29,11 @@ func SnapshotPuts(w *Worker) int64 { return w.snaps.puts.Load() }
 // LoadSnapshot is what a drive of run runID with no kept state starts
 // from: its snapshot, checked against the journal.
 func LoadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*engine.RunState, eventstore.Head, error) {
-	f, err := loadSnapshot(ctx, store, runID)
+	h, state, err := getSnapshot(ctx, store, runID)
+	if err != nil {
+		return nil, eventstore.Head{}, err
+	}
+	f, err := openSnapshot(ctx, store, runID, h, state)
 	if err != nil {
 		return nil, eventstore.Head{}, err
 	}
@@ -39,11 +44,22 @@ func LoadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*
 // seen it starts from: its snapshot, checked, and the journal after it,
 // read while the snapshot decodes, folded on.
 func ResumeSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*engine.RunState, eventstore.Head, error) {
-	f, _, err := resumeSnapshot(ctx, store, runID)
+	r, err := resumeSnapshot(ctx, store, runID)
 	if err != nil {
 		return nil, eventstore.Head{}, err
 	}
-	return f.st, f.head, nil
+	f := r.from
+	if r.err != nil || len(r.evs) == 0 {
+		// The drive's own read meets what stopped this one.
+		return f.st, f.head, nil
+	}
+	if err := f.foldOn(r.evs); err != nil {
+		return nil, eventstore.Head{}, fmt.Errorf("folding the journal after the snapshot of run %s: %w", runID, err)
+	}
+	// Kept as a drive keeps it: the head names the run's driver.
+	head := r.head
+	head.Driver = f.st.LastWorker
+	return f.st, head, nil
 }
 
 // EncodeSnapshot is the snapshot a worker writes of st folded through

@@ -70,19 +70,6 @@ func encodeSnapshot(st *engine.RunState, head eventstore.Head, earlier []string)
 	return append(append(h, '\n'), state...), nil
 }
 
-// loadSnapshot returns run runID's state from its snapshot, its head
-// checked against the journal: a head whose message is not on the run's
-// subject or does not hash to it is refused. The head carries its driver,
-// so ReadAfter from it applies the writer rule from the first message on.
-// Any trouble is an error, and the caller folds the journal instead.
-func loadSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*folded, error) {
-	h, state, err := getSnapshot(ctx, store, runID)
-	if err != nil {
-		return nil, err
-	}
-	return openSnapshot(ctx, store, runID, h, state)
-}
-
 // getSnapshot returns run runID's snapshot: its header, and its encoded
 // state, not yet decoded.
 func getSnapshot(ctx context.Context, store *eventstore.Store, runID string) (snapshotHeader, []byte, error) {
@@ -109,7 +96,10 @@ func (h snapshotHeader) head() eventstore.Head {
 }
 
 // openSnapshot decodes a snapshot's state and checks its head against
-// the journal.
+// the journal: a head whose message is not on the run's subject or does
+// not hash to it is refused. The head carries its driver, so ReadAfter
+// from it applies the writer rule from the first message on. Any trouble
+// is an error, and the caller folds the journal instead.
 func openSnapshot(ctx context.Context, store *eventstore.Store, runID string, h snapshotHeader, state []byte) (*folded, error) {
 	st, err := engine.DecodeState(state)
 	if err != nil {
@@ -124,64 +114,52 @@ func openSnapshot(ctx context.Context, store *eventstore.Store, runID string, h 
 	return &folded{st: st, head: h.head(), earlier: h.Earlier, at: time.Now()}, nil
 }
 
-// tailRead is a read of the journal after a head.
-type tailRead struct {
-	evs  []event.Event
-	head eventstore.Head
-	err  error
-}
-
-// resumeSnapshot is loadSnapshot brought up to the end of the journal:
-// the journal after the snapshot's head is read (and verified, as any
-// read is) while the state decodes and the head is checked, the two
-// being independent, and then folded on. A tail that does not read
-// (corrupt, a blob that does not hold) leaves the state at the
-// snapshot's head, and the drive's own read from there meets the trouble
-// as it would have; a tail that does not fold is an error, so the drive
-// folds the whole journal and finds it so.
-// It returns the state and the seq of the snapshot's head.
-func resumeSnapshot(ctx context.Context, store *eventstore.Store, runID string) (*folded, uint64, error) {
+// resumeSnapshot is what a drive of run runID that kept no state starts
+// from: r.from is the run's snapshot, checked, and r the journal after the
+// snapshot's head, read (and verified, as any read is) while the state
+// decodes and the head is checked, the two being independent. The drive
+// folds the read on (loadFolded); a read that failed makes it read the
+// whole journal, which meets the trouble as it would have.
+func resumeSnapshot(ctx context.Context, store *eventstore.Store, runID string) (journalRead, error) {
 	h, state, err := getSnapshot(ctx, store, runID)
 	if err != nil {
-		return nil, 0, err
+		return journalRead{}, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	tail := make(chan tailRead, 1)
+	tail := make(chan journalRead, 1)
 	go func() {
-		var r tailRead
+		var r journalRead
 		r.evs, r.head, r.err = store.ReadAfter(rctx, runID, h.head())
 		tail <- r
 	}()
 	f, err := openSnapshot(ctx, store, runID, h, state)
 	if err != nil {
-		return nil, 0, err
+		return journalRead{}, err
 	}
-	var r tailRead
+	var r journalRead
 	select {
 	case r = <-tail:
 	case <-ctx.Done():
-		return nil, 0, ctx.Err()
+		return journalRead{}, ctx.Err()
 	}
-	if r.err != nil || len(r.evs) == 0 {
-		return f, h.Seq, nil
-	}
-	driver := f.head.Driver
-	for _, ev := range r.evs {
-		if err := f.st.Apply(ev); err != nil {
-			return nil, 0, fmt.Errorf("folding the journal after the snapshot of run %s: %w", runID, err)
+	r.from = f
+	return r, nil
+}
+
+// foldOn applies evs, the journal after c's head, to c's state, and keeps
+// the trace ids of the drives among them. An event that does not fold is
+// an error, and c is then of no use.
+func (c *folded) foldOn(evs []event.Event) error {
+	for _, ev := range evs {
+		if err := c.st.Apply(ev); err != nil {
+			return err
 		}
-		if ev.Kind == event.RunResumed {
-			// As the chain does: the writer rule goes on from here.
-			driver = ev.WorkerID
-			if ev.TraceID != "" {
-				f.earlier = append(f.earlier, ev.TraceID)
-			}
+		if ev.Kind == event.RunResumed && ev.TraceID != "" {
+			c.earlier = append(c.earlier, ev.TraceID)
 		}
 	}
-	f.head = r.head
-	f.head.Driver = driver
-	return f, h.Seq, nil
+	return nil
 }
 
 // firstDrive reports whether work message msg is a run's start, taken for
@@ -195,18 +173,18 @@ func firstDrive(msg jetstream.Msg) bool {
 	return err == nil && meta.NumDelivered == 1
 }
 
-// snapshotFolded is loadSnapshot for a drive: nil on any trouble, logged
-// unless the run has no snapshot.
-func (w *Worker) snapshotFolded(ctx context.Context, runID string) *folded {
-	f, seq, err := resumeSnapshot(ctx, w.store, runID)
+// snapshotFolded is resumeSnapshot for a drive: no snapshot (r.from nil)
+// on any trouble, logged unless the run has none.
+func (w *Worker) snapshotFolded(ctx context.Context, runID string) journalRead {
+	r, err := resumeSnapshot(ctx, w.store, runID)
 	if err != nil {
 		if !errors.Is(err, eventstore.ErrNoSnapshot) && ctx.Err() == nil {
 			w.log.Warn("ignoring the run's snapshot; folding its journal", "run_id", runID, "err", err)
 		}
-		return nil
+		return journalRead{}
 	}
-	w.snaps.mark(runID, seq)
-	return f
+	w.snaps.mark(runID, r.from.head.Seq)
+	return r
 }
 
 // snapshots counts the snapshot puts in flight (at most one per worker:
