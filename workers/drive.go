@@ -529,6 +529,7 @@ func (d *drive) load() error {
 		if d.loadFolded(c) {
 			if snap {
 				d.w.snaps.hits.Add(1)
+				d.log.Debug("resumed from the run's snapshot", "snapshot_seq", c.head.Seq, "seq", d.head.Seq)
 			} else {
 				d.w.folded.hit()
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -296,4 +297,63 @@ func tamperSnapshot(t *testing.T, s *paltest.Stack, runID string) {
 		_, err := s.JS.Publish(ctx, subj, c)
 		require.NoError(t, err)
 	}
+}
+
+// TestKill9MidLongRunResumesFromSnapshot: a pal worker driving a long loop
+// is killed with kill -9 after it has snapshotted the run and gone on
+// past the snapshot. Another pal worker, which has never seen the run,
+// resumes it from the snapshot (its log says so), folding only the journal
+// after it, and the run ends once, every iteration completed exactly
+// once; the journal verifies on cleanup (chain and writer rule).
+func TestKill9MidLongRunResumesFromSnapshot(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	const iterations = 3000
+	wf := fmt.Sprintf(`{"name":"long","nodes":[{"id":"start","type":"trigger"},
+	{"id":"each","type":"loop","data":{"maxIterations":%d,"until":"false","body":{"name":"b","nodes":[
+		{"id":"start","type":"trigger"},
+		{"id":"echo","type":"tool","data":{"tool":"echo","input":{"i":"{{input.index}}"}}}],
+		"edges":[{"from":"start","to":"echo"}]}}}],
+	"edges":[{"from":"start","to":"each"}]}`, iterations)
+	w1 := p.palWorker(t, "w1")
+	runID := p.Start(t, wf, `{}`)
+	ctx := ctxFor(t, 2*time.Minute)
+	var snap eventstore.Head
+	require.Eventually(t, func() bool {
+		var err error
+		_, snap, err = workers.LoadSnapshot(ctx, p.Store, runID)
+		return err == nil
+	}, time.Minute, 5*time.Millisecond, "w1 snapshotted the run as it grew")
+	// Let the journal go on past the snapshot, then kill w1 mid-run.
+	require.Eventually(t, func() bool {
+		last, err := p.Store.LastHead(ctx, runID)
+		return err == nil && last.Seq > snap.Seq+50
+	}, time.Minute, time.Millisecond)
+	w1.Kill()
+	killedAt, err := p.Store.LastHead(ctx, runID)
+	require.NoError(t, err)
+	evs := p.Events(t, runID)
+	require.False(t, evs[len(evs)-1].Kind.Terminal(), "the run ended before the kill; make the loop longer")
+
+	w2 := p.palWorker(t, "w2")
+	end := p.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
+	require.NoError(t, w2.WaitForOutput(ctx, "resumed from the run's snapshot"), "%s", w2.Output())
+	t.Logf("snapshot at seq %d, killed at seq %d, %d events in all", snap.Seq, killedAt.Seq, end.Seq)
+
+	evs = p.Events(t, runID)
+	completed := map[string]int{}
+	for _, ev := range evs {
+		if ev.Kind == event.StepCompleted && ev.StepID != "each" {
+			completed[ev.StepID]++
+		}
+	}
+	require.Len(t, completed, iterations, "one echo per iteration")
+	for id, n := range completed {
+		require.Equal(t, 1, n, "step %s completed %d times", id, n)
+	}
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, st.Status)
+	require.Equal(t, 2, st.Resumes, "w1's drive and w2's")
 }
