@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/palrun/pal/event"
 )
 
@@ -43,10 +41,9 @@ func (s *Store) FirstAppends(runs ...string) ([]*FirstAppend, error) {
 		if err != nil {
 			return nil, err
 		}
-		msg := &nats.Msg{Subject: EventsSubject(run), Data: body, Header: nats.Header{}}
-		msg.Header.Set(kindHeader, kindsOf(evs))
+		msg, msgID := journalMsg(run, evs, body, "")
 		out = append(out, &FirstAppend{Run: run, Body: body, evs: evs,
-			a: &groupAppend{msg: msg, msgID: run + ":1", done: make(chan struct{}), lead: make(chan struct{}, 1)}})
+			a: &groupAppend{msg: msg, msgID: msgID, done: make(chan struct{}), lead: make(chan struct{}, 1)}})
 	}
 	return out, nil
 }

@@ -43,17 +43,33 @@ func TestGroupCommitBatchesConcurrentAppends(t *testing.T) {
 	s := strictStore(t)
 	ctx := timeout(t, time.Minute)
 	const runs, appends = 64, 20
+	appendAtOnce(t, ctx, s, "run_group_", runs, appends, 2)
+	batches, batched, _ := s.GroupStats()
+	t.Logf("%d appends: %d atomic batches holding %d of them", runs*appends, batches, batched)
+	require.Positive(t, batches, "no append was group-committed")
+	require.GreaterOrEqual(t, batched, batches*eventstore.GroupMinBatch)
+}
+
+// appendAtOnce has runs runs (prefix0, prefix1, …) each make appends
+// appends of per events at once, then checks that every journal reads back
+// whole, in order, chained, with the head its last append returned.
+func appendAtOnce(t *testing.T, ctx context.Context, s *eventstore.Store, prefix string, runs, appends, per int) {
+	t.Helper()
 	heads := make([]eventstore.Head, runs)
 	errs := make(chan error, runs)
 	var wg sync.WaitGroup
 	for r := range runs {
 		wg.Go(func() {
-			run := "run_group_" + strconv.Itoa(r)
+			run := prefix + strconv.Itoa(r)
 			var h eventstore.Head
-			for n := 1; n <= appends; n++ {
+			for n := 0; n < appends; n++ {
+				evs := make([]event.Event, per)
+				for i := range evs {
+					evs[i] = ev(event.ApprovalReceived, n*per+i+1)
+				}
 				var err error
-				if h, err = s.Append(ctx, run, h, ev(event.ApprovalReceived, 2*n-1), ev(event.ApprovalReceived, 2*n)); err != nil {
-					errs <- fmt.Errorf("run %s append %d: %w", run, n, err)
+				if h, err = s.Append(ctx, run, h, evs...); err != nil {
+					errs <- fmt.Errorf("run %s append %d: %w", run, n+1, err)
 					return
 				}
 			}
@@ -65,15 +81,11 @@ func TestGroupCommitBatchesConcurrentAppends(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	batches, batched, _ := s.GroupStats()
-	t.Logf("%d appends: %d atomic batches holding %d of them", runs*appends, batches, batched)
-	require.Positive(t, batches, "no append was group-committed")
-	require.GreaterOrEqual(t, batched, batches*eventstore.GroupMinBatch)
 	for r := range runs {
-		run := "run_group_" + strconv.Itoa(r)
+		run := prefix + strconv.Itoa(r)
 		evs, h, err := s.Read(ctx, run)
 		require.NoError(t, err)
-		requireJournal(t, run, evs, 2*appends)
+		requireJournal(t, run, evs, per*appends)
 		require.Equal(t, heads[r], h, "run %s: the head its last append returned", run)
 	}
 }
@@ -199,36 +211,8 @@ func TestGroupCommitOnACluster(t *testing.T) {
 	s, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
 	require.NoError(t, err)
 	const runs, appends = 32, 10
-	heads := make([]eventstore.Head, runs)
-	errs := make(chan error, runs)
-	var wg sync.WaitGroup
-	for r := range runs {
-		wg.Go(func() {
-			run := "run_cluster_" + strconv.Itoa(r)
-			var h eventstore.Head
-			for n := 1; n <= appends; n++ {
-				var err error
-				if h, err = s.Append(ctx, run, h, ev(event.ApprovalReceived, n)); err != nil {
-					errs <- fmt.Errorf("run %s append %d: %w", run, n, err)
-					return
-				}
-			}
-			heads[r] = h
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	appendAtOnce(t, ctx, s, "run_cluster_", runs, appends, 1)
 	batches, batched, _ := s.GroupStats()
 	t.Logf("%d appends on R3: %d atomic batches holding %d of them", runs*appends, batches, batched)
 	require.Positive(t, batches, "no append was group-committed")
-	for r := range runs {
-		run := "run_cluster_" + strconv.Itoa(r)
-		evs, h, err := s.Read(ctx, run)
-		require.NoError(t, err)
-		requireJournal(t, run, evs, appends)
-		require.Equal(t, heads[r], h, "run %s", run)
-	}
 }

@@ -261,10 +261,16 @@ func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 	return body, nil
 }
 
-func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte, idSuffix string) (Head, error) {
-	msgID := runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
+// journalMsg is the message that carries evs, encoded as body, and its
+// Nats-Msg-Id.
+func journalMsg(runID string, evs []event.Event, body []byte, idSuffix string) (*nats.Msg, string) {
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(kindHeader, kindsOf(evs))
+	return msg, runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
+}
+
+func (s *Store) publish(ctx context.Context, runID string, head Head, evs []event.Event, body []byte, idSuffix string) (Head, error) {
+	msg, msgID := journalMsg(runID, evs, body, idSuffix)
 	return retry.Value(ctx, jsRetry, func() (Head, error) {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		var ack *jetstream.PubAck
