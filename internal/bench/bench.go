@@ -170,7 +170,16 @@ func (e *Env) Close() {
 
 // Workflow returns a sequential workflow of n echo tool steps.
 func Workflow(n int) json.RawMessage {
-	type node struct {
+	return chain(fmt.Sprintf("bench-%d", n), n, func(i int, _ string) (string, json.RawMessage) {
+		return "tool", json.RawMessage(`{"tool":"echo","input":{"i":` + fmt.Sprint(i) + `}}`)
+	})
+}
+
+// chain is a workflow of n nodes s1…sn after the trigger, one after
+// another; node gives the type and data of node i, whose predecessor is
+// prev.
+func chain(name string, n int, node func(i int, prev string) (typ string, data json.RawMessage)) json.RawMessage {
+	type jsonNode struct {
 		ID   string          `json:"id"`
 		Type string          `json:"type"`
 		Data json.RawMessage `json:"data,omitempty"`
@@ -180,15 +189,16 @@ func Workflow(n int) json.RawMessage {
 		To   string `json:"to"`
 	}
 	wf := struct {
-		Name  string `json:"name"`
-		Nodes []node `json:"nodes"`
-		Edges []edge `json:"edges"`
-	}{Name: fmt.Sprintf("bench-%d", n)}
-	wf.Nodes = append(wf.Nodes, node{ID: "start", Type: "trigger"})
+		Name  string     `json:"name"`
+		Nodes []jsonNode `json:"nodes"`
+		Edges []edge     `json:"edges"`
+	}{Name: name}
+	wf.Nodes = append(wf.Nodes, jsonNode{ID: "start", Type: "trigger"})
 	prev := "start"
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("s%d", i)
-		wf.Nodes = append(wf.Nodes, node{ID: id, Type: "tool", Data: json.RawMessage(`{"tool":"echo","input":{"i":` + fmt.Sprint(i) + `}}`)})
+		typ, data := node(i, prev)
+		wf.Nodes = append(wf.Nodes, jsonNode{ID: id, Type: typ, Data: data})
 		wf.Edges = append(wf.Edges, edge{From: prev, To: id})
 		prev = id
 	}

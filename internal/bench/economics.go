@@ -220,35 +220,14 @@ func Economics(ctx context.Context, o EconomicsOptions) (EconomicsResult, error)
 // economicsWorkflow is a chain of n ai-steps on model, each quoting the
 // previous answer.
 func economicsWorkflow(n int, model string) json.RawMessage {
-	type node struct {
-		ID   string          `json:"id"`
-		Type string          `json:"type"`
-		Data json.RawMessage `json:"data,omitempty"`
-	}
-	type edge struct {
-		From string `json:"from"`
-		To   string `json:"to"`
-	}
-	wf := struct {
-		Name  string `json:"name"`
-		Nodes []node `json:"nodes"`
-		Edges []edge `json:"edges"`
-	}{Name: fmt.Sprintf("economics-%d", n)}
-	wf.Nodes = append(wf.Nodes, node{ID: "start", Type: "trigger"})
-	prev := "start"
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("s%d", i)
+	return chain(fmt.Sprintf("economics-%d", n), n, func(i int, prev string) (string, json.RawMessage) {
 		prompt := "begin"
 		if i > 1 {
 			prompt = fmt.Sprintf("go on from: {{steps.%s.output.text}}", prev)
 		}
 		data, _ := json.Marshal(map[string]string{"provider": "openai", "model": model, "prompt": prompt})
-		wf.Nodes = append(wf.Nodes, node{ID: id, Type: "ai-step", Data: data})
-		wf.Edges = append(wf.Edges, edge{From: prev, To: id})
-		prev = id
-	}
-	b, _ := json.Marshal(wf)
-	return b
+		return "ai-step", data
+	})
 }
 
 // workerEnv is the environment of the bench's worker processes: this
