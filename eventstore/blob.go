@@ -72,14 +72,36 @@ func (s *Store) blobStore(ctx context.Context) (jetstream.ObjectStore, error) {
 
 // externalize returns the events as they are stored: each big value
 // replaced by its reference, and put in PAL_BLOBS first. A value already
-// there (same hash) is not put again. A crash after the put and before the
-// append leaves an orphan object that no event names; it is harmless.
+// there (same hash) is not put again. Each blob an event names is
+// referenced for its run first (blobref.go). A crash after the put and
+// before the append leaves an object and a reference that no event names;
+// it is harmless, and retention does not find it.
 func (s *Store) externalize(ctx context.Context, evs []event.Event) ([]event.Event, error) {
 	var out []event.Event
 	for i, ev := range evs {
 		st, values, err := event.Externalize(ev, s.blobThreshold)
 		if err != nil {
 			return nil, fmt.Errorf("%w: run %s seq %d: %v", ErrPayloadTooLarge, ev.RunID, ev.Seq, err)
+		}
+		if values == nil && !bytes.Contains(ev.Data, []byte(event.BlobSuffix)) {
+			if out != nil {
+				out[i] = ev
+			}
+			continue
+		}
+		// Referenced first, then put (blobref.go): so a release of the
+		// same blob either sees the reference or is waited out.
+		// A malformed reference is the reader's to refuse (event.ErrBlob);
+		// it names no blob to keep.
+		refs, err := event.Blobs(st)
+		if err == nil && len(refs) > 0 {
+			sums := make([]string, len(refs))
+			for j, r := range refs {
+				sums[j] = r.Blob
+			}
+			if err := s.refBlobs(ctx, ev.RunID, sums); err != nil {
+				return nil, fmt.Errorf("appending to run %s: %w", ev.RunID, err)
+			}
 		}
 		if values == nil {
 			if out != nil {

@@ -98,3 +98,4 @@ func (s *Store) GroupQueue() (int, bool) {
 	defer s.group.mu.Unlock()
 	return len(s.group.queue), s.group.writing
 }
+

@@ -89,6 +89,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			AllowDirect:          true,
 		},
 		{
+			// Which runs name which blob (blobref.go): read from the leader,
+			// so a release and a writer see each other's writes.
+			Name:              BlobRefsStream,
+			Description:       "PAL blob references: a message per run naming a PAL_BLOBS object, and release marks",
+			Subjects:          []string{BlobRefPrefix + "*.*", BlobReclaimPrefix + "*"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          cfg.Replicas,
+			MaxMsgsPerSubject: 1,
+			MaxMsgSize:        1 << 10,
+			AllowMsgTTL:       true,
+		},
+		{
 			Name:              TimersStream,
 			Description:       "PAL timers: wake a run at a set time",
 			Subjects:          []string{"pal.timer.>"},

@@ -71,6 +71,7 @@ type Store struct {
 	blobThreshold int
 	blobMu        sync.Mutex
 	blobs         jetstream.ObjectStore
+	refs          jetstream.Stream // PAL_BLOB_REFS (blobref.go)
 	blobCache     *blobCache
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
 	snapMu sync.Mutex

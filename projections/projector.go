@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
 	"github.com/palrun/pal/internal/telemetry"
@@ -48,12 +47,6 @@ type Config struct {
 	// journals of runs that ended longer ago than it and keeps their rows
 	// (RemoveExpired); zero keeps journals forever.
 	Retention time.Duration
-	// RemoveBlobs, when set, removes the blobs of a run whose journal
-	// retention is about to purge, given its events, and returns how many
-	// it removed. Unset, no blob is removed: PAL_BLOBS is keyed by
-	// content (sha256), so a blob may also be named by runs that are
-	// kept, and only a store that counts references can tell.
-	RemoveBlobs func(ctx context.Context, runID string, evs []event.Event) (int, error)
 }
 
 func (c Config) withDefaults() Config {

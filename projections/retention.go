@@ -2,16 +2,12 @@ package projections
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/eventstore"
 )
 
 // MinRetention is the shortest PAL_RETENTION accepted: a journal must
@@ -67,7 +63,8 @@ func retentionInterval(d time.Duration) time.Duration {
 // projector's Retention ago, up to retentionPerPass of them, oldest end
 // first, and returns how many it removed. For each run it checks the
 // journal's last event is terminal (the journal is the truth, not the
-// row), deletes the PAL_BLOBS objects its events name, marks the run
+// row), releases the PAL_BLOBS objects its events name (deleting those no
+// kept run references, eventstore.Store.ReleaseBlobs), marks the run
 // (runs.journal_removed_at) and drops its journal_events rows, then
 // purges its subject from PAL_EVENTS. The runs, steps and
 // side_effect_receipts rows stay, and so does its PAL_RECEIPTS entry.
@@ -132,20 +129,11 @@ func (p *Projector) removeJournal(ctx context.Context, runID string) (bool, erro
 			return false, nil
 		}
 	}
-	// A journal that does not verify ends in its seal; its sound events
-	// name the blobs.
-	evs, _, err := p.store.Read(ctx, runID)
-	if err != nil && !errors.Is(err, eventstore.ErrRunNotFound) && !errors.Is(err, event.ErrJournalCorrupt) {
+	// Blobs go first: once the journal is purged nothing says which ones
+	// the run named. A blob another run references stays (blobref.go).
+	blobs, err := p.store.ReleaseBlobs(ctx, runID)
+	if err != nil {
 		return false, fmt.Errorf("retention: %w", err)
-	}
-	// PAL_BLOBS is keyed by content (sha256), so one blob may be named by
-	// runs that are kept: retention leaves it unless a hook that knows
-	// better removes it.
-	var blobs int
-	if p.cfg.RemoveBlobs != nil {
-		if blobs, err = p.cfg.RemoveBlobs(ctx, runID, evs); err != nil {
-			return false, fmt.Errorf("retention: run %s: %w", runID, err)
-		}
 	}
 	// Mark first, under the batch lock: a rebuild that swaps after this
 	// commit copies the run's rows over (it cannot replay them once the
@@ -162,7 +150,7 @@ func (p *Projector) removeJournal(ctx context.Context, runID string) (bool, erro
 		}
 		return false, fmt.Errorf("retention: %w", err)
 	}
-	p.log.Debug("retention removed a finished run's journal", "run_id", runID, "events", len(evs), "blobs", blobs)
+	p.log.Debug("retention removed a finished run's journal", "run_id", runID, "blobs_deleted", blobs)
 	return true, nil
 }
 

@@ -6,10 +6,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
@@ -72,8 +73,8 @@ func hasJournal(t *testing.T, b *bundle, runID string) bool {
 	return head.Seq > 0
 }
 
-// TestRetentionRemovesOldFinishedJournals: a pass removes the journal
-// (not the content-keyed blobs) of a run that ended longer ago than the
+// TestRetentionRemovesOldFinishedJournals: a pass removes the journal of
+// a run that ended longer ago than the
 // retention, keeps its rows, and leaves a young finished run and a run in
 // flight alone, even one whose row wrongly says it ended long ago. The
 // removed run reads from its rows (API) and is never re-driven; a rebuild
@@ -124,9 +125,8 @@ func TestRetentionRemovesOldFinishedJournals(t *testing.T) {
 	got := countRows(t, b, old)
 	require.Equal(t, rowCounts{runs: 1, steps: oldRows.steps}, got, "runs and steps stay, journal_events go")
 	require.Equal(t, countRows(t, b, young).journal, len(b.Events(t, young)))
-	// Blobs are keyed by content and may be named by kept runs: by
-	// default retention deletes none, not even one that looks named by
-	// the removed run's input.
+	// A value shaped like a reference names no blob: retention deletes
+	// neither object (TestRetentionUnderRoles deletes a real one).
 	_, err = obs.GetInfo(ctx, "sha256-old")
 	require.NoError(t, err, "retention deleted a blob")
 	_, err = obs.GetInfo(ctx, "sha256-other")
@@ -197,15 +197,14 @@ func TestRetentionLoop(t *testing.T) {
 	b := setup(t)
 	b.worker(t, "w1")
 	const retention = 3 * time.Second
-	// A blob store's own removal replaces the default one.
-	var hooked sync.Map
-	p := b.projector(t, projections.Config{Retention: retention,
-		RemoveBlobs: func(_ context.Context, runID string, evs []event.Event) (int, error) {
-			hooked.Store(runID, len(evs))
-			return 0, nil
-		}})
+	p := b.projector(t, projections.Config{Retention: retention})
 
-	id := b.Start(t, echoChain(2), `{"v":"x"}`)
+	// A big input: PAL_BLOBS keeps it, and only this run references it.
+	input := `{"v":"x","doc":"` + strings.Repeat("d", 300<<10) + `"}`
+	sum := event.BlobSum([]byte(input))
+	obs, err := b.JS.ObjectStore(context.Background(), eventstore.BlobBucket)
+	require.NoError(t, err)
+	id := b.Start(t, echoChain(2), input)
 	end := b.WaitEnd(t, id)
 	// A later run, so id's last message is not the stream's last (which
 	// retention never purges); it stays parked, in flight.
@@ -219,9 +218,8 @@ func TestRetentionLoop(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(end.TS), retention, "removed no earlier than the retention")
 	require.Equal(t, 1, countRows(t, b, id).runs)
 	require.True(t, hasJournal(t, b, parked))
-	n, ok := hooked.Load(id)
-	require.True(t, ok, "the blob hook saw the run")
-	require.Positive(t, n, "with its events")
+	_, err = obs.GetInfo(context.Background(), sum)
+	require.ErrorIs(t, err, jetstream.ErrObjectNotFound, "the run's blob went with its journal")
 	caughtUp(t, p) // the projector's checkpoint still reaches the stream's end
 }
 

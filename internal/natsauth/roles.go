@@ -126,7 +126,8 @@ func For(role Role) Permissions {
 
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
-	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream}
+	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
+	eventstore.BlobRefsStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -201,8 +202,9 @@ func worker() Permissions {
 	pub = append(pub, ordered(leaseStream)...)
 	pub = append(pub, ordered(inflightStream)...) // the sweep lists the runs in flight
 	// Big step values: put (chunks and meta under $O.PAL_BLOBS.), read, and
-	// purge a put's chunks when it failed half way.
-	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
+	// purge a put's chunks when it failed half way; each referenced for
+	// its run (PAL_BLOB_REFS, read with the other streams above).
+	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream, eventstore.BlobRefPrefix+"*.*")
 	pub = append(pub, readBlobs()...)
 	// Snapshots of run states (PAL_SNAPSHOTS): put, read, and delete
 	// (a put or delete purges the object's old chunks).
@@ -232,6 +234,12 @@ func projector() Permissions {
 	// subject. NATS cannot check a purge's subject filter, so this role may
 	// purge all of PAL_EVENTS; no other PAL role may purge it at all.
 	pub = append(pub, jsAPI+"STREAM.PURGE."+eventstore.EventsStream)
+	// It releases the removed runs' blob references (PAL_BLOB_REFS: mark,
+	// drop, look for others) and deletes the blobs no run references (a
+	// deleted meta under $O.PAL_BLOBS.M., a purge of the chunks).
+	pub = append(pub, read(eventstore.BlobRefsStream)...)
+	pub = append(pub, eventstore.BlobReclaimPrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.BlobRefsStream,
+		blobPrefix+"M.>", jsAPI+"STREAM.PURGE."+blobStream)
 	return Permissions{PubAllow: pub, SubAllow: []string{inbox, palInbox}}
 }
 
@@ -248,7 +256,8 @@ func api() Permissions {
 	// GET /v1/runs/{id} shows big values; a start's big input and a
 	// fork's big copies are kept there too (run_created, §6.4).
 	pub = append(pub, readBlobs()...)
-	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream)
+	pub = append(pub, blobPrefix+">", jsAPI+"STREAM.PURGE."+blobStream, eventstore.BlobRefPrefix+"*.*")
+	pub = append(pub, read(eventstore.BlobRefsStream)...)
 	// POST /v1/runs/{id}/resume: a forced resume purges the run's lease,
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)

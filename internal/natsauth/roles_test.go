@@ -663,21 +663,48 @@ func TestRetentionUnderRoles(t *testing.T) {
 	require.NoError(t, err)
 	old := res.RunID
 	b.waitStatus(t, old, "succeeded")
-	later := b.start(t, echoWF) // so old's last message is not the stream's last
+	// Two runs with the same big input, kept in PAL_BLOBS once.
+	big := `{"doc":"` + strings.Repeat("b", 300<<10) + `"}`
+	sum := event.BlobSum([]byte(big))
+	var twins []string
+	for range 2 {
+		res, err := b.runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoWF), Input: json.RawMessage(big), By: "test"})
+		require.NoError(t, err)
+		b.waitStatus(t, res.RunID, "succeeded")
+		twins = append(twins, res.RunID)
+	}
+	later := b.start(t, echoWF) // so no removed run's last message is the stream's last
 	b.waitStatus(t, later, "succeeded")
 	b.state(t) // the projection has caught up
-	_, err = b.pool.Exec(ctx, "UPDATE runs SET ended_at = now() - interval '2 hours' WHERE run_id = $1", old)
-	require.NoError(t, err)
+	age := func(ids ...string) {
+		_, err := b.pool.Exec(ctx, "UPDATE runs SET ended_at = now() - interval '2 hours' WHERE run_id = ANY($1)", ids)
+		require.NoError(t, err)
+	}
+	age(old, twins[0])
 
 	p := projections.New(b.pool, b.pstore, projections.Config{Retention: time.Hour, Logger: paltest.Logger(t)})
 	n, err := p.RemoveExpired(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 2, n)
 	_, head, err := b.store.LastEvent(ctx, old)
 	require.NoError(t, err)
 	require.Zero(t, head.Seq, "the journal is purged")
 	_, err = obs.GetInfo(ctx, "blob-old")
-	require.NoError(t, err, "blobs are keyed by content: retention keeps them")
+	require.NoError(t, err, "a look-alike reference in a value names no blob")
+	_, err = obs.GetInfo(ctx, sum)
+	require.NoError(t, err, "the blob the kept twin references stays")
+	evs, _, err := b.store.Read(ctx, twins[1])
+	require.NoError(t, err)
+	var created event.RunCreatedData
+	require.NoError(t, json.Unmarshal(evs[0].Data, &created))
+	require.Equal(t, big, string(created.Input), "the kept twin reads its input")
+
+	age(twins[1])
+	n, err = p.RemoveExpired(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = obs.GetInfo(ctx, sum)
+	require.ErrorIs(t, err, jetstream.ErrObjectNotFound, "no run references the blob: retention deleted it")
 	_, head, err = b.store.LastEvent(ctx, later)
 	require.NoError(t, err)
 	require.Positive(t, head.Seq)

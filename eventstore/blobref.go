@@ -1,0 +1,228 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/retry"
+)
+
+// Blob references (docs/architecture.md §6.4, §13.1). PAL_BLOBS is keyed
+// by content, so one object may serve many runs; PAL_BLOB_REFS says which.
+// A run that names a blob has an empty message on
+// pal.blobref.<sha256>.<run_id>, written before the blob is put and its
+// event appended. Retention releases a removed run's references
+// (ReleaseBlobs) and deletes an object once no run references it.
+//
+// A release and a writer of the same blob race, so both write before they
+// read, on one stream read from its leader (no Direct Get). A release
+// first marks the blob (pal.blobreclaim.<sha256>, a create with a TTL),
+// then drops its reference, then looks for others, and only then deletes
+// the object and the mark. A writer first writes its reference, then
+// waits while the blob is marked, then puts the blob unless it is there.
+// Either the release sees the writer's reference and keeps the object, or
+// the writer sees the mark and, once it goes, finds the object gone and
+// puts it again.
+const (
+	// BlobRefsStream holds the references and the release marks.
+	BlobRefsStream = "PAL_BLOB_REFS"
+	// BlobRefPrefix starts a reference's subject:
+	// pal.blobref.<sha256>.<run_id>.
+	BlobRefPrefix = "pal.blobref."
+	// BlobReclaimPrefix starts a release mark's subject:
+	// pal.blobreclaim.<sha256>.
+	BlobReclaimPrefix = "pal.blobreclaim."
+)
+
+// reclaimTTL is how long a release mark lives: the server removes the
+// mark of a release that died, so writers wait at most this long. A
+// release that took half of it deletes nothing (its mark may be about to
+// go, and a writer past it).
+var reclaimTTL = time.Minute
+
+// reclaimPoll is how often a writer looks again at a marked blob.
+const reclaimPoll = 20 * time.Millisecond
+
+func blobRefSubject(sum, runID string) string { return BlobRefPrefix + sum + "." + runID }
+
+// blobRefs opens PAL_BLOB_REFS on first use.
+func (s *Store) blobRefs(ctx context.Context) (jetstream.Stream, error) {
+	s.blobMu.Lock()
+	defer s.blobMu.Unlock()
+	if s.refs != nil {
+		return s.refs, nil
+	}
+	st, err := s.js.Stream(ctx, BlobRefsStream)
+	if err != nil {
+		return nil, fmt.Errorf("opening stream %s: %w", BlobRefsStream, err)
+	}
+	s.refs = st
+	return st, nil
+}
+
+// refBlobs records that runID names the blobs sums, then waits until
+// none of them is being released.
+func (s *Store) refBlobs(ctx context.Context, runID string, sums []string) error {
+	st, err := s.blobRefs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sum := range sums {
+		msg := &nats.Msg{Subject: blobRefSubject(sum, runID)}
+		if err := retry.Do(ctx, jsRetry, func() error {
+			pctx, cancel := context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+			_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(BlobRefsStream))
+			return blobErr("referencing", sum, err)
+		}); err != nil {
+			return err
+		}
+	}
+	for _, sum := range sums {
+		if err := s.awaitRelease(ctx, st, sum); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// awaitRelease returns once blob sum carries no release mark.
+func (s *Store) awaitRelease(ctx context.Context, st jetstream.Stream, sum string) error {
+	for {
+		err := retry.Do(ctx, jsRetry, func() error {
+			gctx, cancel := context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+			_, err := st.GetLastMsgForSubject(gctx, BlobReclaimPrefix+sum)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil
+			}
+			if err == nil {
+				return retry.Permanent(errReleasing)
+			}
+			return blobErr("checking", sum, err)
+		})
+		if !errors.Is(err, errReleasing) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the release of blob %s: %w", sum, ctx.Err())
+		case <-time.After(reclaimPoll):
+		}
+	}
+}
+
+// errReleasing says a blob carries a release mark.
+var errReleasing = errors.New("blob is being released")
+
+// ReleaseBlobs drops the run's references to the blobs its journal names
+// and deletes each blob no other run references; it returns how many it
+// deleted. Retention calls it before it purges the journal. A blob the
+// run has no reference to (named before PAL kept references) is left: it
+// may be named by other runs that have none either.
+func (s *Store) ReleaseBlobs(ctx context.Context, runID string) (int, error) {
+	if err := checkRunID(runID); err != nil {
+		return 0, fmt.Errorf("releasing blobs: %w", err)
+	}
+	var sums []string
+	seen := map[string]bool{}
+	err := s.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte) {
+		evs, err := event.Decode(body)
+		if err != nil {
+			return // not PAL's, or corrupt: it names no blob PAL can trust
+		}
+		for _, ev := range evs {
+			refs, _ := event.Blobs(ev)
+			for _, r := range refs {
+				if !seen[r.Blob] {
+					seen[r.Blob] = true
+					sums = append(sums, r.Blob)
+				}
+			}
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	if len(sums) == 0 {
+		return 0, nil
+	}
+	st, err := s.blobRefs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for _, sum := range sums {
+		ok, err := s.releaseBlob(ctx, st, sum, runID)
+		if err != nil {
+			return deleted, fmt.Errorf("releasing blob %s of run %s: %w", sum, runID, err)
+		}
+		if ok {
+			deleted++
+		}
+	}
+	return deleted, nil
+}
+
+// releaseBlob drops runID's reference to blob sum and deletes the blob if
+// no other run references it; true means it deleted it.
+func (s *Store) releaseBlob(ctx context.Context, st jetstream.Stream, sum, runID string) (_ bool, err error) {
+	own, err := st.GetLastMsgForSubject(ctx, blobRefSubject(sum, runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	// Mark the blob: a create, so two releases of one blob take turns.
+	var mark *jetstream.PubAck
+	for mark == nil {
+		mark, err = s.js.PublishMsg(ctx, &nats.Msg{Subject: BlobReclaimPrefix + sum},
+			jetstream.WithExpectStream(BlobRefsStream), jetstream.WithExpectLastSequencePerSubject(0),
+			jetstream.WithMsgTTL(reclaimTTL))
+		if isWrongLastSeq(err) {
+			if err := s.awaitRelease(ctx, st, sum); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("marking: %w", err)
+		}
+	}
+	marked := time.Now()
+	defer func() {
+		if derr := st.DeleteMsg(context.WithoutCancel(ctx), mark.Sequence); derr != nil && err == nil && !gone(derr) {
+			err = fmt.Errorf("unmarking: %w", derr) // its TTL removes it anyway
+		}
+	}()
+	if err := st.DeleteMsg(ctx, own.Sequence); err != nil && !gone(err) {
+		return false, fmt.Errorf("dropping the reference: %w", err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(BlobRefPrefix+sum+".*"))
+	if err != nil {
+		return false, fmt.Errorf("looking for other references: %w", err)
+	}
+	if len(info.State.Subjects) > 0 || time.Since(marked) > reclaimTTL/2 {
+		return false, nil
+	}
+	obs, err := s.blobStore(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := obs.Delete(ctx, sum); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return false, fmt.Errorf("deleting: %w", err)
+	}
+	return true, nil
+}
+
+// gone reports a delete of a message that is no longer there.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful)
+}
