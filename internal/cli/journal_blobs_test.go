@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,6 +160,14 @@ func TestRunExportVerifyBlobs(t *testing.T) {
 	r = verify(t)
 	require.Equal(t, 1, r.code, "%s", r)
 	require.Contains(t, r.stderr, fmt.Sprintf("seq %d output: blob %s in %s is %d bytes, more than the %d a blob may be", out.seq, out.Blob, dir, int64(1<<40), event.MaxBlobBytes))
+	require.NoError(t, os.Remove(outPath))
+
+	// A FIFO under the blob's name is refused without opening it (which
+	// would block until a writer came).
+	require.NoError(t, syscall.Mkfifo(outPath, 0o644))
+	r = verify(t)
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Contains(t, r.stderr, fmt.Sprintf("seq %d output: blob %s in %s is not a regular file", out.seq, out.Blob, dir))
 	require.NoError(t, os.Remove(outPath))
 
 	// Other bytes of the same size in PAL_BLOBS, then none (as retention

@@ -156,20 +156,16 @@ func writeBlobFile(dir, sum string, value []byte) error {
 	return err
 }
 
-// checkBlobFile checks that dir/<sha256> holds the bytes ref names. A file
-// of another size, or over event.MaxBlobBytes, is refused before it is
-// read, and the read stops one byte past the size (the file may grow).
+// checkBlobFile checks that dir/<sha256> holds the bytes ref names. What
+// is not a regular file (a FIFO would block the open), or is of another
+// size or over event.MaxBlobBytes, is refused before it is opened, and the
+// read stops one byte past the size (the file may grow).
 func checkBlobFile(dir string, ref event.BlobRef) error {
-	f, err := os.Open(filepath.Join(dir, ref.Blob))
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("blob %s is not in %s", ref.Blob, dir)
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
+	path := filepath.Join(dir, ref.Blob)
+	fi, err := os.Stat(path)
 	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("blob %s is not in %s", ref.Blob, dir)
 	case err != nil:
 		return err
 	case !fi.Mode().IsRegular():
@@ -179,6 +175,11 @@ func checkBlobFile(dir string, ref event.BlobRef) error {
 	case fi.Size() != ref.Size:
 		return fmt.Errorf("blob %s in %s is %d bytes, its reference says %d", ref.Blob, dir, fi.Size(), ref.Size)
 	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	value, err := io.ReadAll(io.LimitReader(f, ref.Size+1))
 	if err != nil {
 		return err
