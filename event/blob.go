@@ -24,6 +24,12 @@ type BlobRef struct {
 	Size int64 `json:"size"`
 }
 
+// Holds reports whether value is the bytes r names: its size and its
+// sha256. Every reader of a blob checks it so, wherever the bytes came from.
+func (r BlobRef) Holds(value []byte) bool {
+	return int64(len(value)) == r.Size && BlobSum(value) == r.Blob
+}
+
 // MaxBlobBytes bounds one value kept as a blob: a reader holds it in
 // memory, and a forged reference cannot make it read more.
 const MaxBlobBytes = 64 << 20
@@ -228,7 +234,7 @@ func Resolve(ev Event, get func(BlobRef) ([]byte, error)) (Event, error) {
 		if err != nil {
 			return err
 		}
-		if int64(len(value)) != ref.Size || BlobSum(value) != ref.Blob {
+		if !ref.Holds(value) {
 			return fmt.Errorf("%w: run %s seq %d %s: the stored bytes of blob %s do not match its hash", ErrBlob, ev.RunID, ev.Seq, where, ref.Blob)
 		}
 		if !json.Valid(value) {

@@ -245,6 +245,25 @@ func (s *Store) ResolveBlobs(ctx context.Context, evs []event.Event) error {
 	return s.resolve(ctx, evs)
 }
 
+// Blob returns the bytes of the object ref names in PAL_BLOBS (for
+// pal run export --blobs, which archives the values a journal names).
+// The object's size is checked before it is read (at most
+// event.MaxBlobBytes) and its bytes against the sha256 after; an object that is missing or does not match is refused
+// with event.ErrBlob, and other errors are NATS's.
+func (s *Store) Blob(ctx context.Context, ref event.BlobRef) ([]byte, error) {
+	if ref.Size <= 0 || ref.Size > event.MaxBlobBytes {
+		return nil, fmt.Errorf("%w: blob %.80q of %d bytes (want 1 to %d bytes)", event.ErrBlob, ref.Blob, ref.Size, event.MaxBlobBytes)
+	}
+	value, err := s.getBlob(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if !ref.Holds(value) {
+		return nil, fmt.Errorf("%w: the stored bytes of blob %s do not match its hash", event.ErrBlob, ref.Blob)
+	}
+	return value, nil
+}
+
 func (s *Store) getBlob(ctx context.Context, ref event.BlobRef) ([]byte, error) {
 	obs, err := s.blobStore(ctx)
 	if err != nil {
