@@ -98,4 +98,3 @@ func (s *Store) GroupQueue() (int, bool) {
 	defer s.group.mu.Unlock()
 	return len(s.group.queue), s.group.writing
 }
-
