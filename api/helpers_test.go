@@ -85,6 +85,14 @@ func setup(t testing.TB, opts ...bundleOpt) *bundle {
 	b := &bundle{Stack: paltest.New(t, cfg.stack...)}
 	if cfg.worker {
 		b.Worker(t, "w1")
+		// The worker pins PAL_WORK once at start (Store.PinWork); wait for
+		// it, so journalState does not see it land mid-test.
+		work, err := b.JS.Stream(context.Background(), eventstore.WorkStream)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			_, err := work.GetLastMsgForSubject(context.Background(), eventstore.WorkPinSubject)
+			return err == nil
+		}, 30*time.Second, 5*time.Millisecond, "the worker's PAL_WORK pin")
 	}
 	hc := api.HandlerConfig{Store: b.Store, NC: b.NC, Runs: cfg.runs, Ready: cfg.ready, Tokens: cfg.tokens,
 		Insecure: cfg.insecure, Logger: paltest.Logger(t), KeepAlive: cfg.keepAlive}
