@@ -53,6 +53,9 @@ type RunRow struct {
 	// (PAL_RETENTION); zero while it has one. Only the read side sets it:
 	// the fold never does.
 	JournalRemovedAt time.Time
+	// ForkedFrom is a fork's source ({run_id, step_id, seq}: run_created's
+	// forked_from without its copies), nil for a run that is no fork.
+	ForkedFrom json.RawMessage
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -86,7 +89,10 @@ type StepRow struct {
 	// Substeps is the JSON array of the sub-steps a process step's child
 	// reported ([]engine.Substep); nil when it reported none.
 	Substeps json.RawMessage
-	LastSeq  uint64
+	// CopiedFrom is a step a fork copied from its source instead of
+	// running it (event.CopiedFrom JSON), nil for one that ran.
+	CopiedFrom json.RawMessage
+	LastSeq    uint64
 }
 
 // Receipt statuses (side_effect_receipts.status).
@@ -174,6 +180,10 @@ func runRowOf(st *engine.RunState, withBlobs bool) RunRow {
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)
 	}
+	if f := st.Created.ForkedFrom; f != nil {
+		// Without its copies (and reruns): those are the steps' rows.
+		r.ForkedFrom, _ = json.Marshal(event.ForkedFrom{RunID: f.RunID, StepID: f.StepID, Seq: f.Seq})
+	}
 	if st.Pause != nil && !st.Status.Terminal() {
 		r.PausedOn = st.Pause.Reason
 	}
@@ -209,6 +219,9 @@ func stepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 	}
 	if len(a.Substeps) > 0 {
 		r.Substeps, _ = json.Marshal(a.Substeps) // strings and raw JSON from the journal: always marshals
+	}
+	if s.CopiedFrom != nil {
+		r.CopiedFrom, _ = json.Marshal(s.CopiedFrom)
 	}
 	if a.Usage != nil {
 		r.InputTokens, r.OutputTokens, r.CostUSD = a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CostUSD

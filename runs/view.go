@@ -45,8 +45,11 @@ type RunView struct {
 	PausedOn string        `json:"paused_on,omitempty"`
 	// JournalRemovedAt is when retention (PAL_RETENTION) removed the
 	// run's journal: the run is read from its Postgres rows, which stay.
-	JournalRemovedAt string     `json:"journal_removed_at,omitempty"`
-	Steps            []StepView `json:"steps"`
+	JournalRemovedAt string `json:"journal_removed_at,omitempty"`
+	// ForkedFrom is the run and step a fork started from (pal run fork,
+	// retry); absent for a run that is no fork.
+	ForkedFrom *ForkPoint `json:"forked_from,omitempty"`
+	Steps      []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -81,6 +84,9 @@ type StepView struct {
 	Usage *event.Usage `json:"usage,omitempty"`
 	// Substeps are the sub-steps the latest attempt's process reported.
 	Substeps []SubstepView `json:"substeps,omitempty"`
+	// CopiedFrom marks a step a fork copied from its source run (the
+	// source's step_completed seq) instead of running it.
+	CopiedFrom *event.CopiedFrom `json:"copied_from,omitempty"`
 }
 
 // SubstepView is one sub-step a process step's child reported.
@@ -128,6 +134,12 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 		var b event.Budget
 		if json.Unmarshal(r.Budget, &b) == nil {
 			v.Budget = &b
+		}
+	}
+	if len(r.ForkedFrom) > 0 && string(r.ForkedFrom) != "null" {
+		var f ForkPoint
+		if json.Unmarshal(r.ForkedFrom, &f) == nil {
+			v.ForkedFrom = &f
 		}
 	}
 	// Attempts grouped by step, steps in journal order (the first seq of
@@ -197,6 +209,12 @@ func stepView(attempts []projections.StepRow) StepView {
 	}
 	sv.WaitingSince = FormatTime(last.WaitingAt)
 	sv.Substeps = substepViews(last.Substeps)
+	if len(last.CopiedFrom) > 0 && string(last.CopiedFrom) != "null" {
+		var c event.CopiedFrom
+		if json.Unmarshal(last.CopiedFrom, &c) == nil {
+			sv.CopiedFrom = &c
+		}
+	}
 	return sv
 }
 

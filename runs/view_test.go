@@ -68,6 +68,11 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 
 	plain := b.Start(t, seqWorkflow(2, "anthropic"), `{"topic":"plain"}`)
 	b.WaitEnd(t, plain)
+	// A fork of it from its second step: s1 is copied, s2 runs again.
+	fork, err := b.Runs.Fork(ctx, runs.ForkCommand{RunID: plain, From: "s2", By: "ana"})
+	require.NoError(t, err)
+	forked := fork.RunID
+	b.WaitEnd(t, forked)
 
 	// A process step whose child reported sub-steps (the Python SDK).
 	sdkPath, err := filepath.Abs(filepath.Join("..", "sdk", "python"))
@@ -101,7 +106,7 @@ print("{}")`})
 	require.NoError(t, p.WaitCaughtUp(ctx))
 
 	views := map[string]*runs.RunView{}
-	for _, id := range []string{retrying, waiting, decided, plain, processed, paused, big} {
+	for _, id := range []string{retrying, waiting, decided, plain, forked, processed, paused, big} {
 		fromJournal, err := b.Runs.Get(ctx, id)
 		require.NoError(t, err)
 		d, err := reader.GetRun(ctx, id)
@@ -129,6 +134,16 @@ print("{}")`})
 		}
 	}
 	require.Equal(t, 4, refs, "big's output, echo's input and output, and the run's output are blobs")
+
+	fv := views[forked]
+	require.Equal(t, &runs.ForkPoint{RunID: plain, StepID: "s2", Seq: fork.ForkedFrom.Seq}, fv.ForkedFrom)
+	require.Positive(t, fv.ForkedFrom.Seq)
+	require.Len(t, fv.Steps, 2)
+	require.NotNil(t, fv.Steps[0].CopiedFrom, "s1 is copied")
+	require.Equal(t, plain, fv.Steps[0].CopiedFrom.RunID)
+	require.Equal(t, views[plain].Steps[0].Output, fv.Steps[0].Output)
+	require.Nil(t, fv.Steps[1].CopiedFrom, "s2 ran")
+	require.Nil(t, views[plain].ForkedFrom)
 
 	pv := views[paused]
 	require.Equal(t, engine.StatusWaiting, pv.Status)
