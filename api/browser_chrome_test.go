@@ -372,6 +372,31 @@ func TestBrowserChildRun(t *testing.T) {
 	br.waitJS("the parent's end", fmt.Sprintf(`document.body.dataset.status === "succeeded" && !!document.querySelector('.wf-row[data-run=%q][data-step="ok"] .seg.completed')`, child))
 }
 
+// TestBrowserForkedRun: a fork's page links to its source and badges the
+// steps it copied.
+func TestBrowserForkedRun(t *testing.T) {
+	b := setup(t)
+	b.Worker(t, "w1")
+	wf := `{"name":"two","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"a","type":"tool","data":{"tool":"echo","input":{"n":1}}},{"id":"z","type":"tool","data":{"tool":"echo","input":{"n":2}}}],
+	  "edges":[{"from":"start","to":"a"},{"from":"a","to":"z"}]}`
+	src := b.Start(t, wf, `{}`)
+	b.WaitEnd(t, src)
+	res := b.post(t, "/v1/runs/"+src+"/fork", `{"from":"z"}`)
+	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
+	fork := res.json(t)["run_id"].(string)
+	b.WaitEnd(t, fork)
+
+	br := newBrowser(t)
+	br.loginAt(b, "/runs/"+fork, testToken)
+	br.waitJS("the fork's waterfall", `document.body.dataset.status === "succeeded"`)
+	require.Equal(t, "/runs/"+src, eval[string](br, `new URL(document.querySelector('#run-meta a.forked').href).pathname`))
+	require.Contains(t, eval[string](br, `document.querySelector('#run-meta a.forked').textContent`), "forked from "+src+" at z")
+	require.Equal(t, "/runs/"+src, eval[string](br, `new URL(document.querySelector('.wf-row[data-step="a"] a.copied').href).pathname`))
+	require.False(t, eval[bool](br, `!!document.querySelector('.wf-row[data-step="z"] a.copied')`), "z ran again")
+	br.screenshot(t, "forked-run")
+}
+
 func TestBrowserLiveWaterfall(t *testing.T) {
 	b := setup(t)
 	release := make(chan struct{})

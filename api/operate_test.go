@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -114,4 +115,18 @@ func TestForkAndRetryOverREST(t *testing.T) {
 	require.Zero(t, keys[event.IdempotencyKey(fork, "s1", 1)], "s1 was copied")
 	require.Equal(t, 1, keys[event.IdempotencyKey(fork, "s2", 1)])
 	require.Equal(t, 1, keys[event.IdempotencyKey(fork, "s3", 1)])
+
+	// The fork's view names its source and marks what it copied.
+	var view runs.RunView
+	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs/"+fork).body, &view))
+	require.Equal(t, &runs.ForkPoint{RunID: src, StepID: "s2", Seq: 5}, view.ForkedFrom)
+	require.Len(t, view.Steps, 3)
+	require.NotNil(t, view.Steps[0].CopiedFrom)
+	require.Equal(t, src, view.Steps[0].CopiedFrom.RunID)
+	require.Nil(t, view.Steps[1].CopiedFrom)
+	var wf runs.Waterfall
+	require.NoError(t, json.Unmarshal(b.get(t, "/v1/runs/"+fork+"/waterfall").body, &wf))
+	require.Equal(t, view.ForkedFrom, wf.ForkedFrom)
+	require.NotNil(t, wf.Rows[0].CopiedFrom)
+	require.Nil(t, wf.Rows[2].CopiedFrom)
 }

@@ -24,11 +24,13 @@ type Waterfall struct {
 	Status      engine.Status `json:"status"`
 	Workflow    string        `json:"workflow,omitempty"`
 	ParentRunID string        `json:"parent_run_id,omitempty"`
-	Error       string        `json:"error,omitempty"`
-	Usage       event.Usage   `json:"usage"`
-	LastSeq     uint64        `json:"last_seq"`
-	CreatedAt   string        `json:"created_at"`
-	EndedAt     string        `json:"ended_at,omitempty"`
+	// ForkedFrom is the run and step a fork started from.
+	ForkedFrom *ForkPoint  `json:"forked_from,omitempty"`
+	Error      string      `json:"error,omitempty"`
+	Usage      event.Usage `json:"usage"`
+	LastSeq    uint64      `json:"last_seq"`
+	CreatedAt  string      `json:"created_at"`
+	EndedAt    string      `json:"ended_at,omitempty"`
 	// SpanMs is the length of the axis: to the run's end, or to the time
 	// the waterfall was computed while the run is in flight. Open
 	// segments and waits end there (with Open set).
@@ -64,6 +66,8 @@ type WaterfallRow struct {
 	Delivery   string          `json:"delivery,omitempty"`
 	Receipt    *Receipt        `json:"receipt,omitempty"`
 	ChildRunID string          `json:"child_run_id,omitempty"`
+	// CopiedFrom marks a step a fork copied from its source run.
+	CopiedFrom *event.CopiedFrom `json:"copied_from,omitempty"`
 	// WaitReason is set while the step waits (approval, child, signal).
 	WaitReason string `json:"wait_reason,omitempty"`
 	// Approval is the rendered prompt and the approvers of an approval
@@ -156,6 +160,9 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		ParentRunID: st.Created.ParentRunID, Error: st.Error, Usage: st.Usage, LastSeq: st.LastSeq,
 		CreatedAt: FormatTime(st.CreatedAt), EndedAt: FormatTime(st.EndedAt), SpanMs: ms(end),
 		Rows: []WaterfallRow{}, Drives: []Drive{}, Marks: []Mark{}}
+	if f := st.Created.ForkedFrom; f != nil {
+		w.ForkedFrom = &ForkPoint{RunID: f.RunID, StepID: f.StepID, Seq: f.Seq}
+	}
 
 	// The journal gives what the fold does not keep: each drive, the
 	// marks, and why each attempt waited.
@@ -201,7 +208,7 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		row := WaterfallRow{StepID: id, Parent: parents[id], Depth: depth, Children: len(children[id]),
 			NodeType: s.NodeType, Status: stepStatus(s.Status), Retries: s.Retries, Key: s.Key,
 			Input: s.Input, Output: s.Output, Error: s.Error, Class: s.Class, Delivery: s.Delivery,
-			ChildRunID: s.ChildRunID, WaitReason: s.WaitReason, Segments: make([]Segment, 0, len(s.Attempts))}
+			ChildRunID: s.ChildRunID, CopiedFrom: s.CopiedFrom, WaitReason: s.WaitReason, Segments: make([]Segment, 0, len(s.Attempts))}
 		if s.Status != engine.StepWaiting {
 			row.WaitReason = ""
 		}

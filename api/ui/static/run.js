@@ -92,6 +92,12 @@
       a.href = "/runs/" + encodeURIComponent(r.child_run_id);
       name.appendChild(a);
     }
+    if (r.copied_from) {
+      const a = pal.el("a", "copied badge", "copied");
+      a.href = "/runs/" + encodeURIComponent(r.copied_from.run_id);
+      a.title = "copied from run " + r.copied_from.run_id + " (seq " + r.copied_from.seq + "), not run again";
+      name.appendChild(a);
+    }
     row.appendChild(name);
     const track = pal.el("div", "wf-track");
     for (const s of r.segments) {
@@ -157,6 +163,11 @@
     if (wf.parent_run_id) {
       const a = pal.el("a", "", " parent run");
       a.href = "/runs/" + encodeURIComponent(wf.parent_run_id);
+      document.getElementById("run-meta").appendChild(a);
+    }
+    if (wf.forked_from) {
+      const a = pal.el("a", "forked", " forked from " + wf.forked_from.run_id + " at " + wf.forked_from.step_id);
+      a.href = "/runs/" + encodeURIComponent(wf.forked_from.run_id);
       document.getElementById("run-meta").appendChild(a);
     }
     drawAxis(span);
