@@ -57,17 +57,13 @@ func (s *Store) clampBlobThreshold() {
 
 // blobStore opens PAL_BLOBS on first use: most processes never need it.
 func (s *Store) blobStore(ctx context.Context) (jetstream.ObjectStore, error) {
-	s.blobMu.Lock()
-	defer s.blobMu.Unlock()
-	if s.blobs != nil {
-		return s.blobs, nil
-	}
-	obs, err := s.js.ObjectStore(ctx, BlobBucket)
-	if err != nil {
-		return nil, fmt.Errorf("opening object store %s: %w", BlobBucket, err)
-	}
-	s.blobs = obs
-	return obs, nil
+	return s.blobs.get(func() (jetstream.ObjectStore, error) {
+		obs, err := s.js.ObjectStore(ctx, BlobBucket)
+		if err != nil {
+			return nil, fmt.Errorf("opening object store %s: %w", BlobBucket, err)
+		}
+		return obs, nil
+	})
 }
 
 // externalize returns the events as they are stored: each big value

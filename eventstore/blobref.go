@@ -53,17 +53,13 @@ func blobRefSubject(sum, runID string) string { return BlobRefPrefix + sum + "."
 
 // blobRefs opens PAL_BLOB_REFS on first use.
 func (s *Store) blobRefs(ctx context.Context) (jetstream.Stream, error) {
-	s.blobMu.Lock()
-	defer s.blobMu.Unlock()
-	if s.refs != nil {
-		return s.refs, nil
-	}
-	st, err := s.js.Stream(ctx, BlobRefsStream)
-	if err != nil {
-		return nil, fmt.Errorf("opening stream %s: %w", BlobRefsStream, err)
-	}
-	s.refs = st
-	return st, nil
+	return s.refs.get(func() (jetstream.Stream, error) {
+		st, err := s.js.Stream(ctx, BlobRefsStream)
+		if err != nil {
+			return nil, fmt.Errorf("opening stream %s: %w", BlobRefsStream, err)
+		}
+		return st, nil
+	})
 }
 
 // refBlobs records that runID names the blobs sums, then waits until

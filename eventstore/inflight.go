@@ -88,17 +88,10 @@ func (s *Store) Settle(ctx context.Context, runID string) error {
 // InflightRuns lists the index, oldest entry first: one pass over the
 // runs in flight (metadata only).
 func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
-	s.inflightMu.Lock()
-	kv := s.inflight
-	if kv == nil {
-		var err error
-		if kv, err = s.js.KeyValue(ctx, InflightBucket); err != nil {
-			s.inflightMu.Unlock()
-			return nil, fmt.Errorf("listing runs in flight: %w", err)
-		}
-		s.inflight = kv
+	kv, err := s.inflight.get(func() (jetstream.KeyValue, error) { return s.js.KeyValue(ctx, InflightBucket) })
+	if err != nil {
+		return nil, fmt.Errorf("listing runs in flight: %w", err)
 	}
-	s.inflightMu.Unlock()
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 	if err != nil {
 		return nil, fmt.Errorf("listing runs in flight: %w", err)

@@ -30,17 +30,13 @@ const (
 var ErrNoSnapshot = errors.New("no snapshot")
 
 func (s *Store) snapshotStore(ctx context.Context) (jetstream.ObjectStore, error) {
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
-	if s.snaps != nil {
-		return s.snaps, nil
-	}
-	obs, err := s.js.ObjectStore(ctx, SnapshotBucket)
-	if err != nil {
-		return nil, fmt.Errorf("opening object store %s: %w", SnapshotBucket, err)
-	}
-	s.snaps = obs
-	return obs, nil
+	return s.snaps.get(func() (jetstream.ObjectStore, error) {
+		obs, err := s.js.ObjectStore(ctx, SnapshotBucket)
+		if err != nil {
+			return nil, fmt.Errorf("opening object store %s: %w", SnapshotBucket, err)
+		}
+		return obs, nil
+	})
 }
 
 // PutSnapshot keeps b as run runID's snapshot, replacing any before.

@@ -64,21 +64,39 @@ type Store struct {
 	timeout   time.Duration
 	// inflight is the PAL_INFLIGHT index, opened by the first listing
 	// (the sweep's): other roles write it by subject only.
-	inflightMu sync.Mutex
-	inflight   jetstream.KeyValue
+	inflight lazy[jetstream.KeyValue]
 	// blobThreshold is the size above which a step value goes to
 	// PAL_BLOBS (blob.go); blobs is that store, opened on first use.
 	blobThreshold int
-	blobMu        sync.Mutex
-	blobs         jetstream.ObjectStore
-	refs          jetstream.Stream // PAL_BLOB_REFS (blobref.go)
+	blobs         lazy[jetstream.ObjectStore]
+	refs          lazy[jetstream.Stream] // PAL_BLOB_REFS (blobref.go)
 	blobCache     *blobCache
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
-	snapMu sync.Mutex
-	snaps  jetstream.ObjectStore
+	snaps lazy[jetstream.ObjectStore]
 	// group commits packed appends in atomic batches (group.go); nil
 	// without packing.
 	group *groupCommit
+}
+
+// lazy holds a handle a store opens on first use (most processes never
+// need it); an open that fails is tried again by the next use.
+type lazy[T any] struct {
+	mu   sync.Mutex
+	v    T
+	done bool
+}
+
+func (l *lazy[T]) get(open func() (T, error)) (T, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.done {
+		v, err := open()
+		if err != nil {
+			return v, err
+		}
+		l.v, l.done = v, true
+	}
+	return l.v, nil
 }
 
 // Option configures a Store.
