@@ -213,7 +213,7 @@ func refOf(ev Event, m map[string]json.RawMessage, field, where string) (BlobRef
 	if _, dup := m[field]; dup {
 		return ref, true, fmt.Errorf("%w: run %s seq %d carries both %s and %s%s", ErrBlob, ev.RunID, ev.Seq, where, where, BlobSuffix)
 	}
-	if !isSum(ref.Blob) || ref.Size <= 0 || ref.Size > MaxBlobBytes {
+	if !IsBlobSum(ref.Blob) || ref.Size <= 0 || ref.Size > MaxBlobBytes {
 		return ref, true, fmt.Errorf("%w: run %s seq %d %s: blob %.80q of %d bytes (want 64 lowercase hex, 1 to %d bytes)",
 			ErrBlob, ev.RunID, ev.Seq, where, ref.Blob, ref.Size, MaxBlobBytes)
 	}
@@ -252,7 +252,8 @@ func Resolve(ev Event, get func(BlobRef) ([]byte, error)) (Event, error) {
 	return ev, nil
 }
 
-func isSum(s string) bool {
+// IsBlobSum reports whether s is a blob's name: 64 lowercase hex digits.
+func IsBlobSum(s string) bool {
 	if len(s) != 64 {
 		return false
 	}

@@ -3,6 +3,8 @@ package eventstore
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -137,16 +139,57 @@ func (s *Store) putBlob(ctx context.Context, value []byte) (err error) {
 	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		defer cancel()
-		info, err := obs.GetInfo(pctx, name)
-		if err == nil && info.Size == uint64(len(value)) {
-			return nil // content-addressed: already there
-		}
-		if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		there, err := s.blobStored(pctx, name, len(value))
+		if err != nil {
 			return blobErr("looking up", name, err)
+		}
+		if there {
+			return nil // content-addressed: already there
 		}
 		_, err = obs.Put(pctx, jetstream.ObjectMeta{Name: name}, bytes.NewReader(value))
 		return blobErr("putting", name, err)
 	})
+}
+
+// blobStored reports whether PAL_BLOBS holds object name of size bytes,
+// asking the stream's leader: a follower answering a Direct Get (as
+// ObjectStore.GetInfo asks) may not have seen a release delete it yet
+// (blobref.go), and a writer that trusted it would name a blob that is
+// gone.
+func (s *Store) blobStored(ctx context.Context, name string, size int) (bool, error) {
+	req, err := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{"$O." + BlobBucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	if err != nil {
+		return false, err
+	}
+	msg, err := s.js.Conn().RequestWithContext(ctx, s.apiPrefix+"STREAM.MSG.GET."+BlobStream, req)
+	if err != nil {
+		return false, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return false, fmt.Errorf("reading the answer of %s: %w", msg.Subject, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return false, nil
+		}
+		return false, resp.Error
+	}
+	if resp.Message == nil {
+		return false, errors.New("a message get answered neither a message nor an error")
+	}
+	var info jetstream.ObjectInfo
+	if err := json.Unmarshal(resp.Message.Data, &info); err != nil {
+		return false, fmt.Errorf("reading object %s's meta: %w", name, err)
+	}
+	return !info.Deleted && info.Size == uint64(size), nil
 }
 
 // blobErr wraps err, marking it permanent unless it is transient.

@@ -2,8 +2,10 @@ package eventstore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,14 +119,12 @@ func (s *Store) awaitRelease(ctx context.Context, st jetstream.Stream, sum strin
 // errReleasing says a blob carries a release mark.
 var errReleasing = errors.New("blob is being released")
 
-// ReleaseBlobs drops the run's references to the blobs its journal names
-// and deletes each blob no other run references; it returns how many it
-// deleted. Retention calls it before it purges the journal. A blob the
-// run has no reference to (named before PAL kept references) is left: it
-// may be named by other runs that have none either.
-func (s *Store) ReleaseBlobs(ctx context.Context, runID string) (int, error) {
+// BlobsOf lists the blobs a run's journal names, from its messages as
+// stored (no blob is read). Retention takes them before it purges the
+// journal and releases them after (ReleaseBlobs).
+func (s *Store) BlobsOf(ctx context.Context, runID string) ([]string, error) {
 	if err := checkRunID(runID); err != nil {
-		return 0, fmt.Errorf("releasing blobs: %w", err)
+		return nil, fmt.Errorf("listing blobs: %w", err)
 	}
 	var sums []string
 	seen := map[string]bool{}
@@ -144,7 +144,19 @@ func (s *Store) ReleaseBlobs(ctx context.Context, runID string) (int, error) {
 		}
 	})
 	if err != nil {
-		return 0, err
+		return nil, err
+	}
+	return sums, nil
+}
+
+// ReleaseBlobs drops the run's references to the blobs sums and deletes
+// each blob no other run references; it returns how many it deleted. A
+// blob the run has no reference to (released already, or named before
+// PAL kept references) is left: it may be named by other runs that have
+// none either. It may be called again for the same blobs.
+func (s *Store) ReleaseBlobs(ctx context.Context, runID string, sums []string) (int, error) {
+	if err := checkRunID(runID); err != nil {
+		return 0, fmt.Errorf("releasing blobs: %w", err)
 	}
 	if len(sums) == 0 {
 		return 0, nil
@@ -155,6 +167,9 @@ func (s *Store) ReleaseBlobs(ctx context.Context, runID string) (int, error) {
 	}
 	deleted := 0
 	for _, sum := range sums {
+		if !event.IsBlobSum(sum) {
+			return deleted, fmt.Errorf("releasing blobs of run %s: %q is not a blob name", runID, sum)
+		}
 		ok, err := s.releaseBlob(ctx, st, sum, runID)
 		if err != nil {
 			return deleted, fmt.Errorf("releasing blob %s of run %s: %w", sum, runID, err)
@@ -176,24 +191,19 @@ func (s *Store) releaseBlob(ctx context.Context, st jetstream.Stream, sum, runID
 	if err != nil {
 		return false, err
 	}
-	// Mark the blob: a create, so two releases of one blob take turns.
-	var mark *jetstream.PubAck
-	for mark == nil {
-		mark, err = s.js.PublishMsg(ctx, &nats.Msg{Subject: BlobReclaimPrefix + sum},
-			jetstream.WithExpectStream(BlobRefsStream), jetstream.WithExpectLastSequencePerSubject(0),
-			jetstream.WithMsgTTL(reclaimTTL))
-		if isWrongLastSeq(err) {
-			if err := s.awaitRelease(ctx, st, sum); err != nil {
-				return false, err
-			}
-			continue
-		}
-		if err != nil {
-			return false, fmt.Errorf("marking: %w", err)
-		}
-	}
+	// Mark the blob: a create, so two releases of one blob take turns. The
+	// mark's TTL runs from when the server stores it, so the clock starts
+	// before the publish.
 	marked := time.Now()
+	mark, err := s.markRelease(ctx, st, sum)
+	if err != nil {
+		return false, err
+	}
+	keepMark := false
 	defer func() {
+		if keepMark {
+			return
+		}
 		if derr := st.DeleteMsg(context.WithoutCancel(ctx), mark.Sequence); derr != nil && err == nil && !gone(derr) {
 			err = fmt.Errorf("unmarking: %w", derr) // its TTL removes it anyway
 		}
@@ -201,24 +211,67 @@ func (s *Store) releaseBlob(ctx context.Context, st jetstream.Stream, sum, runID
 	if err := st.DeleteMsg(ctx, own.Sequence); err != nil && !gone(err) {
 		return false, fmt.Errorf("dropping the reference: %w", err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(BlobRefPrefix+sum+".*"))
-	if err != nil {
+	// Another reference? A Get, which only the leader answers (a stream
+	// info may come from a follower while there is no leader).
+	_, err = st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(BlobRefPrefix+sum+".*"))
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, fmt.Errorf("looking for other references: %w", err)
 	}
-	if len(info.State.Subjects) > 0 || time.Since(marked) > reclaimTTL/2 {
+	if time.Since(marked) > reclaimTTL/2 {
 		return false, nil
 	}
 	obs, err := s.blobStore(ctx)
 	if err != nil {
 		return false, err
 	}
-	if err := obs.Delete(ctx, sum); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+	dctx, cancel := context.WithDeadline(ctx, marked.Add(reclaimTTL*3/4))
+	defer cancel()
+	if err := obs.Delete(dctx, sum); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		// The delete may still land: the mark stays until its TTL, so no
+		// writer takes the object for there meanwhile.
+		keepMark = true
 		return false, fmt.Errorf("deleting: %w", err)
 	}
 	return true, nil
 }
 
-// gone reports a delete of a message that is no longer there.
+// markRelease writes blob sum's release mark, waiting while another
+// release holds it. A publish whose answer was lost is sent again under
+// the same message id, which the server answers as the first.
+func (s *Store) markRelease(ctx context.Context, st jetstream.Stream, sum string) (*jetstream.PubAck, error) {
+	id := "reclaim-" + sum + "-" + rand.Text()
+	for {
+		var mark *jetstream.PubAck
+		err := retry.Do(ctx, jsRetry, func() error {
+			pctx, cancel := context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+			var err error
+			mark, err = s.js.PublishMsg(pctx, &nats.Msg{Subject: BlobReclaimPrefix + sum},
+				jetstream.WithExpectStream(BlobRefsStream), jetstream.WithExpectLastSequencePerSubject(0),
+				jetstream.WithMsgTTL(reclaimTTL), jetstream.WithMsgID(id))
+			if err != nil && !transient(err) {
+				return retry.Permanent(err)
+			}
+			return err
+		})
+		if err == nil {
+			return mark, nil
+		}
+		if !isWrongLastSeq(err) {
+			return nil, fmt.Errorf("marking: %w", err)
+		}
+		if err := s.awaitRelease(ctx, st, sum); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// gone reports a delete of a message that is no longer there (nats.go
+// folds the server's "no message found" into ErrMsgDeleteUnsuccessful).
 func gone(err error) bool {
-	return errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful)
+	return errors.Is(err, jetstream.ErrMsgNotFound) ||
+		(errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(err.Error(), "no message found"))
 }

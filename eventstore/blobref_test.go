@@ -45,6 +45,14 @@ func TestReleaseBlobsKeepsSharedBlobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t, eventstore.Config{})
 	ctx := t.Context()
+	release := func(run string) int {
+		t.Helper()
+		sums, err := b.store.BlobsOf(ctx, run)
+		require.NoError(t, err)
+		n, err := b.store.ReleaseBlobs(ctx, run, sums)
+		require.NoError(t, err)
+		return n
+	}
 	shared, own := bigOutput(300<<10), bigOutput(400<<10)
 	sharedSum, ownSum := blobSum(t, shared), blobSum(t, own)
 
@@ -57,21 +65,18 @@ func TestReleaseBlobsKeepsSharedBlobs(t *testing.T) {
 	require.True(t, hasBlob(t, b, sharedSum))
 	require.True(t, hasBlob(t, b, ownSum))
 
-	n, err := b.store.ReleaseBlobs(ctx, "run_a")
+	sums, err := b.store.BlobsOf(ctx, "run_a")
 	require.NoError(t, err)
-	require.Equal(t, 1, n, "run_a's own blob is deleted")
+	require.ElementsMatch(t, []string{sharedSum, ownSum}, sums)
+	require.Equal(t, 1, release("run_a"), "run_a's own blob is deleted")
 	require.False(t, hasBlob(t, b, ownSum))
 	require.True(t, hasBlob(t, b, sharedSum), "run_b still references the shared blob")
 	evs, _, err := b.store.Read(ctx, "run_b")
 	require.NoError(t, err)
 	require.Contains(t, string(evs[2].Data), string(shared[:100]))
 
-	n, err = b.store.ReleaseBlobs(ctx, "run_a")
-	require.NoError(t, err)
-	require.Zero(t, n, "released already")
-	n, err = b.store.ReleaseBlobs(ctx, "run_b")
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Zero(t, release("run_a"), "released already")
+	require.Equal(t, 1, release("run_b"))
 	require.False(t, hasBlob(t, b, sharedSum), "no run references it any more")
 
 	// A reference with no PAL_BLOB_REFS entry: drop it as an older PAL
@@ -82,9 +87,9 @@ func TestReleaseBlobsKeepsSharedBlobs(t *testing.T) {
 	refs, err := b.js.Stream(ctx, eventstore.BlobRefsStream)
 	require.NoError(t, err)
 	require.NoError(t, refs.Purge(ctx, jetstream.WithPurgeSubject(eventstore.BlobRefPrefix+ownSum+".run_c")))
-	n, err = b.store.ReleaseBlobs(ctx, "run_c")
-	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Zero(t, release("run_c"))
+	_, err = b.store.ReleaseBlobs(ctx, "run_c", []string{"../x"})
+	require.ErrorContains(t, err, "not a blob name")
 	require.True(t, hasBlob(t, b, ownSum), "a blob with no reference may be another unreferenced run's")
 }
 

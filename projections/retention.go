@@ -63,15 +63,19 @@ func retentionInterval(d time.Duration) time.Duration {
 // projector's Retention ago, up to retentionPerPass of them, oldest end
 // first, and returns how many it removed. For each run it checks the
 // journal's last event is terminal (the journal is the truth, not the
-// row), releases the PAL_BLOBS objects its events name (deleting those no
-// kept run references, eventstore.Store.ReleaseBlobs), marks the run
-// (runs.journal_removed_at) and drops its journal_events rows, then
-// purges its subject from PAL_EVENTS. The runs, steps and
-// side_effect_receipts rows stay, and so does its PAL_RECEIPTS entry.
-// With no Retention it removes nothing.
+// row), lists the PAL_BLOBS objects its events name, marks the run
+// (runs.journal_removed_at, with the blobs in runs.blobs_pending) and
+// drops its journal_events rows, purges its subject from PAL_EVENTS, and
+// then releases its blobs (deleting those no kept run references,
+// eventstore.Store.ReleaseBlobs); a pass first retries the releases that
+// failed. The runs, steps and side_effect_receipts rows stay, and so
+// does its PAL_RECEIPTS entry. With no Retention it removes nothing.
 func (p *Projector) RemoveExpired(ctx context.Context) (int, error) {
 	if p.cfg.Retention <= 0 {
 		return 0, nil
+	}
+	if err := p.releasePending(ctx); err != nil {
+		return 0, err
 	}
 	n := 0
 	for n < retentionPerPass {
@@ -129,37 +133,87 @@ func (p *Projector) removeJournal(ctx context.Context, runID string) (bool, erro
 			return false, nil
 		}
 	}
-	// Blobs go first: once the journal is purged nothing says which ones
-	// the run named. A blob another run references stays (blobref.go).
-	blobs, err := p.store.ReleaseBlobs(ctx, runID)
+	// The blobs are released after the purge (a journal that stays must
+	// keep every blob it names), from the list taken now and kept with
+	// the mark (runs.blobs_pending), so a release that fails is tried
+	// again by a later pass.
+	sums, err := p.store.BlobsOf(ctx, runID)
 	if err != nil {
 		return false, fmt.Errorf("retention: %w", err)
 	}
 	// Mark first, under the batch lock: a rebuild that swaps after this
 	// commit copies the run's rows over (it cannot replay them once the
 	// journal is purged), one that swapped before is already live.
-	if err := p.markRemoved(ctx, runID); err != nil {
+	if err := p.markRemoved(ctx, runID, sums); err != nil {
 		return false, err
 	}
 	if err := p.store.PurgeJournal(ctx, runID); err != nil {
 		// The journal is still there, so the run reads from it; unmark it
 		// so a later pass tries again.
 		if _, uerr := p.pool.Exec(context.WithoutCancel(ctx),
-			"UPDATE runs SET journal_removed_at = NULL WHERE run_id = $1", runID); uerr != nil {
+			"UPDATE runs SET journal_removed_at = NULL, blobs_pending = NULL WHERE run_id = $1", runID); uerr != nil {
 			p.log.Warn("retention: unmarking a run whose purge failed", "run_id", runID, "err", uerr)
 		}
 		return false, fmt.Errorf("retention: %w", err)
+	}
+	blobs, err := p.releaseBlobs(ctx, runID, sums)
+	if err != nil {
+		// The journal is gone; its blobs stay pending for a later pass.
+		p.log.Warn("retention: releasing a removed run's blobs", "run_id", runID, "err", err)
 	}
 	p.log.Debug("retention removed a finished run's journal", "run_id", runID, "blobs_deleted", blobs)
 	return true, nil
 }
 
-func (p *Projector) markRemoved(ctx context.Context, runID string) error {
+// releaseBlobs releases a removed run's blobs (eventstore.Store.ReleaseBlobs)
+// and clears its runs.blobs_pending.
+func (p *Projector) releaseBlobs(ctx context.Context, runID string, sums []string) (int, error) {
+	n, err := p.store.ReleaseBlobs(ctx, runID, sums)
+	if err != nil {
+		return n, err
+	}
+	if len(sums) > 0 {
+		if _, err := p.pool.Exec(ctx, "UPDATE runs SET blobs_pending = NULL WHERE run_id = $1", runID); err != nil {
+			return n, fmt.Errorf("retention: clearing the released blobs of run %s: %w", runID, err)
+		}
+	}
+	return n, nil
+}
+
+// releasePending releases the blobs of removed runs whose release failed
+// (runs.blobs_pending), up to retentionPage of them.
+func (p *Projector) releasePending(ctx context.Context) error {
+	rows, err := p.pool.Query(ctx, `SELECT run_id, blobs_pending FROM runs
+		WHERE blobs_pending IS NOT NULL ORDER BY run_id LIMIT $1`, retentionPage)
+	if err != nil {
+		return fmt.Errorf("retention: listing blobs to release: %w", err)
+	}
+	type pending struct {
+		RunID string
+		Sums  []string
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pending])
+	if err != nil {
+		return fmt.Errorf("retention: listing blobs to release: %w", err)
+	}
+	for _, r := range list {
+		if _, err := p.releaseBlobs(ctx, r.RunID, r.Sums); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Projector) markRemoved(ctx context.Context, runID string, sums []string) error {
 	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockBatch); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "UPDATE runs SET journal_removed_at = now() WHERE run_id = $1", runID); err != nil {
+		var pending []string // NULL for a run that named no blob
+		if len(sums) > 0 {
+			pending = sums
+		}
+		if _, err := tx.Exec(ctx, "UPDATE runs SET journal_removed_at = now(), blobs_pending = $2 WHERE run_id = $1", runID, pending); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "DELETE FROM journal_events WHERE run_id = $1", runID)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -230,4 +231,52 @@ func TestRetentionBelowMinimum(t *testing.T) {
 	p := projections.New(b.pool, b.Store, projections.Config{Retention: time.Minute})
 	err := p.Start(context.Background())
 	require.ErrorContains(t, err, "below the minimum")
+}
+
+// TestRetentionRetriesPendingBlobs: the blobs of a removed run are
+// released after its journal is purged; a release that fails (here: it
+// cannot take the blob's mark before the pass's context ends) leaves them
+// in runs.blobs_pending, and a later pass releases them.
+func TestRetentionRetriesPendingBlobs(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	b.worker(t, "w1")
+	p := b.projector(t, projections.Config{Retention: projections.MinRetention})
+	input := `{"v":"x","doc":"` + strings.Repeat("p", 300<<10) + `"}`
+	sum := event.BlobSum([]byte(input))
+	id := b.Start(t, echoChain(1), input)
+	b.WaitEnd(t, id)
+	later := b.Start(t, echoChain(1), `{"v":"later"}`) // so id's last message is not the stream's last
+	b.WaitEnd(t, later)
+	caughtUp(t, p)
+	_, err := b.pool.Exec(ctx, "UPDATE runs SET ended_at = now() - interval '2 hours' WHERE run_id = $1", id)
+	require.NoError(t, err)
+	obs, err := b.JS.ObjectStore(ctx, eventstore.BlobBucket)
+	require.NoError(t, err)
+
+	// Another release holds the blob's mark.
+	mark, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: eventstore.BlobReclaimPrefix + sum},
+		jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgTTL(time.Minute))
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, _ = p.RemoveExpired(short) // the pass ends with its context
+	require.False(t, hasJournal(t, b, id), "the journal is purged first")
+	var pending []string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT blobs_pending FROM runs WHERE run_id = $1", id).Scan(&pending))
+	require.Contains(t, pending, sum, "the release failed: its blobs wait")
+	_, err = obs.GetInfo(ctx, sum)
+	require.NoError(t, err, "the blob is still there")
+
+	refs, err := b.JS.Stream(ctx, eventstore.BlobRefsStream)
+	require.NoError(t, err)
+	require.NoError(t, refs.DeleteMsg(ctx, mark.Sequence))
+	n, err := p.RemoveExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "no journal left to remove")
+	_, err = obs.GetInfo(ctx, sum)
+	require.ErrorIs(t, err, jetstream.ErrObjectNotFound, "a later pass released it")
+	var cleared []string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT blobs_pending FROM runs WHERE run_id = $1", id).Scan(&cleared))
+	require.Nil(t, cleared)
 }
