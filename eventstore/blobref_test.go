@@ -12,6 +12,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/testenv"
 )
 
 // blobSum is the name a big output gets in PAL_BLOBS: the sha256 of the
@@ -152,4 +153,48 @@ func TestBlobWriterWaitsOutARelease(t *testing.T) {
 	_, err = b.store.Append(ctx, "run_w", h, completed(3, out))
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, time.Since(t0), 900*time.Millisecond, "the writer waited for the mark")
+}
+
+// TestBlobReleaseOnACluster: on three nodes (R3), where a Direct Get may
+// be answered by a follower, a shared blob outlives the first release and
+// goes with the second; a writer of the same value after that finds it
+// gone and puts it again, and the journal reads back whole.
+func TestBlobReleaseOnACluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.NATSClusterProcesses(t, 3, testenv.FastRaft())
+	js, err := jetstream.New(c.Conn(t))
+	require.NoError(t, err)
+	ctx := timeout(t, 2*time.Minute)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{Replicas: 3}))
+	for _, st := range []string{eventstore.EventsStream, eventstore.BlobRefsStream, eventstore.BlobStream} {
+		require.NoError(t, c.WaitCurrent(ctx, js, st))
+	}
+	s, err := eventstore.Open(ctx, js)
+	require.NoError(t, err)
+	obs, err := js.ObjectStore(ctx, eventstore.BlobBucket)
+	require.NoError(t, err)
+	out := bigOutput(300 << 10)
+	sum := blobSum(t, out)
+	release := func(run string) int {
+		t.Helper()
+		sums, err := s.BlobsOf(ctx, run)
+		require.NoError(t, err)
+		n, err := s.ReleaseBlobs(ctx, run, sums)
+		require.NoError(t, err)
+		return n
+	}
+	for _, run := range []string{"run_c1", "run_c2"} {
+		_, err := s.Append(ctx, run, begin(t, s, run), completed(2, out))
+		require.NoError(t, err)
+	}
+	require.Zero(t, release("run_c1"), "run_c2 references the blob")
+	_, err = obs.GetInfo(ctx, sum)
+	require.NoError(t, err)
+	require.Equal(t, 1, release("run_c2"))
+	// Asked of the leader: the meta says deleted.
+	_, err = s.Append(ctx, "run_c3", begin(t, s, "run_c3"), completed(2, out))
+	require.NoError(t, err)
+	evs, _, err := s.Read(ctx, "run_c3")
+	require.NoError(t, err)
+	require.Contains(t, string(evs[2].Data), string(out[:100]))
 }
