@@ -48,8 +48,13 @@ const (
 // go, and a writer past it).
 var reclaimTTL = time.Minute
 
-// reclaimPoll is how often a writer looks again at a marked blob.
-const reclaimPoll = 20 * time.Millisecond
+// A writer looks again at a marked blob after reclaimPoll, twice as
+// long each time up to reclaimPollMax: a release takes a few round trips,
+// a dead one's mark a minute.
+const (
+	reclaimPoll    = 20 * time.Millisecond
+	reclaimPollMax = 500 * time.Millisecond
+)
 
 func blobRefSubject(sum, runID string) string { return BlobRefPrefix + sum + "." + runID }
 
@@ -92,7 +97,7 @@ func (s *Store) refBlobs(ctx context.Context, runID string, sums []string) error
 
 // awaitRelease returns once blob sum carries no release mark.
 func (s *Store) awaitRelease(ctx context.Context, st jetstream.Stream, sum string) error {
-	for {
+	for wait := reclaimPoll; ; wait = min(2*wait, reclaimPollMax) {
 		err := retry.Do(ctx, jsRetry, func() error {
 			gctx, cancel := context.WithTimeout(ctx, s.timeout)
 			defer cancel()
@@ -111,7 +116,7 @@ func (s *Store) awaitRelease(ctx context.Context, st jetstream.Stream, sum strin
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for the release of blob %s: %w", sum, ctx.Err())
-		case <-time.After(reclaimPoll):
+		case <-time.After(wait):
 		}
 	}
 }
