@@ -174,6 +174,59 @@ func Blobs(ev Event) ([]NamedBlob, error) {
 	return out, err
 }
 
+// BlobUse is a blob a journal names, and the first event that names it.
+type BlobUse struct {
+	NamedBlob
+	RunID string
+	Seq   uint64
+	// Msg is the journal message the event is in, counted from 1.
+	Msg int
+}
+
+func (b BlobUse) String() string { return fmt.Sprintf("run %s seq %d %s", b.RunID, b.Seq, b.Field) }
+
+// BlobSet gathers the distinct blobs a journal names, in its order: what
+// retention releases and pal run export --blobs archives.
+type BlobSet struct {
+	Uses []BlobUse
+	seen map[string]bool
+}
+
+// Add notes the blobs that evs, the events of journal message msg, name.
+// The first malformed reference is returned (ErrBlob, naming its seq);
+// the events after it are still read.
+func (s *BlobSet) Add(evs []Event, msg int) (first error) {
+	for _, ev := range evs {
+		refs, err := Blobs(ev)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		for _, r := range refs {
+			if s.seen[r.Blob] {
+				continue
+			}
+			if s.seen == nil {
+				s.seen = map[string]bool{}
+			}
+			s.seen[r.Blob] = true
+			s.Uses = append(s.Uses, BlobUse{NamedBlob: r, RunID: ev.RunID, Seq: ev.Seq, Msg: msg})
+		}
+	}
+	return first
+}
+
+// Sums are the names of the blobs in s.
+func (s *BlobSet) Sums() []string {
+	out := make([]string, len(s.Uses))
+	for i, u := range s.Uses {
+		out[i] = u.Blob
+	}
+	return out
+}
+
 // rewrite calls fn on every place of ev that may hold a reference, and
 // returns the data with what fn changed (nil when ev can hold none).
 func rewrite(ev Event, fn func(m map[string]json.RawMessage, field, where string, isCopy bool) error) (json.RawMessage, error) {

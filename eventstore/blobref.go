@@ -46,7 +46,7 @@ const (
 // mark of a release that died, so writers wait at most this long. A
 // release that took half of it deletes nothing (its mark may be about to
 // go, and a writer past it).
-var reclaimTTL = time.Minute
+const reclaimTTL = time.Minute
 
 // A writer looks again at a marked blob after reclaimPoll, twice as
 // long each time up to reclaimPollMax: a release takes a few round trips,
@@ -131,27 +131,20 @@ func (s *Store) BlobsOf(ctx context.Context, runID string) ([]string, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, fmt.Errorf("listing blobs: %w", err)
 	}
-	var sums []string
-	seen := map[string]bool{}
+	var set event.BlobSet
+	msgs := 0
 	err := s.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte) {
-		evs, err := event.Decode(body)
-		if err != nil {
-			return // not PAL's, or corrupt: it names no blob PAL can trust
-		}
-		for _, ev := range evs {
-			refs, _ := event.Blobs(ev)
-			for _, r := range refs {
-				if !seen[r.Blob] {
-					seen[r.Blob] = true
-					sums = append(sums, r.Blob)
-				}
-			}
+		msgs++
+		// A message that is not PAL's, or a malformed reference, names no
+		// blob PAL can trust.
+		if evs, err := event.Decode(body); err == nil {
+			_ = set.Add(evs, msgs)
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
-	return sums, nil
+	return set.Sums(), nil
 }
 
 // ReleaseBlobs drops the run's references to the blobs sums and deletes

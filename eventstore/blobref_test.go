@@ -12,7 +12,6 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
 )
 
 // blobSum is the name a big output gets in PAL_BLOBS: the sha256 of the
@@ -161,16 +160,8 @@ func TestBlobWriterWaitsOutARelease(t *testing.T) {
 // gone and puts it again, and the journal reads back whole.
 func TestBlobReleaseOnACluster(t *testing.T) {
 	t.Parallel()
-	c := testenv.NATSClusterProcesses(t, 3, testenv.FastRaft())
-	js, err := jetstream.New(c.Conn(t))
-	require.NoError(t, err)
 	ctx := timeout(t, 2*time.Minute)
-	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{Replicas: 3}))
-	for _, st := range []string{eventstore.EventsStream, eventstore.BlobRefsStream, eventstore.BlobStream} {
-		require.NoError(t, c.WaitCurrent(ctx, js, st))
-	}
-	s, err := eventstore.Open(ctx, js)
-	require.NoError(t, err)
+	s, js := clusterStore(t, ctx)
 	obs, err := js.ObjectStore(ctx, eventstore.BlobBucket)
 	require.NoError(t, err)
 	out := bigOutput(300 << 10)

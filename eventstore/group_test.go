@@ -202,17 +202,27 @@ func TestGroupCommitGivesUpWithItsCaller(t *testing.T) {
 // whole with the heads its appends returned.
 func TestGroupCommitOnACluster(t *testing.T) {
 	t.Parallel()
-	c := testenv.NATSClusterProcesses(t, 3, testenv.FastRaft())
-	js, err := jetstream.New(c.Conn(t))
-	require.NoError(t, err)
 	ctx := timeout(t, 2*time.Minute)
-	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{Replicas: 3}))
-	require.NoError(t, c.WaitCurrent(ctx, js, eventstore.EventsStream))
-	s, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
-	require.NoError(t, err)
+	s, _ := clusterStore(t, ctx, eventstore.WithPacking(true))
 	const runs, appends = 32, 10
 	appendAtOnce(t, ctx, s, "run_cluster_", runs, appends, 1)
 	batches, batched, _ := s.GroupStats()
 	t.Logf("%d appends on R3: %d atomic batches holding %d of them", runs*appends, batches, batched)
 	require.Positive(t, batches, "no append was group-committed")
+}
+
+// clusterStore sets PAL up on three nats-server processes (R3) and opens a
+// store there, once every stream has a current leader.
+func clusterStore(t *testing.T, ctx context.Context, opts ...eventstore.Option) (*eventstore.Store, jetstream.JetStream) {
+	t.Helper()
+	c := testenv.NATSClusterProcesses(t, 3, testenv.FastRaft())
+	js, err := jetstream.New(c.Conn(t))
+	require.NoError(t, err)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{Replicas: 3}))
+	for _, st := range []string{eventstore.EventsStream, eventstore.BlobRefsStream, eventstore.BlobStream} {
+		require.NoError(t, c.WaitCurrent(ctx, js, st))
+	}
+	s, err := eventstore.Open(ctx, js, opts...)
+	require.NoError(t, err)
+	return s, js
 }

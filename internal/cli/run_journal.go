@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,7 +33,7 @@ one (not PAL's) spans lines and reads as corrupt.
 
 A big step value is in the journal as a reference to PAL_BLOBS,
 <field>_blob {"blob":"<sha256>","size":N}, and retention (PAL_RETENTION)
-removes the object with the journal. --blobs DIR makes the export a
+removes the object with the last journal that names it. --blobs DIR makes the export a
 complete archive: stdout is the same journal, and every blob it names is
 written to DIR/<sha256> (DIR is created if missing), each checked against
 its sha256 and size as it is read. A file already in DIR with the right
@@ -58,7 +57,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 			}
 			defer nc.Close()
 			w := bufio.NewWriter(e.stdout)
-			var blobs journalBlobs
+			var blobs event.BlobSet
 			var refErr error // the first malformed reference: reported once the rest is out
 			n, werr := 0, error(nil)
 			err = store.Scan(cmd.Context(), runID, 0, 0, func(_ uint64, body []byte) {
@@ -66,7 +65,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 				if blobsDir != "" {
 					// A message that is not PAL's names no blob; verify reports it.
 					if evs, derr := event.Decode(body); derr == nil {
-						if aerr := blobs.add(evs, n); refErr == nil {
+						if aerr := blobs.Add(evs, n); refErr == nil {
 							refErr = aerr
 						}
 					}
@@ -89,7 +88,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 			case blobsDir == "":
 				return nil
 			}
-			if err := e.exportBlobs(cmd.Context(), store, blobsDir, blobs.list); err != nil {
+			if err := e.exportBlobs(cmd.Context(), store, blobsDir, blobs.Uses); err != nil {
 				return err
 			}
 			return withCode(ExitRunFailed, refErr)
@@ -101,7 +100,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 
 // exportBlobs writes each blob to dir/<sha256>, read from PAL_BLOBS and
 // checked there (Store.Blob); one already in dir with its bytes is kept.
-func (e *env) exportBlobs(ctx context.Context, store *eventstore.Store, dir string, blobs []blobUse) error {
+func (e *env) exportBlobs(ctx context.Context, store *eventstore.Store, dir string, blobs []event.BlobUse) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return withCode(ExitBadInput, fmt.Errorf("blob directory: %w", err))
 	}
@@ -190,48 +189,6 @@ func checkBlobFile(dir string, ref event.BlobRef) error {
 	return nil
 }
 
-// blobUse is a blob a journal names, and the first event that names it.
-type blobUse struct {
-	event.NamedBlob
-	runID string
-	seq   uint64
-	line  int // the journal message, from 1
-}
-
-func (b blobUse) String() string {
-	return fmt.Sprintf("run %s seq %d %s", b.runID, b.seq, b.Field)
-}
-
-// journalBlobs lists the distinct blobs a journal names, in its order.
-type journalBlobs struct {
-	list []blobUse
-	seen map[string]bool
-}
-
-// add notes the blobs that evs, the events of message line, name. The
-// first malformed reference is returned (event.ErrBlob, naming its seq);
-// the events after it are still read.
-func (j *journalBlobs) add(evs []event.Event, line int) (first error) {
-	for _, ev := range evs {
-		refs, err := event.Blobs(ev)
-		if err != nil {
-			first = cmp.Or(first, err)
-			continue
-		}
-		for _, r := range refs {
-			if j.seen[r.Blob] {
-				continue
-			}
-			if j.seen == nil {
-				j.seen = map[string]bool{}
-			}
-			j.seen[r.Blob] = true
-			j.list = append(j.list, blobUse{NamedBlob: r, runID: ev.RunID, seq: ev.Seq, line: line})
-		}
-	}
-	return first
-}
-
 func (e *env) runVerifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify FILE",
@@ -284,7 +241,7 @@ func (e *env) verifyJournal(r io.Reader, runID, blobsDir string) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxJournalLine)
 	var c *event.Chain
-	var blobs journalBlobs
+	var blobs event.BlobSet
 	msgs, evs := 0, 0
 	for sc.Scan() {
 		line := sc.Bytes()
@@ -301,7 +258,7 @@ func (e *env) verifyJournal(r io.Reader, runID, blobsDir string) error {
 		}
 		evs += len(got)
 		if blobsDir != "" {
-			if err := blobs.add(got, msgs); err != nil {
+			if err := blobs.Add(got, msgs); err != nil {
 				return withCode(ExitRunFailed, fmt.Errorf("line %d: %w", msgs, err))
 			}
 		}
@@ -316,15 +273,15 @@ func (e *env) verifyJournal(r io.Reader, runID, blobsDir string) error {
 		return withCode(ExitBadInput, errors.New("the journal is empty"))
 	}
 	size := int64(0)
-	for _, b := range blobs.list {
+	for _, b := range blobs.Uses {
 		if err := checkBlobFile(blobsDir, b.BlobRef); err != nil {
-			return withCode(ExitRunFailed, fmt.Errorf("line %d: %s: %w", b.line, b, err))
+			return withCode(ExitRunFailed, fmt.Errorf("line %d: %s: %w", b.Msg, b, err))
 		}
 		size += b.Size
 	}
 	fmt.Fprintf(e.stdout, "run %s: %d events in %d messages verify; head sha256 %s\n", c.RunID, evs, msgs, c.Hash)
 	if blobsDir != "" {
-		fmt.Fprintf(e.stdout, "%d blobs (%d bytes) in %s match\n", len(blobs.list), size, blobsDir)
+		fmt.Fprintf(e.stdout, "%d blobs (%d bytes) in %s match\n", len(blobs.Uses), size, blobsDir)
 	}
 	return nil
 }
