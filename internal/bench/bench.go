@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -357,4 +358,91 @@ func Median(ds []time.Duration) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2]
+}
+
+// Sustain keeps n runs of a steps-long sequential workflow in flight: each
+// run that ends is replaced by a new one at once. After warm (not
+// counted), it counts the runs that end within window; the Result's Runs
+// is that count and Elapsed the window, so StepsPerSecond is the steady
+// throughput with n in flight, free of a burst's ramp-up and drain. Every
+// run must succeed. A run counts as ended when the stream republishes its
+// terminal event (pal.watch.<run_id>), which is after the stream stored
+// it, as a watching client sees it.
+func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Duration) (Result, error) {
+	wf := Workflow(steps)
+	client := runs.New(e.Store)
+	var (
+		mu      sync.Mutex
+		waiting = make(map[string]chan string, n)
+	)
+	sub, err := e.subNC.Subscribe(eventstore.WatchPrefix+"*", func(m *nats.Msg) {
+		k := m.Header.Get("Pal-Kind")
+		var end string
+		switch {
+		case strings.HasSuffix(k, string(event.RunSucceeded)):
+			end = string(event.RunSucceeded)
+		case strings.HasSuffix(k, string(event.RunFailed)), strings.HasSuffix(k, string(event.RunCancelled)):
+			end = k
+		default:
+			return
+		}
+		mu.Lock()
+		ch := waiting[strings.TrimPrefix(m.Subject, eventstore.WatchPrefix)]
+		mu.Unlock()
+		if ch != nil {
+			ch <- end
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := e.subNC.Flush(); err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	from, to := start.Add(warm), start.Add(warm+window)
+	var (
+		wg      sync.WaitGroup
+		counted atomic.Int64
+		errs    = make(chan error, n)
+	)
+	for range n {
+		wg.Go(func() {
+			for time.Now().Before(to) {
+				id := event.NewRunID()
+				ch := make(chan string, 1)
+				mu.Lock()
+				waiting[id] = ch
+				mu.Unlock()
+				_, err := client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench"})
+				if err == nil {
+					select {
+					case end := <-ch:
+						if end != string(event.RunSucceeded) {
+							err = fmt.Errorf("bench: run %s ended with %s", id, end)
+						}
+					case <-ctx.Done():
+						err = fmt.Errorf("bench: run %s has not ended: %w", id, ctx.Err())
+					}
+				}
+				mu.Lock()
+				delete(waiting, id)
+				mu.Unlock()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if now := time.Now(); now.After(from) && !now.After(to) {
+					counted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	return Result{Runs: int(counted.Load()), StepsPerRun: steps, Elapsed: window}, nil
 }

@@ -33,7 +33,11 @@ worker, and measures, for each durability mode:
   - per-step overhead: one sequential run of --steps no-op tool steps; the
     gap between consecutive step_completed events, p50 and p99;
   - throughput: --runs concurrent runs of --steps-per-run no-op steps,
-    steps per second from the first start to the last run_succeeded.
+    steps per second from the first start to the last run_succeeded;
+    with --duration, --runs runs are kept in flight for that long instead
+    (each run that ends is replaced at once, after a 1 s warm-up that is
+    not counted): the steady throughput, free of a burst's ramp-up and
+    drain.
 
 The worker reaches the server over loopback TCP unless --in-process.
 
@@ -57,6 +61,7 @@ deduplicates) against a restart from scratch at each kill.`,
 	f.Int("steps", 500, "steps of the sequential run")
 	f.Int("runs", 64, "concurrent runs")
 	f.Int("steps-per-run", 50, "steps of each concurrent run")
+	f.Duration("duration", 0, "keep --runs runs in flight this long (steady throughput) instead of one burst")
 	f.Bool("in-process", false, "connect the worker to NATS in-process")
 	f.Bool("cluster", false, "also measure on a 3-node cluster of nats-server processes (R3)")
 	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
@@ -72,6 +77,7 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	spr, _ := cmd.Flags().GetInt("steps-per-run")
 	inproc, _ := cmd.Flags().GetBool("in-process")
 	cluster, _ := cmd.Flags().GetBool("cluster")
+	sustain, _ := cmd.Flags().GetDuration("duration")
 	if econ, _ := cmd.Flags().GetBool("economics"); econ {
 		model, _ := cmd.Flags().GetString("model")
 		return e.runEconomics(ctx, model)
@@ -88,35 +94,42 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	if steps < 2 || runs < 1 || spr < 1 {
 		return badInput("--steps must be ≥ 2, --runs and --steps-per-run ≥ 1")
 	}
+	if sustain < 0 || sustain > time.Hour {
+		return badInput("--duration=%s: want 0 (one burst) up to 1h", sustain)
+	}
+	shape := fmt.Sprintf("%d × %d", runs, spr)
+	if sustain > 0 {
+		shape = fmt.Sprintf("%d in flight × %d, %s", runs, spr, sustain)
+	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "durability\tstep p50\tstep p99\tsteps/s (1 run)\tsteps/s (concurrent)\tconcurrent runs × steps")
 	for _, m := range modes {
 		fmt.Fprintf(e.stderr, "pal bench: %s mode…\n", m)
-		seq, conc, err := benchMode(ctx, bench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr)
+		seq, conc, err := benchMode(ctx, bench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr, sustain)
 		if err != nil {
 			return err
 		}
-		row(tw, m, seq, conc, runs, spr)
+		row(tw, m, seq, conc, shape)
 	}
 	if cluster {
 		fmt.Fprintln(e.stderr, "pal bench: 3-node cluster (R3)…")
-		seq, conc, err := benchCluster(ctx, steps, runs, spr)
+		seq, conc, err := benchCluster(ctx, steps, runs, spr, sustain)
 		if err != nil {
 			return err
 		}
-		row(tw, "cluster R3", seq, conc, runs, spr)
+		row(tw, "cluster R3", seq, conc, shape)
 	}
 	return tw.Flush()
 }
 
-func row(tw *tabwriter.Writer, name string, seq, conc bench.Result, runs, spr int) {
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%d × %d\n", name,
-		us(seq.Percentile(0.5)), us(seq.Percentile(0.99)), seq.StepsPerSecond(), conc.StepsPerSecond(), runs, spr)
+func row(tw *tabwriter.Writer, name string, seq, conc bench.Result, shape string) {
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\n", name,
+		us(seq.Percentile(0.5)), us(seq.Percentile(0.99)), seq.StepsPerSecond(), conc.StepsPerSecond(), shape)
 }
 
 // benchCluster measures on three pal dev-nats-node processes (startDevCluster,
 // as pal dev --cluster 3), in a temp dir it removes.
-func benchCluster(ctx context.Context, steps, runs, spr int) (bench.Result, bench.Result, error) {
+func benchCluster(ctx context.Context, steps, runs, spr int, sustain time.Duration) (bench.Result, bench.Result, error) {
 	dir, err := os.MkdirTemp("", "pal-bench-cluster-*")
 	if err != nil {
 		return bench.Result{}, bench.Result{}, err
@@ -152,7 +165,7 @@ func benchCluster(ctx context.Context, steps, runs, spr int) (bench.Result, benc
 	if err := setupWithRetry(sctx, js, eventstore.Config{Replicas: 3}, log); err != nil {
 		return bench.Result{}, bench.Result{}, fmt.Errorf("setting up the cluster's streams: %w", err)
 	}
-	return benchMode(ctx, bench.Options{Connect: connect, Replicas: 3}, steps, runs, spr)
+	return benchMode(ctx, bench.Options{Connect: connect, Replicas: 3}, steps, runs, spr, sustain)
 }
 
 // freeLoopbackPorts finds n consecutive free loopback ports (the nodes'
@@ -177,7 +190,9 @@ func freeLoopbackPorts(n int) (int, error) {
 	return 0, errors.New("no run of free loopback ports")
 }
 
-func benchMode(ctx context.Context, o bench.Options, steps, runs, spr int) (bench.Result, bench.Result, error) {
+// benchMode measures one environment: the sequential run, then one burst
+// of runs, or with sustain > 0 runs kept in flight for sustain.
+func benchMode(ctx context.Context, o bench.Options, steps, runs, spr int, sustain time.Duration) (bench.Result, bench.Result, error) {
 	o.Concurrency = max(64, runs)
 	env, err := bench.Start(ctx, o)
 	if err != nil {
@@ -193,6 +208,10 @@ func benchMode(ctx context.Context, o bench.Options, steps, runs, spr int) (benc
 	seq, err := env.Runs(ctx, 1, steps)
 	if err != nil {
 		return seq, bench.Result{}, err
+	}
+	if sustain > 0 {
+		conc, err := env.Sustain(ctx, runs, spr, time.Second, sustain)
+		return seq, conc, err
 	}
 	conc, err := env.Runs(ctx, runs, spr)
 	return seq, conc, err

@@ -69,3 +69,23 @@ func TestBenchCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchSustained keeps runs in flight for --duration: the row says so,
+// and its throughput counts only runs that ended in the window.
+func TestBenchSustained(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	r := runPal(t, bin, nil, "bench", "--durability", "strict", "--steps", "10", "--runs", "8", "--steps-per-run", "3", "--duration", "2s")
+	require.Zero(t, r.code, r)
+	m := regexp.MustCompile(`(?m)^strict\s+(\d+) µs\s+(\d+) µs\s+(\d+)\s+(\d+)\s+8 in flight × 3, 2s$`).FindStringSubmatch(r.stdout)
+	require.NotNil(t, m, "no sustained row in\n%s", r.stdout)
+	for _, v := range m[1:] {
+		require.NotEqual(t, "0", v, m[0])
+	}
+
+	for _, bad := range []string{"-1s", "2h"} {
+		r = runPal(t, bin, nil, "bench", "--duration="+bad)
+		require.Equal(t, 2, r.code, r)
+		require.Contains(t, r.stderr, "--duration="+bad)
+	}
+}
