@@ -46,6 +46,14 @@ type drive struct {
 	// resumed: this drive's run_resumed is in the journal, so the next
 	// drive counts a crash of this one toward crash_loop.
 	resumed bool
+	// unresumed: run_resumed is pending, at seq resumedSeq; landed is
+	// called once it is in the journal (resume).
+	unresumed  bool
+	resumedSeq uint64
+	landed     func()
+	// resumeTries counts resumes after a stale writer's append beat
+	// run_resumed.
+	resumeTries int
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
@@ -476,9 +484,7 @@ func (d *drive) run() error {
 		d.log.Debug("still waiting")
 		return errParked
 	}
-	if err := d.resume(); err != nil {
-		return err
-	}
+	d.resume()
 	for {
 		if err := d.ctx.Err(); err != nil {
 			return context.Cause(d.ctx)
@@ -487,6 +493,14 @@ func (d *drive) run() error {
 		if err := d.ctx.Err(); err != nil {
 			// An evaluation cut short is no decision: act on none.
 			return context.Cause(d.ctx)
+		}
+		if d.unresumed && !carriesResumed(a) {
+			if err := d.flush(); err != nil {
+				if err := d.resumeAgain(err); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		switch a := a.(type) {
 		case engine.Done:
@@ -499,7 +513,9 @@ func (d *drive) run() error {
 			return d.flush()
 		case engine.RunStep:
 			if err := d.runStep(a.Plan); err != nil {
-				return err
+				if err := d.resumeAgain(err); err != nil {
+					return err
+				}
 			}
 		case engine.Note:
 			// A brake's record (budget_warning, budget_exceeded,
@@ -691,53 +707,79 @@ func (d *drive) unfoldable(evs []event.Event, head eventstore.Head, ferr error) 
 	return fmt.Errorf("%w: run %s: %v (the run is failed)", errJournal, d.runID, ferr)
 }
 
-// resume appends run_resumed, the fencing token of this drive. A run
-// whose drives keep crashing without progress fails instead.
-func (d *drive) resume() error {
-	for tries := 0; ; tries++ {
-		crashed := d.st.DriveOpen
-		crashes := 0
+// resume queues run_resumed, the fencing token of this drive, for the
+// next flush (carriesResumed says which); nothing acts outside the process
+// before it is in the journal. A run whose drives keep crashing without
+// progress fails instead.
+func (d *drive) resume() {
+	crashed := d.st.DriveOpen
+	crashes := 0
+	if crashed {
+		crashes = d.st.CrashesAtStep + 1
+	}
+	info := telemetry.DriveInfo{RunID: d.runID, Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1,
+		Crashed: crashed, Earlier: d.earlier}
+	if d.trace == nil {
+		// The drive's trace opens here, so its id is on run_resumed.
+		d.ctx, d.trace = telemetry.StartDrive(d.ctx, info)
+	}
+	lastEvent := d.st.UpdatedAt
+	d.emit(event.RunResumed, "", 0, event.RunResumedData{
+		Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
+	d.unresumed, d.resumedSeq = true, d.st.LastSeq
+	dctx := d.ctx // the resume span is the drive's, not the step's that lands it
+	d.landed = func() {
+		d.resumed = true
+		d.trace.Resumed(dctx, info)
 		if crashed {
-			crashes = d.st.CrashesAtStep + 1
-		}
-		info := telemetry.DriveInfo{RunID: d.runID, Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1,
-			Crashed: crashed, Earlier: d.earlier}
-		if d.trace == nil {
-			// The drive's trace opens here, so its id is on run_resumed.
-			d.ctx, d.trace = telemetry.StartDrive(d.ctx, info)
-		}
-		lastEvent := d.st.UpdatedAt
-		d.emit(event.RunResumed, "", 0, event.RunResumedData{
-			Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
-		if crashes >= d.w.cfg.MaxCrashes {
-			step := d.currentStep()
-			d.emit(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeCrashLoop, StepID: step,
-				Error: fmt.Sprintf("run crashed its workers %d times in a row without completing a step (at step %q); giving up", crashes, step)})
-		}
-		err := d.flush()
-		if err == nil {
-			d.resumed = true
-			d.trace.Resumed(d.ctx, info)
-			if crashed {
-				telemetry.Takeover(d.w.now().Sub(lastEvent))
-			}
-			if crashed {
-				d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
-			}
-			return nil
-		}
-		if !errors.Is(err, eventstore.ErrConflict) || tries >= 2 {
-			return err
-		}
-		// A stale writer slipped an append in before our token: reload
-		// and try again; we hold the lease.
-		if err := d.load(); err != nil {
-			return err
-		}
-		if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
-			return nil
+			telemetry.Takeover(d.w.now().Sub(lastEvent))
+			d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
 		}
 	}
+	if crashes >= d.w.cfg.MaxCrashes {
+		step := d.currentStep()
+		d.emit(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeCrashLoop, StepID: step,
+			Error: fmt.Sprintf("run crashed its workers %d times in a row without completing a step (at step %q); giving up", crashes, step)})
+	}
+}
+
+// carriesResumed says whether a, the drive's first action, may take the
+// pending run_resumed along in its own first flush: a plain step flushes
+// its step_started before it acts (or fails, or completes a pure step,
+// without acting), so run_resumed and step_started go as one message (one
+// fsync in strict mode) and nothing outside the process has seen the
+// drive before its token is in the journal. Any other action flushes
+// run_resumed first.
+func carriesResumed(a engine.Action) bool {
+	rs, ok := a.(engine.RunStep)
+	return ok && rs.Plan.Wait == nil && rs.Plan.Gate == nil && rs.Plan.Exec != engine.ExecSubagent
+}
+
+// errResumeConflict: a flush that carried this drive's run_resumed found
+// the journal moved: a stale writer's append came before the token.
+var errResumeConflict = errors.New("an append beat run_resumed")
+
+// resumeAgain takes err from a flush: when it is errResumeConflict, the
+// drive still holds the lease, so it reloads the journal and resumes
+// again (twice at most), and the caller decides afresh. Any other error is
+// returned as it is.
+func (d *drive) resumeAgain(err error) error {
+	if !errors.Is(err, errResumeConflict) {
+		return err
+	}
+	if d.resumeTries >= 2 {
+		return err
+	}
+	d.resumeTries++
+	d.unresumed = false // load drops what is pending
+	if err := d.load(); err != nil {
+		return err
+	}
+	if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
+		return nil
+	}
+	d.resume()
+	return nil
 }
 
 func (d *drive) currentStep() string {
@@ -787,6 +829,10 @@ func (d *drive) flush() error {
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
+	if d.unresumed && head.Seq >= d.resumedSeq {
+		d.unresumed = false
+		d.landed()
+	}
 	if err == nil {
 		if !d.inline && d.w.snaps.due(d.runID, head.Seq) {
 			d.w.keepSnapshot(d)
@@ -794,6 +840,9 @@ func (d *drive) flush() error {
 		return nil
 	}
 	if errors.Is(err, eventstore.ErrConflict) {
+		if d.unresumed {
+			return fmt.Errorf("%w: %w", errResumeConflict, err)
+		}
 		return d.onConflict(err)
 	}
 	if c := context.Cause(d.ctx); c != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/connector/connectortest"
@@ -450,4 +451,70 @@ func TestLostLeaseStopsTheDrive(t *testing.T) {
 	hold.Release()
 	require.Never(t, func() bool { return len(b.Events(t, runID)) != len(before) }, time.Second, 50*time.Millisecond)
 	require.NoError(t, kv.Purge(ctx, runID))
+}
+
+// TestAppendBeforeRunResumedResumesAgain: a drive's run_resumed goes with
+// its first step's step_started, in strict mode as one message. When the
+// journal moved between the drive's read and that flush — here a crashed
+// worker's drive landed its events meanwhile — the drive, which holds the
+// lease, reads the journal again and resumes from there, in the same
+// drive: the step the other worker completed is not run again.
+func TestAppendBeforeRunResumedResumesAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, paltest.Strict())
+	var calls atomic.Int32
+	w := b.worker(t, "w1", map[string]workers.Tool{"echo": func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+		calls.Add(1)
+		return in, nil
+	}})
+	entered, ready := make(chan struct{}), make(chan struct{})
+	var drives atomic.Int32
+	workers.SetBeforeDrive(w, func(string) {
+		if drives.Add(1) == 1 {
+			close(entered)
+			<-ready
+		}
+	})
+	runID := b.Start(t, echoChain(2), `{}`)
+	<-entered
+	time.Sleep(50 * time.Millisecond) // the drive's own read of the journal is done
+	appendRaw(t, b, runID,
+		event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "crashed-worker", ResumeCount: 1}),
+		event.MustNew(event.StepStarted, "t1", 1, event.StepStartedData{NodeID: "t1", NodeType: "tool",
+			Input: json.RawMessage(`{"i":1}`), IdempotencyKey: key(runID, "t1", 1)}),
+		event.MustNew(event.StepCompleted, "t1", 1, event.StepCompletedData{Output: json.RawMessage(`{"i":1}`)}))
+	close(ready)
+
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	require.Equal(t, int32(1), calls.Load(), "only t2 ran on w1")
+	require.Equal(t, int32(1), drives.Load(), "one drive did it all: the conflict did not end it")
+	evs := b.Events(t, runID)
+	resumed := find(evs, event.RunResumed, "")
+	require.Len(t, resumed, 2)
+	require.Equal(t, "w1", resumed[1].WorkerID)
+	require.True(t, data[event.RunResumedData](t, resumed[1]).Crashed)
+	require.Len(t, find(evs, event.StepStarted, "t1"), 1)
+	require.Greater(t, resumed[1].Seq, find(evs, event.StepCompleted, "t1")[0].Seq)
+
+	// The messages on the run's subject, by their kinds.
+	cons, err := b.JS.OrderedConsumer(context.Background(), eventstore.EventsStream,
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventstore.EventsSubject(runID)}})
+	require.NoError(t, err)
+	var kinds []string
+	var last uint64
+	for range 4 {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		require.NoError(t, err)
+		kinds = append(kinds, m.Headers().Get("Pal-Kind"))
+		md, err := m.Metadata()
+		require.NoError(t, err)
+		last = md.Sequence.Stream
+	}
+	require.Equal(t, []string{"run_created", "run_resumed,step_started,step_completed",
+		"run_resumed,step_started", "step_completed,run_succeeded"}, kinds)
+	stream, err := b.JS.Stream(context.Background(), eventstore.EventsStream)
+	require.NoError(t, err)
+	end, err := stream.GetLastMsgForSubject(context.Background(), eventstore.EventsSubject(runID))
+	require.NoError(t, err)
+	require.Equal(t, last, end.Sequence, "no message after run_succeeded's")
 }
