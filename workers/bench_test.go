@@ -60,9 +60,15 @@ func BenchmarkConcurrentRuns(b *testing.B) {
 
 func startBench(b *testing.B, strict bool) *bench.Env {
 	b.Helper()
+	return startBenchWith(b, bench.Options{Strict: strict})
+}
+
+func startBenchWith(b *testing.B, o bench.Options) *bench.Env {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	env, err := bench.Start(ctx, bench.Options{Strict: strict, Dir: b.TempDir(), Concurrency: 64})
+	o.Dir, o.Concurrency = b.TempDir(), 64
+	env, err := bench.Start(ctx, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,9 +85,21 @@ func startBench(b *testing.B, strict bool) *bench.Env {
 // and of 11 no-op steps one after another; the fixed cost is the 1-step
 // time less one step's share of the difference.
 //
+// over loopback TCP (tcp), and in-process (in-process, the connection
+// pal dev's worker has to its embedded server).
+//
 //	go test -run '^$' -bench WorkflowFixedCost -benchtime 1x ./workers/
 func BenchmarkWorkflowFixedCost(b *testing.B) {
-	env := startBench(b, false)
+	for _, c := range []struct {
+		name   string
+		inProc bool
+	}{{"tcp", false}, {"in-process", true}} {
+		b.Run(c.name, func(b *testing.B) { workflowFixedCost(b, c.inProc) })
+	}
+}
+
+func workflowFixedCost(b *testing.B, inProc bool) {
+	env := startBenchWith(b, bench.Options{InProcess: inProc})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for range b.N {
