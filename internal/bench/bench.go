@@ -238,20 +238,11 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 	wf := Workflow(steps)
 	client := runs.New(e.Store)
 	done := make(chan string, n)
-	sub, err := e.subNC.Subscribe(eventstore.EventsPrefix+"*", func(m *nats.Msg) {
-		k := m.Header.Get("Pal-Kind")
-		if strings.HasSuffix(k, string(event.RunSucceeded)) || strings.HasSuffix(k, string(event.RunFailed)) ||
-			strings.HasSuffix(k, string(event.RunCancelled)) {
-			done <- strings.TrimPrefix(m.Subject, eventstore.EventsPrefix)
-		}
-	})
+	stop, err := e.onEnd(eventstore.EventsPrefix, func(runID string, _ event.Kind) { done <- runID })
 	if err != nil {
 		return Result{}, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := e.subNC.Flush(); err != nil {
-		return Result{}, err
-	}
+	defer stop()
 	start := time.Now()
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -373,21 +364,11 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 	client := runs.New(e.Store)
 	var (
 		mu      sync.Mutex
-		waiting = make(map[string]chan string, n)
+		waiting = make(map[string]chan event.Kind, n)
 	)
-	sub, err := e.subNC.Subscribe(eventstore.WatchPrefix+"*", func(m *nats.Msg) {
-		k := m.Header.Get("Pal-Kind")
-		var end string
-		switch {
-		case strings.HasSuffix(k, string(event.RunSucceeded)):
-			end = string(event.RunSucceeded)
-		case strings.HasSuffix(k, string(event.RunFailed)), strings.HasSuffix(k, string(event.RunCancelled)):
-			end = k
-		default:
-			return
-		}
+	stop, err := e.onEnd(eventstore.WatchPrefix, func(runID string, end event.Kind) {
 		mu.Lock()
-		ch := waiting[strings.TrimPrefix(m.Subject, eventstore.WatchPrefix)]
+		ch := waiting[runID]
 		mu.Unlock()
 		if ch != nil {
 			ch <- end
@@ -396,10 +377,7 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 	if err != nil {
 		return Result{}, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := e.subNC.Flush(); err != nil {
-		return Result{}, err
-	}
+	defer stop()
 	start := time.Now()
 	from, to := start.Add(warm), start.Add(warm+window)
 	var (
@@ -411,7 +389,7 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 		wg.Go(func() {
 			for time.Now().Before(to) {
 				id := event.NewRunID()
-				ch := make(chan string, 1)
+				ch := make(chan event.Kind, 1)
 				mu.Lock()
 				waiting[id] = ch
 				mu.Unlock()
@@ -419,7 +397,7 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 				if err == nil {
 					select {
 					case end := <-ch:
-						if end != string(event.RunSucceeded) {
+						if end != event.RunSucceeded {
 							err = fmt.Errorf("bench: run %s ended with %s", id, end)
 						}
 					case <-ctx.Done():
@@ -445,4 +423,26 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 		return Result{}, err
 	}
 	return Result{Runs: int(counted.Load()), StepsPerRun: steps, Elapsed: window}, nil
+}
+
+// onEnd calls fn with the run id and kind of every terminal event on
+// prefix+<run_id> (pal.events., as published, or pal.watch., as stored)
+// until the returned stop.
+func (e *Env) onEnd(prefix string, fn func(runID string, end event.Kind)) (stop func(), err error) {
+	sub, err := e.subNC.Subscribe(prefix+"*", func(m *nats.Msg) {
+		// A packed message lists its kinds; a terminal event is the last.
+		kinds := m.Header.Get("Pal-Kind")
+		end := event.Kind(kinds[strings.LastIndexByte(kinds, ',')+1:])
+		if end.Terminal() {
+			fn(strings.TrimPrefix(m.Subject, prefix), end)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.subNC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
