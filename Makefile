@@ -66,7 +66,7 @@ fuzz: ## Run each fuzz target briefly (FUZZTIME=10s each) over its seed corpus
 	done
 
 .PHONY: bench
-bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, 10,000 SSE watchers, pal bench, pal bench --economics)
+bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, 10,000 SSE watchers, pal bench, strict runs kept in flight, pal bench --economics)
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill|WorkflowFixedCost|LongRun' -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench LoopIteration -benchtime 100x ./engine/
 	$(GO) test -run '^$$' -bench ResumeFold ./engine/
@@ -75,6 +75,7 @@ bench: build ## Benchmarks: the README's Performance tables (workers, long runs,
 	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x ./api/
 	PAL_TEST_SSE_WATCHERS=10000 $(GO) test -count=1 -run '^TestSSEWatchers$$' -v ./api/
 	./$(BIN) bench
+	./$(BIN) bench --durability strict --runs 64 --steps-per-run 10 --duration 10s
 	./$(BIN) bench --economics
 
 .PHONY: lint
