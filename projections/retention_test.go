@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -219,8 +220,11 @@ func TestRetentionLoop(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(end.TS), retention, "removed no earlier than the retention")
 	require.Equal(t, 1, countRows(t, b, id).runs)
 	require.True(t, hasJournal(t, b, parked))
-	_, err = obs.GetInfo(context.Background(), sum)
-	require.ErrorIs(t, err, jetstream.ErrObjectNotFound, "the run's blob went with its journal")
+	// The blobs are released after the journal is purged.
+	require.Eventually(t, func() bool {
+		_, err := obs.GetInfo(context.Background(), sum)
+		return errors.Is(err, jetstream.ErrObjectNotFound)
+	}, 30*time.Second, 20*time.Millisecond, "the run's blob went with its journal")
 	caughtUp(t, p) // the projector's checkpoint still reaches the stream's end
 }
 

@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
@@ -19,7 +21,9 @@ import (
 
 func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	// A 64 MiB value under the race detector can starve the lease keeper
+	// of a 1 s lease; a lost lease would run the step again.
+	b := setup(t, paltest.LeaseTTL(5*time.Second))
 	var calls atomic.Int32
 	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		calls.Add(1)
@@ -87,7 +91,7 @@ func TestForgedBlobEndsTheRun(t *testing.T) {
 // and the fork does not run the copied step again.
 func TestBigRunInputAndForkCopies(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setup(t, paltest.LeaseTTL(5*time.Second)) // as TestOversizedOutputFailsTheStepOnce
 	ctx := context.Background()
 	var calls atomic.Int32
 	big := strings.Repeat("q", 2*eventstore.DefaultBlobThreshold)
