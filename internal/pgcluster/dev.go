@@ -127,7 +127,21 @@ func (c *Cluster) devReady(ctx context.Context, log *slog.Logger) error {
 	if trusted {
 		log.Warn("the dev PostgreSQL let any local user in (trust authentication); setting a password and restarting it",
 			"password_file", filepath.Join(c.dataDir, PasswordFile))
-		if err := c.secure(ctx); err != nil {
+		err := c.secure(ctx)
+		if errors.Is(err, ErrPortInUse) {
+			// Another program took the port while the server restarted
+			// (another pal dev, a test): as at the first start, PostgreSQL
+			// listens on a free port.
+			c.mu.Lock()
+			want := c.port
+			c.port, c.portFixed = 0, false
+			c.mu.Unlock()
+			if err = c.Start(ctx); err == nil {
+				log.Warn("the PostgreSQL dev port was taken while PostgreSQL restarted, so it listens on a free port",
+					"want", want, "port", c.Port())
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("securing the dev PostgreSQL in %s: %w", c.dataDir, err)
 		}
 	}
