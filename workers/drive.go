@@ -46,11 +46,9 @@ type drive struct {
 	// resumed: this drive's run_resumed is in the journal, so the next
 	// drive counts a crash of this one toward crash_loop.
 	resumed bool
-	// unresumed: run_resumed is pending, at seq resumedSeq; landed is
-	// called once it is in the journal (resume).
-	unresumed  bool
-	resumedSeq uint64
-	landed     func()
+	// landed is called once this drive's run_resumed is in the journal
+	// (resume, resumePending).
+	landed func()
 	// resumeTries counts resumes after a stale writer's append beat
 	// run_resumed.
 	resumeTries int
@@ -494,7 +492,7 @@ func (d *drive) run() error {
 			// An evaluation cut short is no decision: act on none.
 			return context.Cause(d.ctx)
 		}
-		if d.unresumed && !carriesResumed(a) {
+		if d.resumePending() && !carriesResumed(a) {
 			if err := d.flush(); err != nil {
 				if err := d.resumeAgain(err); err != nil {
 					return err
@@ -726,7 +724,6 @@ func (d *drive) resume() {
 	lastEvent := d.st.UpdatedAt
 	d.emit(event.RunResumed, "", 0, event.RunResumedData{
 		Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
-	d.unresumed, d.resumedSeq = true, d.st.LastSeq
 	dctx := d.ctx // the resume span is the drive's, not the step's that lands it
 	d.landed = func() {
 		d.resumed = true
@@ -741,6 +738,13 @@ func (d *drive) resume() {
 		d.emit(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeCrashLoop, StepID: step,
 			Error: fmt.Sprintf("run crashed its workers %d times in a row without completing a step (at step %q); giving up", crashes, step)})
 	}
+}
+
+// resumePending reports whether this drive's run_resumed is queued and
+// not yet in the journal: resume queues it first, so it leads the pending
+// events until a flush lands it.
+func (d *drive) resumePending() bool {
+	return len(d.pending) > 0 && d.pending[0].Kind == event.RunResumed
 }
 
 // carriesResumed says whether a, the drive's first action, may take the
@@ -771,8 +775,7 @@ func (d *drive) resumeAgain(err error) error {
 		return err
 	}
 	d.resumeTries++
-	d.unresumed = false // load drops what is pending
-	if err := d.load(); err != nil {
+	if err := d.load(); err != nil { // which drops what is pending
 		return err
 	}
 	if d.st.Status.Terminal() || d.st.Status == engine.StatusWaiting {
@@ -825,12 +828,11 @@ func (d *drive) flush() error {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}
-	before := d.head
+	before, resuming := d.head, d.resumePending()
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
-	if d.unresumed && head.Seq >= d.resumedSeq {
-		d.unresumed = false
+	if resuming && !d.resumePending() {
 		d.landed()
 	}
 	if err == nil {
@@ -840,7 +842,7 @@ func (d *drive) flush() error {
 		return nil
 	}
 	if errors.Is(err, eventstore.ErrConflict) {
-		if d.unresumed {
+		if d.resumePending() {
 			return fmt.Errorf("%w: %w", errResumeConflict, err)
 		}
 		return d.onConflict(err)
