@@ -130,18 +130,8 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
 		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
-	if len(r.Budget) > 0 && string(r.Budget) != "null" {
-		var b event.Budget
-		if json.Unmarshal(r.Budget, &b) == nil {
-			v.Budget = &b
-		}
-	}
-	if len(r.ForkedFrom) > 0 && string(r.ForkedFrom) != "null" {
-		var f ForkPoint
-		if json.Unmarshal(r.ForkedFrom, &f) == nil {
-			v.ForkedFrom = &f
-		}
-	}
+	v.Budget = optional[event.Budget](r.Budget)
+	v.ForkedFrom = optional[ForkPoint](r.ForkedFrom)
 	// Attempts grouped by step, steps in journal order (the first seq of
 	// their first attempt), attempts by number.
 	rows = slices.Clone(rows)
@@ -209,17 +199,25 @@ func stepView(attempts []projections.StepRow) StepView {
 	}
 	sv.WaitingSince = FormatTime(last.WaitingAt)
 	sv.Substeps = substepViews(last.Substeps)
-	if len(last.CopiedFrom) > 0 && string(last.CopiedFrom) != "null" {
-		var c event.CopiedFrom
-		if json.Unmarshal(last.CopiedFrom, &c) == nil {
-			sv.CopiedFrom = &c
-		}
-	}
+	sv.CopiedFrom = optional[event.CopiedFrom](last.CopiedFrom)
 	return sv
 }
 
 // substepViews decodes a steps row's sub-steps, outputs canonical as
 // both sources agree on them.
+// optional decodes a nullable JSON column: nil when it is empty, null or
+// not a T.
+func optional[T any](raw json.RawMessage) *T {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var v T
+	if json.Unmarshal(raw, &v) != nil {
+		return nil
+	}
+	return &v
+}
+
 func substepViews(raw json.RawMessage) []SubstepView {
 	var subs []engine.Substep
 	if len(raw) == 0 || json.Unmarshal(raw, &subs) != nil || len(subs) == 0 {
