@@ -91,13 +91,9 @@ func (s *Store) externalize(ctx context.Context, evs []event.Event) ([]event.Eve
 		// same blob either sees the reference or is waited out.
 		// A malformed reference is the reader's to refuse (event.ErrBlob);
 		// it names no blob to keep.
-		refs, err := event.Blobs(st)
-		if err == nil && len(refs) > 0 {
-			sums := make([]string, len(refs))
-			for j, r := range refs {
-				sums[j] = r.Blob
-			}
-			if err := s.refBlobs(ctx, ev.RunID, sums); err != nil {
+		var named event.BlobSet
+		if named.Add([]event.Event{st}, 0) == nil && len(named.Uses) > 0 {
+			if err := s.refBlobs(ctx, ev.RunID, named.Sums()); err != nil {
 				return nil, fmt.Errorf("appending to run %s: %w", ev.RunID, err)
 			}
 		}
