@@ -55,6 +55,22 @@ func TestMigrateEmptyDatabaseThenNoOp(t *testing.T) {
 		require.Equal(t, want, cols, table)
 	}
 
+	// Identifier columns use the "C" collation (§13): every text column
+	// named run_id, step_id, key_id or idempotency_key, or ending _run_id
+	// or _step_id.
+	rows, err = pool.Query(ctx, `SELECT table_name || '.' || column_name, coalesce(collation_name, '')
+		FROM information_schema.columns WHERE table_schema = current_schema() AND data_type = 'text'
+		AND (column_name IN ('run_id', 'step_id', 'key_id', 'idempotency_key')
+			OR column_name LIKE '%\_run\_id' OR column_name LIKE '%\_step\_id')`)
+	require.NoError(t, err)
+	type column struct{ Name, Collation string }
+	cols, err := pgx.CollectRows(rows, pgx.RowToStructByPos[column])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(cols), 10)
+	for _, c := range cols {
+		require.Equal(t, "C", c.Collation, c.Name)
+	}
+
 	// Again: nothing applied, nothing written.
 	var xmin string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(xmin::text) FROM pal_schema_migrations").Scan(&xmin))

@@ -10,7 +10,8 @@ import (
 )
 
 // RunSummary is a run in a listing (GET /v1/runs, pal run list --json):
-// the RunView's fields without input, output and steps, in its formats.
+// the RunView's run fields without input, output, budget, spent,
+// paused_on, journal_removed_at, forked_from and steps, in its formats.
 type RunSummary struct {
 	RunID        string        `json:"run_id"`
 	Status       engine.Status `json:"status"`
