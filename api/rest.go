@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -570,6 +571,10 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v := vs[0]
+		if err := queryText(k, v); err != nil {
+			h.fail(w, r, err)
+			return
+		}
 		switch k {
 		case "status":
 			st, err := runs.ParseStatus(v)
@@ -613,6 +618,19 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, runs.ListOf(rows, f.Limit))
+}
+
+// queryText refuses a query parameter value Postgres would refuse as text
+// (SQLSTATE 22021): invalid UTF-8 or a NUL byte is the caller's mistake,
+// answered 400, not a 503 of the projection.
+func queryText(field, v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return &runs.InputError{Field: field, Msg: "not valid UTF-8"}
+	case strings.IndexByte(v, 0) >= 0:
+		return &runs.InputError{Field: field, Msg: "holds a NUL byte"}
+	}
+	return nil
 }
 
 func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
