@@ -161,8 +161,9 @@ func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1
 
 // StreamRunEvents sends the run's events after after_seq exactly once in
 // seq order, then follows it live until its terminal event, the way the
-// REST event stream does. A stream asked to start at or after a finished
-// run's terminal event ends at once with no events.
+// REST event stream does (a corrupt journal ends after its sound events).
+// A stream asked to start at or after a finished run's end ends at once
+// with no events.
 func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream palv1.RunService_StreamRunEventsServer) error {
 	id := req.GetRunId()
 	if err := validRunID(id); err != nil {
