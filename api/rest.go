@@ -54,8 +54,8 @@ type HandlerConfig struct {
 	NC *nats.Conn
 	// Runs serves GET /v1/runs; nil answers it with 503 (the listing needs
 	// the Postgres projection). A Runs that is also a RunReader
-	// (projections.Reader) serves GET /v1/runs/{id} of a run whose journal
-	// retention removed.
+	// (projections.Reader) serves GET /v1/runs/{id} and gRPC GetRun of a
+	// run whose journal retention removed, and its event feeds' 410.
 	Runs RunLister
 	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
 	// NATS is always checked. Return a *NotReadyError to name what is
@@ -90,10 +90,12 @@ type HandlerConfig struct {
 type handler struct {
 	cfg    HandlerConfig
 	client *runs.Client
-	nc     *nats.Conn
-	auth   *authenticator
-	log    *slog.Logger
-	feeds  *feeds
+	// rows reads the runs whose journal retention removed (nil: none).
+	rows  RunReader
+	nc    *nats.Conn
+	auth  *authenticator
+	log   *slog.Logger
+	feeds *feeds
 
 	receiptsMu sync.Mutex
 	receipts   *receipt.Store // opened on first use
@@ -139,6 +141,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 		h.nc = cfg.Store.JetStream().Conn()
 	}
 	h.client = cfg.Client
+	h.rows, _ = cfg.Runs.(RunReader)
 	if h.client == nil {
 		h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
 	}
@@ -252,39 +255,34 @@ func writeError(w http.ResponseWriter, status int, code, detail, field string) {
 	writeJSON(w, status, errorBody{Error: code, Detail: detail, Field: field})
 }
 
-// fail answers err, classified like the durable commands' answers.
+// fail answers err, classified like the durable commands' answers
+// (answerCode, answerCodes).
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit), "")
-		return
-	}
-	code, field, _ := runs.Classify(err)
+	code, field := answerCode(err)
 	detail := err.Error()
-	status := http.StatusServiceUnavailable
 	switch code {
-	case "bad_input":
-		status = http.StatusBadRequest
+	case codeTooLarge:
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			detail = fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit)
+		}
+	case runs.CodeBadInput:
 		var ie *runs.InputError
 		if errors.As(err, &ie) && ie.Field != "" && !strings.HasPrefix(detail, ie.Field+":") {
 			detail = ie.Field + ": " + detail
 		}
-	case "not_found":
-		status = http.StatusNotFound
+	case runs.CodeNotFound:
 		if id := r.PathValue("id"); id != "" {
 			detail = fmt.Sprintf("run %s not found", id)
 		}
-	case "conflict", runs.CodeLeaseHeld:
-		status = http.StatusConflict
-	default:
-		code = "unavailable"
+	case runs.CodeUnavailable:
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			detail = "timed out talking to NATS JetStream: " + detail
 		}
 		h.log.Warn("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, status, code, detail, field)
+	_, tc := transportOf(code)
+	writeError(w, tc.http, code, detail, field)
 }
 
 // readBody reads a request body of at most MaxBodyBytes. A body that is
@@ -388,34 +386,12 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	v, err := h.client.Get(ctx, id)
-	if errors.Is(err, eventstore.ErrRunNotFound) {
-		if d, ok := h.removedRun(ctx, id); ok {
-			v, err = runs.ViewOfDetail(d), nil
-		}
-	}
+	v, err := runView(ctx, h.client, h.rows, h.log, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-// removedRun returns the rows of a run with no journal whose journal
-// retention removed (PAL_RETENTION), if the read side has them.
-func (h *handler) removedRun(ctx context.Context, id string) (projections.RunDetail, bool) {
-	rr, ok := h.cfg.Runs.(RunReader)
-	if !ok {
-		return projections.RunDetail{}, false
-	}
-	d, err := rr.GetRun(ctx, id)
-	if err != nil {
-		if !errors.Is(err, projections.ErrRunNotFound) {
-			h.log.Warn("reading a run from the projection", "run_id", id, "err", err)
-		}
-		return projections.RunDetail{}, false
-	}
-	return d, !d.Run.JournalRemovedAt.IsZero()
 }
 
 // approveBody is POST /v1/runs/{id}/approve: the durable approve command

@@ -37,7 +37,8 @@ const sseRetryMs = 1000
 // stream after the run's terminal event, or after the sound events of a
 // corrupt journal (§6.1.1). A reconnect after the end is answered 204 No
 // Content, which tells an EventSource to stop reconnecting. An unknown run
-// is a 404 before any stream starts.
+// is a 404 before any stream starts, and a run whose journal retention
+// removed a 410 journal_removed.
 func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	id, err := pathRunID(r)
 	if err != nil {
@@ -55,14 +56,6 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, errStreamEnded) {
 			w.WriteHeader(http.StatusNoContent)
 			return
-		}
-		if errors.Is(err, eventstore.ErrRunNotFound) {
-			if d, ok := h.removedRun(ctx, id); ok {
-				writeError(w, http.StatusGone, "journal_removed", fmt.Sprintf(
-					"run %s: its journal was removed by retention (PAL_RETENTION) at %s; GET /v1/runs/%s reads its kept rows",
-					id, runs.FormatTime(d.Run.JournalRemovedAt), id), "")
-				return
-			}
 		}
 		h.fail(w, r, err)
 		return
@@ -181,7 +174,8 @@ var errStreamEnded = errors.New("the run has ended and every event was received"
 // is; the seal a worker appends adds no more of them). sub is nil when the
 // run has ended or follow is unset; leave is never nil. Errors: those of
 // Store.ReadAfterRefs bar the corrupt journal, eventstore.ErrRunNotFound,
-// and errStreamEnded.
+// *journalRemovedError (a run whose journal retention removed) and
+// errStreamEnded.
 func (h *handler) openJournal(ctx context.Context, id string, after uint64, follow bool) (evs []event.Event, sub *subscription, leave func(), err error) {
 	leave = func() {}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -193,6 +187,9 @@ func (h *handler) openJournal(ctx context.Context, id string, after uint64, foll
 	case err != nil:
 		return nil, nil, leave, err
 	case len(evs) == 0:
+		if d, ok := removedRun(ctx, h.rows, h.log, id); ok {
+			return nil, nil, leave, &journalRemovedError{runID: id, at: d.Run.JournalRemovedAt}
+		}
 		return nil, nil, leave, fmt.Errorf("reading run %s: %w", id, eventstore.ErrRunNotFound)
 	default:
 		ended = evs[len(evs)-1].Kind.Terminal()
