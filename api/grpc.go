@@ -60,12 +60,17 @@ func newGRPCServer(h *handler) *grpc.Server {
 // to srv and everything else to next.
 func withGRPC(srv *grpc.Server, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		if isGRPC(r) {
 			srv.ServeHTTP(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// isGRPC reports whether r is a gRPC call.
+func isGRPC(r *http.Request) bool {
+	return r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 }
 
 type authedStream struct {

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
@@ -131,7 +132,8 @@ type handler struct {
 // are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
 // message} with code one of bad_input (400), unauthorized (401),
 // forbidden (403), not_found (404), method_not_allowed (405), conflict
-// (409), too_large (413), unavailable (503).
+// (409), journal_removed (410), too_large (413; 431 for headers over
+// MaxHeaderBytes), unavailable (503).
 func NewHandler(cfg HandlerConfig) http.Handler {
 	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
 	if h.log == nil {
@@ -180,7 +182,40 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	}
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
 	h.browserRoutes(root)
-	return withGRPC(newGRPCServer(h), root)
+	return withHeaderBound(withGRPC(newGRPCServer(h), root))
+}
+
+// MaxHeaderBytes bounds a request's headers (the request line and every
+// header line); larger ones are refused with 431 and a JSON too_large
+// error (gRPC: RESOURCE_EXHAUSTED). Server lets Go read up to
+// http.DefaultMaxHeaderBytes, so that PAL, not Go's plain-text 431,
+// answers between the two.
+const MaxHeaderBytes = 64 << 10
+
+// withHeaderBound refuses a request whose headers are over MaxHeaderBytes.
+func withHeaderBound(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := len(r.Method) + len(r.RequestURI) + len(r.Host) + len(r.Proto)
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				n += len(k) + len(v) + 4 // ": " and CRLF
+			}
+		}
+		if n <= MaxHeaderBytes {
+			next.ServeHTTP(w, r)
+			return
+		}
+		msg := fmt.Sprintf("request headers are larger than the limit of %d bytes", MaxHeaderBytes)
+		if isGRPC(r) {
+			// A trailers-only answer: the status in the headers, no body.
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Grpc-Status", strconv.Itoa(int(codes.ResourceExhausted)))
+			w.Header().Set("Grpc-Message", msg)
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		writeError(w, http.StatusRequestHeaderFieldsTooLarge, codeTooLarge, msg, "")
+	})
 }
 
 // jsonFallbacks serves mux, answering requests that match no route with
