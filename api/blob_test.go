@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/paltest"
 	"github.com/palrun/pal/internal/testenv"
+	palv1 "github.com/palrun/pal/proto/pal/v1"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )
@@ -104,4 +107,70 @@ func TestBigOutputSurvivesKill9(t *testing.T) {
 		}
 	}
 	require.Equal(t, bigText, out.Text, "GET /v1/runs/{id} shows the whole output")
+}
+
+// TestFeedShowsBlobReferences: the event feeds send a big value as its
+// _blob reference (§6.4) whether the event was read from the history or
+// arrived live: a client connected before the big step completed and one
+// connected after the run ended get the same bytes for every event, over
+// SSE and gRPC.
+func TestFeedShowsBlobReferences(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withWorker())
+	big := strings.Repeat("y", 300<<10)
+	b.LLM.SetResponder(func(c providertest.Call) providertest.Reply { return providertest.Reply{Text: big} })
+	runID := event.NewRunID()
+	hold := b.LLM.Hold(providertest.ByKey(event.IdempotencyKey(runID, "big", 1)))
+	t.Cleanup(hold.Release)
+	wf := `{"name":"big","nodes":[{"id":"start","type":"trigger"},
+		{"id":"big","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"big"}}],"edges":[{"from":"start","to":"big"}]}`
+	res := b.post(t, "/v1/runs", fmt.Sprintf(`{"workflow":%s,"input":{"doc":%q},"run_id":%q}`, wf, big, runID))
+	require.Equal(t, 201, res.status, "%s", res.body)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := hold.Wait(ctx)
+	require.NoError(t, err)
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	early, err := b.openSSE(t, client, runID, "")
+	require.NoError(t, err)
+	defer early.close()
+	seen := early.readUntil(t, func(ev sseEvent) bool { return ev.kind == string(event.StepStarted) })
+	grpcEarly, err := b.grpcClient(t).StreamRunEvents(withBearer(ctx, testToken), &palv1.StreamRunEventsRequest{RunId: runID})
+	require.NoError(t, err)
+	var grpcSeen []*palv1.Event
+	for len(grpcSeen) < len(seen) {
+		ev, err := grpcEarly.Recv()
+		require.NoError(t, err)
+		grpcSeen = append(grpcSeen, ev)
+	}
+	hold.Release() // step_completed and run_succeeded arrive live
+	seen = append(seen, early.readAll(t)...)
+	for {
+		ev, err := grpcEarly.Recv()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		grpcSeen = append(grpcSeen, ev)
+	}
+
+	late, err := b.openSSE(t, client, runID, "")
+	require.NoError(t, err)
+	defer late.close()
+	history := late.readAll(t)
+	require.Len(t, history, len(seen))
+	require.Len(t, grpcSeen, len(seen))
+	refs := 0
+	for i := range seen {
+		require.Equal(t, string(history[i].data), string(seen[i].data), "seq %d reads the same read or watched", seen[i].id)
+		require.Equal(t, string(history[i].event.Data), string(grpcSeen[i].Data), "seq %d: gRPC sends the same data", seen[i].id)
+		require.Less(t, len(seen[i].data), 64<<10, "seq %d (%s) carries the value", seen[i].id, seen[i].kind)
+		if _, ok, _ := event.BlobOf(history[i].event); ok {
+			refs++
+		}
+	}
+	// run_created's input, step_completed's and run_succeeded's output.
+	require.Equal(t, 3, refs, "the big values are references")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -59,12 +60,17 @@ func newGRPCServer(h *handler) *grpc.Server {
 // to srv and everything else to next.
 func withGRPC(srv *grpc.Server, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		if isGRPC(r) {
 			srv.ServeHTTP(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// isGRPC reports whether r is a gRPC call.
+func isGRPC(r *http.Request) bool {
+	return r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 }
 
 type authedStream struct {
@@ -102,32 +108,32 @@ func (h *handler) grpcAuth(ctx context.Context) (context.Context, error) {
 	return context.WithValue(ctx, principalKey{}, who), nil
 }
 
-// grpcError maps an error to the gRPC status REST's fail maps to HTTP.
+// grpcError maps an error to the gRPC code of its answer code (the one
+// table, answerCodes, REST's fail maps to HTTP with).
 func (g *grpcRuns) grpcError(id string, err error) error {
 	if _, ok := status.FromError(err); ok && !errors.Is(err, context.Canceled) {
 		return err
 	}
-	code, field, _ := runs.Classify(err)
+	code, field := answerCode(err)
 	detail := err.Error()
 	switch code {
 	case runs.CodeBadInput:
 		if field != "" && !strings.HasPrefix(detail, field+":") {
 			detail = field + ": " + detail
 		}
-		return status.Error(codes.InvalidArgument, detail)
 	case runs.CodeNotFound:
-		return status.Errorf(codes.NotFound, "run %s not found", id)
-	case runs.CodeConflict:
-		return status.Error(codes.FailedPrecondition, detail)
+		detail = fmt.Sprintf("run %s not found", id)
+	case runs.CodeUnavailable:
+		if errors.Is(err, context.Canceled) {
+			return status.Error(codes.Canceled, detail)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			detail = "timed out talking to NATS JetStream: " + detail
+		}
+		g.h.log.Warn("grpc request failed", "run_id", id, "err", err)
 	}
-	if errors.Is(err, context.Canceled) {
-		return status.Error(codes.Canceled, detail)
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		detail = "timed out talking to NATS JetStream: " + detail
-	}
-	g.h.log.Warn("grpc request failed", "run_id", id, "err", err)
-	return status.Error(codes.Unavailable, detail)
+	_, tc := transportOf(code)
+	return status.Error(tc.grpc, detail)
 }
 
 func validRunID(id string) error {
@@ -137,7 +143,8 @@ func validRunID(id string) error {
 	return nil
 }
 
-// GetRun returns the run's read model, the body of REST GET /v1/runs/{id}.
+// GetRun returns the run's read model, the body of REST GET /v1/runs/{id}
+// (runView: a run whose journal retention removed reads from its rows).
 func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1.Run, error) {
 	id := req.GetRunId()
 	if err := validRunID(id); err != nil {
@@ -145,7 +152,7 @@ func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	v, err := g.h.client.Get(ctx, id)
+	v, err := runView(ctx, g.h.client, g.h.rows, g.h.log, id)
 	if err != nil {
 		return nil, g.grpcError(id, err)
 	}
@@ -161,8 +168,9 @@ func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1
 
 // StreamRunEvents sends the run's events after after_seq exactly once in
 // seq order, then follows it live until its terminal event, the way the
-// REST event stream does. A stream asked to start at or after a finished
-// run's terminal event ends at once with no events.
+// REST event stream does (a corrupt journal ends after its sound events).
+// A stream asked to start at or after a finished run's end ends at once
+// with no events.
 func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream palv1.RunService_StreamRunEventsServer) error {
 	id := req.GetRunId()
 	if err := validRunID(id); err != nil {

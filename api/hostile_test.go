@@ -5,15 +5,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/eventstore"
+	palv1 "github.com/palrun/pal/proto/pal/v1"
 	"github.com/palrun/pal/runs"
 )
 
@@ -83,4 +88,30 @@ func TestHostileWorkflowsAreRefusedOnEveryPath(t *testing.T) {
 	// Still serving.
 	r := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`}`, "Authorization", "Bearer "+testToken)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+}
+
+// TestOversizedHeaders: headers over MaxHeaderBytes (here an
+// Idempotency-Key) are refused with PAL's JSON error, 431 too_large, not
+// Go's plain text, and a gRPC call's with RESOURCE_EXHAUSTED; nothing is
+// started.
+func TestOversizedHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	before := b.journalState(t)
+	// Over Go's own limit of old (64 KiB, plus its 4 KiB of slack).
+	big := strings.Repeat("k", api.MaxHeaderBytes+8<<10)
+	r := b.post(t, "/v1/runs", fmt.Sprintf(`{"workflow":%s}`, echoWorkflow), "Idempotency-Key", big)
+	m := requireError(t, r, http.StatusRequestHeaderFieldsTooLarge, "too_large")
+	require.Contains(t, m["detail"], strconv.Itoa(api.MaxHeaderBytes))
+	requireError(t, b.get(t, "/v1/runs/run_x", "X-Padding", big[:api.MaxHeaderBytes]), http.StatusRequestHeaderFieldsTooLarge, "too_large")
+	require.Equal(t, before, b.journalState(t), "nothing was written")
+	// Under the bound is served.
+	requireError(t, b.get(t, "/v1/runs/run_x", "X-Padding", big[:api.MaxHeaderBytes-1024]), http.StatusNotFound, "not_found")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := b.grpcClient(t).GetRun(metadata.AppendToOutgoingContext(withBearer(ctx, testToken), "x-padding", big),
+		&palv1.GetRunRequest{RunId: "run_x"})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "request headers are larger than the limit")
 }

@@ -13,8 +13,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
@@ -53,8 +55,8 @@ type HandlerConfig struct {
 	NC *nats.Conn
 	// Runs serves GET /v1/runs; nil answers it with 503 (the listing needs
 	// the Postgres projection). A Runs that is also a RunReader
-	// (projections.Reader) serves GET /v1/runs/{id} of a run whose journal
-	// retention removed.
+	// (projections.Reader) serves GET /v1/runs/{id} and gRPC GetRun of a
+	// run whose journal retention removed, and its event feeds' 410.
 	Runs RunLister
 	// Ready is an extra readiness check for GET /readyz (e.g. Postgres);
 	// NATS is always checked. Return a *NotReadyError to name what is
@@ -89,10 +91,12 @@ type HandlerConfig struct {
 type handler struct {
 	cfg    HandlerConfig
 	client *runs.Client
-	nc     *nats.Conn
-	auth   *authenticator
-	log    *slog.Logger
-	feeds  *feeds
+	// rows reads the runs whose journal retention removed (nil: none).
+	rows  RunReader
+	nc    *nats.Conn
+	auth  *authenticator
+	log   *slog.Logger
+	feeds *feeds
 
 	receiptsMu sync.Mutex
 	receipts   *receipt.Store // opened on first use
@@ -128,7 +132,8 @@ type handler struct {
 // are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
 // message} with code one of bad_input (400), unauthorized (401),
 // forbidden (403), not_found (404), method_not_allowed (405), conflict
-// (409), too_large (413), unavailable (503).
+// (409), journal_removed (410), too_large (413; 431 for headers over
+// MaxHeaderBytes), unavailable (503).
 func NewHandler(cfg HandlerConfig) http.Handler {
 	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
 	if h.log == nil {
@@ -138,6 +143,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 		h.nc = cfg.Store.JetStream().Conn()
 	}
 	h.client = cfg.Client
+	h.rows, _ = cfg.Runs.(RunReader)
 	if h.client == nil {
 		h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
 	}
@@ -176,7 +182,40 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	}
 	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
 	h.browserRoutes(root)
-	return withGRPC(newGRPCServer(h), root)
+	return withHeaderBound(withGRPC(newGRPCServer(h), root))
+}
+
+// MaxHeaderBytes bounds a request's headers (the request line and every
+// header line); larger ones are refused with 431 and a JSON too_large
+// error (gRPC: RESOURCE_EXHAUSTED). Server lets Go read up to
+// http.DefaultMaxHeaderBytes, so that PAL, not Go's plain-text 431,
+// answers between the two.
+const MaxHeaderBytes = 64 << 10
+
+// withHeaderBound refuses a request whose headers are over MaxHeaderBytes.
+func withHeaderBound(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := len(r.Method) + len(r.RequestURI) + len(r.Host) + len(r.Proto)
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				n += len(k) + len(v) + 4 // ": " and CRLF
+			}
+		}
+		if n <= MaxHeaderBytes {
+			next.ServeHTTP(w, r)
+			return
+		}
+		msg := fmt.Sprintf("request headers are larger than the limit of %d bytes", MaxHeaderBytes)
+		if isGRPC(r) {
+			// A trailers-only answer: the status in the headers, no body.
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Grpc-Status", strconv.Itoa(int(codes.ResourceExhausted)))
+			w.Header().Set("Grpc-Message", msg)
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		writeError(w, http.StatusRequestHeaderFieldsTooLarge, codeTooLarge, msg, "")
+	})
 }
 
 // jsonFallbacks serves mux, answering requests that match no route with
@@ -251,39 +290,34 @@ func writeError(w http.ResponseWriter, status int, code, detail, field string) {
 	writeJSON(w, status, errorBody{Error: code, Detail: detail, Field: field})
 }
 
-// fail answers err, classified like the durable commands' answers.
+// fail answers err, classified like the durable commands' answers
+// (answerCode, answerCodes).
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit), "")
-		return
-	}
-	code, field, _ := runs.Classify(err)
+	code, field := answerCode(err)
 	detail := err.Error()
-	status := http.StatusServiceUnavailable
 	switch code {
-	case "bad_input":
-		status = http.StatusBadRequest
+	case codeTooLarge:
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			detail = fmt.Sprintf("request body is larger than the limit of %d bytes", mbe.Limit)
+		}
+	case runs.CodeBadInput:
 		var ie *runs.InputError
 		if errors.As(err, &ie) && ie.Field != "" && !strings.HasPrefix(detail, ie.Field+":") {
 			detail = ie.Field + ": " + detail
 		}
-	case "not_found":
-		status = http.StatusNotFound
+	case runs.CodeNotFound:
 		if id := r.PathValue("id"); id != "" {
 			detail = fmt.Sprintf("run %s not found", id)
 		}
-	case "conflict", runs.CodeLeaseHeld:
-		status = http.StatusConflict
-	default:
-		code = "unavailable"
+	case runs.CodeUnavailable:
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			detail = "timed out talking to NATS JetStream: " + detail
 		}
 		h.log.Warn("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, status, code, detail, field)
+	_, tc := transportOf(code)
+	writeError(w, tc.http, code, detail, field)
 }
 
 // readBody reads a request body of at most MaxBodyBytes. A body that is
@@ -387,34 +421,12 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
-	v, err := h.client.Get(ctx, id)
-	if errors.Is(err, eventstore.ErrRunNotFound) {
-		if d, ok := h.removedRun(ctx, id); ok {
-			v, err = runs.ViewOfDetail(d), nil
-		}
-	}
+	v, err := runView(ctx, h.client, h.rows, h.log, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-// removedRun returns the rows of a run with no journal whose journal
-// retention removed (PAL_RETENTION), if the read side has them.
-func (h *handler) removedRun(ctx context.Context, id string) (projections.RunDetail, bool) {
-	rr, ok := h.cfg.Runs.(RunReader)
-	if !ok {
-		return projections.RunDetail{}, false
-	}
-	d, err := rr.GetRun(ctx, id)
-	if err != nil {
-		if !errors.Is(err, projections.ErrRunNotFound) {
-			h.log.Warn("reading a run from the projection", "run_id", id, "err", err)
-		}
-		return projections.RunDetail{}, false
-	}
-	return d, !d.Run.JournalRemovedAt.IsZero()
 }
 
 // approveBody is POST /v1/runs/{id}/approve: the durable approve command
@@ -570,6 +582,10 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v := vs[0]
+		if err := queryText(k, v); err != nil {
+			h.fail(w, r, err)
+			return
+		}
 		switch k {
 		case "status":
 			st, err := runs.ParseStatus(v)
@@ -613,6 +629,19 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, runs.ListOf(rows, f.Limit))
+}
+
+// queryText refuses a query parameter value Postgres would refuse as text
+// (SQLSTATE 22021): invalid UTF-8 or a NUL byte is the caller's mistake,
+// answered 400, not a 503 of the projection.
+func queryText(field, v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return &runs.InputError{Field: field, Msg: "not valid UTF-8"}
+	case strings.IndexByte(v, 0) >= 0:
+		return &runs.InputError{Field: field, Msg: "holds a NUL byte"}
+	}
+	return nil
 }
 
 func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -2,9 +2,11 @@ package api_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -336,6 +338,37 @@ func TestListRuns(t *testing.T) {
 		m := requireError(t, b.get(t, "/v1/runs?"+q), 400, "bad_input")
 		require.Equal(t, field, m["field"], q)
 	}
+}
+
+// TestListRunsRefusesBadText: a filter or cursor Postgres would refuse as
+// text (a NUL byte, invalid UTF-8) is the caller's mistake: 400 bad_input
+// naming the parameter, not a 503 of the projection, and nothing is logged
+// as a failure.
+func TestListRunsRefusesBadText(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t).Pool(t)
+	_, err := projections.Migrate(context.Background(), pool)
+	require.NoError(t, err)
+	logs := paltest.NewLogCapture()
+	b := setup(t, withRuns(projections.NewReader(pool)), withHandler(func(hc *api.HandlerConfig) {
+		hc.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}))
+	cursor := func(raw string) string { return base64.RawURLEncoding.EncodeToString([]byte(raw)) }
+	for _, tc := range []struct{ query, field string }{
+		{"workflow=%00", "workflow"}, {"workflow=a%00b", "workflow"}, {"workflow=%ff", "workflow"}, {"workflow=%c3", "workflow"},
+		{"status=%00", "status"}, {"limit=%ff", "limit"}, {"before=%00", "before"},
+		{"before=" + cursor("1|\x00"), "before"}, {"before=" + cursor("1|\xff"), "before"}, {"before=" + cursor("1|run_a\x00"), "before"},
+		{"before=" + cursor("1|"), "before"}, {"before=" + cursor("x|run_a"), "before"}, {"before=" + cursor("1 |run_a"), "before"},
+		{"before=" + cursor("-9223372036854775808|run_a"), "before"}, {"before=" + cursor("9223372036854775807|run_a"), "before"},
+	} {
+		m := requireError(t, b.get(t, "/v1/runs?"+tc.query), http.StatusBadRequest, "bad_input")
+		require.Equal(t, tc.field, m["field"], tc.query)
+	}
+	require.NotContains(t, logs.String(), "level=WARN", "a bad filter is no failure of the server")
+	// A good filter and cursor still reach Postgres.
+	res := b.get(t, "/v1/runs?workflow=caf%C3%A9&before="+cursor("1733000000000000|run_a"))
+	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
+	require.JSONEq(t, `{"runs":[]}`, string(res.body))
 }
 
 func TestApprove(t *testing.T) {

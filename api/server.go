@@ -62,9 +62,11 @@ func (s *Server) Start(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return base },
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Above the handler's own MaxHeaderBytes, so that it, not Go's
+		// plain-text 431, answers headers between the two.
+		MaxHeaderBytes: http.DefaultMaxHeaderBytes,
+		BaseContext:    func(net.Listener) context.Context { return base },
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	var once sync.Once
 	srv.RegisterOnShutdown(func() { once.Do(func() { close(stopping) }) })

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +21,20 @@ const ServiceName = "pal"
 // ServiceVersion is the service's version.
 const ServiceVersion = "0.1.0"
 
+// ServiceOption configures StartService.
+type ServiceOption func(*serviceConfig)
+
+type serviceConfig struct {
+	rows RunReader
+}
+
+// WithRunReader has pal.api.runs.get answer a run whose journal retention
+// removed from its rows in rr (projections.Reader), as REST's GET
+// /v1/runs/{id} and gRPC GetRun do.
+func WithRunReader(rr RunReader) ServiceOption {
+	return func(c *serviceConfig) { c.rows = rr }
+}
+
 // getRequest is the body of pal.api.runs.get.
 type getRequest struct {
 	RunID string `json:"run_id"`
@@ -32,10 +47,16 @@ type getRequest struct {
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
 // set (400 bad input, 404 not found, 409 conflict, 503 unavailable).
-// Stop the returned service to deregister it.
-func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *slog.Logger) (micro.Service, error) {
+// get answers a run whose journal retention removed from its rows when
+// given WithRunReader, as REST's GET /v1/runs/{id} does. Stop the returned
+// service to deregister it.
+func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *slog.Logger, opts ...ServiceOption) (micro.Service, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	var cfg serviceConfig
+	for _, o := range opts {
+		o(&cfg)
 	}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
@@ -77,7 +98,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			respondError(req, &runs.InputError{Field: "run_id", Msg: "required"}, log)
 			return
 		}
-		v, err := client.Get(rctx, r.RunID)
+		v, err := runView(rctx, client, cfg.rows, log, r.RunID)
 		if err != nil {
 			respondError(req, err, log)
 			return
@@ -111,20 +132,6 @@ func replyAllowed(client *runs.Client, req micro.Request, log *slog.Logger) bool
 	return false
 }
 
-// statusOf maps an answer code to an HTTP-style status.
-func statusOf(code string) int {
-	switch code {
-	case "bad_input":
-		return 400
-	case "not_found":
-		return 404
-	case "conflict", runs.CodeLeaseHeld:
-		return 409
-	default:
-		return 503
-	}
-}
-
 func respondError(req micro.Request, err error, log *slog.Logger) {
 	ans := runs.ErrorAnswer(err)
 	if errors.Is(err, eventstore.ErrRunNotFound) {
@@ -134,10 +141,6 @@ func respondError(req micro.Request, err error, log *slog.Logger) {
 	if ans.Code == "unavailable" {
 		log.Warn("pal.api request failed", "subject", req.Subject(), "err", err)
 	}
-	_ = req.Error(itoa(statusOf(ans.Code)), ans.Error, body)
-}
-
-func itoa(n int) string {
-	b, _ := json.Marshal(n)
-	return string(b)
+	_, tc := transportOf(ans.Code)
+	_ = req.Error(strconv.Itoa(tc.http), ans.Error, body)
 }

@@ -32,11 +32,13 @@ const sseRetryMs = 1000
 // is absent, the after query parameter (0: from the beginning), so a
 // client that reconnects with the last id it saw gets every later event
 // exactly once. Events already in the journal are sent at once, new ones
-// as they are appended; a comment line keeps an idle stream open. The
-// server ends the stream after the run's terminal event. A reconnect
-// after the terminal event is answered 204 No Content, which tells an
-// EventSource to stop reconnecting. An unknown run is a 404 before any
-// stream starts.
+// as they are appended; a comment line keeps an idle stream open. A big
+// value is its _blob reference, as stored (§6.4). The server ends the
+// stream after the run's terminal event, or after the sound events of a
+// corrupt journal (§6.1.1). A reconnect after the end is answered 204 No
+// Content, which tells an EventSource to stop reconnecting. An unknown run
+// is a 404 before any stream starts, and a run whose journal retention
+// removed a 410 journal_removed.
 func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	id, err := pathRunID(r)
 	if err != nil {
@@ -54,14 +56,6 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, errStreamEnded) {
 			w.WriteHeader(http.StatusNoContent)
 			return
-		}
-		if errors.Is(err, eventstore.ErrRunNotFound) {
-			if d, ok := h.removedRun(ctx, id); ok {
-				writeError(w, http.StatusGone, "journal_removed", fmt.Sprintf(
-					"run %s: its journal was removed by retention (PAL_RETENTION) at %s; GET /v1/runs/%s reads its kept rows",
-					id, runs.FormatTime(d.Run.JournalRemovedAt), id), "")
-				return
-			}
 		}
 		h.fail(w, r, err)
 		return
@@ -173,22 +167,37 @@ var errStreamEnded = errors.New("the run has ended and every event was received"
 // feed. The events returned cover every event up to the moment sub joined
 // (a later read closes the gap between the first read and the join); sub
 // then delivers those appended later, possibly overlapping them, so the
-// caller drops any seq it has sent. sub is nil when the run has ended or
-// follow is unset; leave is never nil. Errors: those of Store.Read, and
+// caller drops any seq it has sent. Big values stay references, as the
+// feed's events carry them (§6.4): an event reads the same whether it was
+// sent from the history or live. A run has ended after its terminal event,
+// or when its journal is corrupt (§6.1.1: the sound events are all there
+// is; the seal a worker appends adds no more of them). sub is nil when the
+// run has ended or follow is unset; leave is never nil. Errors: those of
+// Store.ReadAfterRefs bar the corrupt journal, eventstore.ErrRunNotFound,
+// *journalRemovedError (a run whose journal retention removed) and
 // errStreamEnded.
 func (h *handler) openJournal(ctx context.Context, id string, after uint64, follow bool) (evs []event.Event, sub *subscription, leave func(), err error) {
 	leave = func() {}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	evs, head, err := h.cfg.Store.Read(rctx, id)
+	evs, head, err := h.cfg.Store.ReadAfterRefs(rctx, id, eventstore.Head{})
 	cancel()
-	if err != nil {
+	ended := errors.Is(err, event.ErrJournalCorrupt)
+	switch {
+	case ended:
+	case err != nil:
 		return nil, nil, leave, err
+	case len(evs) == 0:
+		if d, ok := removedRun(ctx, h.rows, h.log, id); ok {
+			return nil, nil, leave, &journalRemovedError{runID: id, at: d.Run.JournalRemovedAt}
+		}
+		return nil, nil, leave, fmt.Errorf("reading run %s: %w", id, eventstore.ErrRunNotFound)
+	default:
+		ended = evs[len(evs)-1].Kind.Terminal()
 	}
-	terminal := evs[len(evs)-1].Kind.Terminal()
-	if terminal && after >= head.Seq {
+	if ended && after >= head.Seq {
 		return nil, nil, leave, errStreamEnded
 	}
-	if terminal || !follow {
+	if ended || !follow {
 		return evs, nil, leave, nil
 	}
 	// Join the run's feed, then read what was appended since the read
@@ -198,8 +207,13 @@ func (h *handler) openJournal(ctx context.Context, id string, after uint64, foll
 		return nil, nil, func() {}, err
 	}
 	rctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-	more, _, err := h.cfg.Store.ReadAfter(rctx, id, head)
+	more, _, err := h.cfg.Store.ReadAfterRefs(rctx, id, head)
 	cancel()
+	if errors.Is(err, event.ErrJournalCorrupt) {
+		// Corrupt since the first read: the run is over.
+		leave()
+		return append(evs, more...), nil, func() {}, nil
+	}
 	if err != nil {
 		leave()
 		return nil, nil, func() {}, err

@@ -21,8 +21,8 @@ import (
 // store's blob threshold goes to the PAL_BLOBS object store, named by its
 // sha256, and the event carries a reference (event.Externalize). Append
 // puts the value before it publishes the event; Read and ReadAfter put
-// values back (event.Resolve), checked against their hash. Watch and Scan
-// give the messages as stored.
+// values back (event.Resolve), checked against their hash. Watch, Scan and
+// ReadAfterRefs give the messages as stored.
 const (
 	// BlobBucket is the object store of big step values.
 	BlobBucket = "PAL_BLOBS"

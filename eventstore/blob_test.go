@@ -104,6 +104,11 @@ func TestBigOutputRoundTripsThroughBlobs(t *testing.T) {
 	_, _, err = b.openStore(t).Read(ctx, "run_blob")
 	require.ErrorIs(t, err, event.ErrBlob)
 	require.ErrorContains(t, err, "is not in PAL_BLOBS")
+	// ReadAfterRefs gives the events as stored, and so needs no blob.
+	asStored, _, err := b.openStore(t).ReadAfterRefs(ctx, "run_blob", eventstore.Head{})
+	require.NoError(t, err)
+	require.Len(t, asStored, 3)
+	require.Equal(t, string(stored[0].Data), string(asStored[2].Data), "the reference, not the value")
 	// Putting it again puts it back.
 	_, err = b.store.Append(ctx, "run_blob", h, completed(3, out))
 	require.NoError(t, err)

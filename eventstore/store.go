@@ -399,6 +399,18 @@ var errIncompleteBatch = errors.New("direct get batch ended early")
 // number of matching messages still pending after it, and reading goes on
 // until that reaches zero.
 func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event.Event, Head, error) {
+	return s.readAfter(ctx, runID, head, true)
+}
+
+// ReadAfterRefs is ReadAfter with big values left as their references,
+// the events as stored, as Watch gives them: the event feeds send one
+// form whether an event was read or watched (docs/architecture.md §6.4).
+// Its errors are ReadAfter's bar event.ErrBlob, as no blob is read.
+func (s *Store) ReadAfterRefs(ctx context.Context, runID string, head Head) ([]event.Event, Head, error) {
+	return s.readAfter(ctx, runID, head, false)
+}
+
+func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve bool) ([]event.Event, Head, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, head, fmt.Errorf("reading: %w", err)
 	}
@@ -412,11 +424,13 @@ func (s *Store) ReadAfter(ctx context.Context, runID string, head Head) ([]event
 	if err != nil {
 		return nil, head, err
 	}
-	if err := s.resolve(ctx, out); err != nil {
-		if errors.Is(err, event.ErrBlob) {
-			return out, head, err // the events, not all of their values back
+	if resolve {
+		if err := s.resolve(ctx, out); err != nil {
+			if errors.Is(err, event.ErrBlob) {
+				return out, head, err // the events, not all of their values back
+			}
+			return nil, head, err
 		}
-		return nil, head, err
 	}
 	if chain.Corrupt != nil && !chain.Sealed {
 		return out, head, chain.Corrupt

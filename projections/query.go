@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 )
 
@@ -64,14 +66,28 @@ func (r RunRow) Cursor() string {
 	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d|%s", r.CreatedAt.UnixMicro(), r.RunID))
 }
 
+// Cursor times are bounded to years 1 to 9999, well inside what Postgres
+// and pgx take as a timestamptz: a cursor outside them is not one
+// ListRuns issued, and must not reach the database as a time it refuses.
+var (
+	minCursorTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxCursorTime = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMicro()
+)
+
+// parseCursor takes a cursor Cursor made: anything else, including a run
+// id that is no run id (a NUL byte or invalid UTF-8 would reach Postgres,
+// which refuses it as text), is ErrBadCursor.
 func parseCursor(c string) (time.Time, string, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
 		return time.Time{}, "", ErrBadCursor
 	}
 	ts, id, ok := strings.Cut(string(raw), "|")
-	var us int64
-	if _, err := fmt.Sscanf(ts, "%d", &us); !ok || err != nil || id == "" {
+	if !ok || event.ValidateRunID(id) != nil {
+		return time.Time{}, "", ErrBadCursor
+	}
+	us, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || us < minCursorTime || us > maxCursorTime {
 		return time.Time{}, "", ErrBadCursor
 	}
 	return time.UnixMicro(us), id, nil
