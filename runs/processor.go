@@ -226,10 +226,12 @@ func ErrorAnswer(err error) Answer {
 // dropped silently: the reason is answered to its reply subject (header
 // Pal-Reply-To or field reply_to) when it has one, logged, and published
 // on pal.cmd.rejected. A command that fails for a passing reason (NATS
-// unavailable) is retried. A command whose handler panics is retried too,
-// up to eventstore.MaxDeliveries deliveries; then it goes to PAL_DEAD with
-// the panic as its reason, is announced on pal.cmd.rejected (code
-// internal), and the processor goes on with the next.
+// unavailable) is retried. One that fails for good (code internal: the
+// run's journal cannot be read or folded) goes to PAL_DEAD at once. A
+// command whose handler panics is retried, up to eventstore.MaxDeliveries
+// deliveries; then it goes to PAL_DEAD with the panic as its reason. Both
+// are announced on pal.cmd.rejected (code internal), and the processor
+// goes on with the next.
 type CommandProcessor struct {
 	client *Client
 	log    *slog.Logger
@@ -371,6 +373,11 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
+		if code == CodeInternal {
+			// It fails the same way on every delivery: settled for good.
+			p.dead(ctx, m, err, replyTo)
+			return
+		}
 		if field == "reply_to" {
 			replyTo = "" // never answer where the caller may not be answered
 		}
@@ -399,14 +406,38 @@ func (p *CommandProcessor) panicked(ctx context.Context, m jetstream.Msg, r any,
 	case err != nil:
 		p.log.Warn("handing back a command that panicked", "subject", m.Subject(), "stream_seq", seq, "err", err)
 	case dead:
-		p.log.Warn("command dead-lettered to "+eventstore.DeadStream, "subject", m.Subject(), "stream_seq", seq,
-			"deliveries", n, "reason", eventstore.DeadReason(reason))
-		err := fmt.Errorf("dead-lettered to %s after %d deliveries: %s", eventstore.DeadStream, n, reason)
-		p.announce(m, seq, err, CodeInternal, "")
+		reply := ""
 		if h := m.Headers().Get(ReplyToHeader); h != "" && p.client.CheckReply(h) == nil {
-			if b, jerr := json.Marshal(Answer{Error: err.Error(), Code: CodeInternal}); jerr == nil {
-				_ = p.client.nc.Publish(h, b)
-			}
+			reply = h
+		}
+		p.deadLettered(m, fmt.Errorf("dead-lettered to %s after %d deliveries: %s", eventstore.DeadStream, n, reason), reason, reply)
+	}
+}
+
+// dead settles a command that failed for good (code internal: the run's
+// journal cannot be read or folded): it goes to PAL_DEAD at once, as
+// work for such a run does, instead of being retried without end.
+func (p *CommandProcessor) dead(ctx context.Context, m jetstream.Msg, cause error, replyTo string) {
+	seq, _ := msgIDs(m)
+	if err := p.client.store.Dead(context.WithoutCancel(ctx), eventstore.DeadCommands, m, cause.Error()); err != nil {
+		// Handed back (Dead naks what it could not copy): tried again.
+		p.log.Warn("dead-lettering a command that failed for good", "subject", m.Subject(), "stream_seq", seq,
+			"cause", cause, "err", err)
+		return
+	}
+	p.deadLettered(m, fmt.Errorf("dead-lettered to %s: %w", eventstore.DeadStream, cause), cause.Error(), replyTo)
+}
+
+// deadLettered logs and announces a command that went to PAL_DEAD (code
+// internal), and answers it on replyTo when that is not "".
+func (p *CommandProcessor) deadLettered(m jetstream.Msg, err error, reason, replyTo string) {
+	seq, n := msgIDs(m)
+	p.log.Warn("command dead-lettered to "+eventstore.DeadStream, "subject", m.Subject(), "stream_seq", seq,
+		"deliveries", n, "reason", eventstore.DeadReason(reason))
+	p.announce(m, seq, err, CodeInternal, "")
+	if replyTo != "" {
+		if b, jerr := json.Marshal(Answer{Error: err.Error(), Code: CodeInternal}); jerr == nil {
+			_ = p.client.nc.Publish(replyTo, b)
 		}
 	}
 }
