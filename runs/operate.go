@@ -66,7 +66,8 @@ func (c *ResumeCommand) Validate() error { return checkRunID("run_id", c.RunID) 
 //
 // Errors: *InputError, ErrRunNotFound, ErrRunFinished (the journal of an
 // ended run stays closed: retry or fork it), *eventstore.LeaseHeldError.
-func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (ResumeResult, error) {
+func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (_ ResumeResult, err error) {
+	defer observeRefusal(CmdResume, &err)
 	if err := cmd.Validate(); err != nil {
 		return ResumeResult{}, err
 	}
@@ -209,7 +210,13 @@ func (c *ForkCommand) Validate() error {
 // Errors: *InputError (a step the source never started), ErrRunNotFound,
 // *workflow.ValidationError, ErrRunExists, ErrPayloadTooLarge (the copies
 // do not fit in one journal message).
-func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
+func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (_ ForkResult, err error) {
+	defer observeRefusal(CmdFork, &err)
+	return c.fork(ctx, cmd)
+}
+
+// fork is Fork, its refusals uncounted (Retry counts its own).
+func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return ForkResult{}, err
 	}
@@ -268,7 +275,7 @@ func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 	if by == "" {
 		by = "pal"
 	}
-	start, err := c.Start(ctx, StartCommand{RunID: cmd.NewRunID, Workflow: raw, Input: input, By: by, forkedFrom: ff})
+	start, err := c.start(ctx, StartCommand{RunID: cmd.NewRunID, Workflow: raw, Input: input, By: by, forkedFrom: ff})
 	if err != nil && start.RunID == "" {
 		return ForkResult{}, err
 	}
@@ -282,7 +289,8 @@ func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 //
 // Errors: those of Fork; ErrNotWaiting for a run that has not ended or
 // succeeded (fork it from a step instead).
-func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (ForkResult, error) {
+func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err error) {
+	defer observeRefusal(CmdRetry, &err)
 	if err := checkRunID("run_id", cmd.RunID); err != nil {
 		return ForkResult{}, err
 	}
@@ -301,7 +309,7 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (ForkResult, error
 	if from == "" {
 		return ForkResult{}, fmt.Errorf("retrying run %s: %w: no step failed or was left unfinished (%s)", cmd.RunID, ErrNotWaiting, src.Error)
 	}
-	return c.Fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By})
+	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By})
 }
 
 // retryFrom is the step a retry forks from.

@@ -39,6 +39,11 @@ func RunIDForKey(key string) string {
 // ErrPayloadTooLarge.
 func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, err error) {
 	defer observeRefusal(CmdStart, &err)
+	return c.start(ctx, cmd)
+}
+
+// start is Start, its refusals uncounted (a fork counts its own).
+func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return StartResult{}, err
 	}
