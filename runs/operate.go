@@ -136,11 +136,16 @@ type ForkCommand struct {
 	Workflow json.RawMessage `json:"workflow,omitempty"`
 	// Input, when set, replaces the source's input.
 	Input json.RawMessage `json:"input,omitempty"`
-	// NewRunID names the new run (default: a fresh id).
+	// NewRunID names the new run (default: a fresh id, or with
+	// IdempotencyKey the key's, RunIDForKey).
 	NewRunID string `json:"new_run_id,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
 	// By names who forks (the worker_id of the new run_created).
 	By string `json:"-"`
+	// IdempotencyKey, set by the transport (a durable command's
+	// Nats-Msg-Id), makes the fork idempotent as it does a start: the
+	// same key finds the run it made.
+	IdempotencyKey string `json:"-"`
 }
 
 func (c *ForkCommand) replySubject() string { return c.ReplyTo }
@@ -153,6 +158,8 @@ type RetryCommand struct {
 	NewRunID string `json:"new_run_id,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
 	By       string `json:"-"`
+	// IdempotencyKey is ForkCommand's.
+	IdempotencyKey string `json:"-"`
 }
 
 func (c *RetryCommand) replySubject() string { return c.ReplyTo }
@@ -164,6 +171,9 @@ type ForkResult struct {
 	ForkedFrom ForkPoint         `json:"forked_from"`
 	Copied     []string          `json:"copied"`
 	Rerun      []event.RerunStep `json:"rerun"`
+	// Created is false when the fork was a duplicate of an earlier one
+	// (same idempotency key): the run already existed.
+	Created bool `json:"-"`
 }
 
 // ForkPoint is run_created's forked_from without its copies.
@@ -275,11 +285,12 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 	if by == "" {
 		by = "pal"
 	}
-	start, err := c.start(ctx, StartCommand{RunID: cmd.NewRunID, Workflow: raw, Input: input, By: by, forkedFrom: ff})
+	start, err := c.start(ctx, StartCommand{RunID: cmd.NewRunID, IdempotencyKey: cmd.IdempotencyKey,
+		Workflow: raw, Input: input, By: by, forkedFrom: ff})
 	if err != nil && start.RunID == "" {
 		return ForkResult{}, err
 	}
-	res.RunID = start.RunID
+	res.RunID, res.Created = start.RunID, start.Created
 	return res, err
 }
 
@@ -309,7 +320,7 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err
 	if from == "" {
 		return ForkResult{}, fmt.Errorf("retrying run %s: %w: no step failed or was left unfinished (%s)", cmd.RunID, ErrNotWaiting, src.Error)
 	}
-	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By})
+	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, IdempotencyKey: cmd.IdempotencyKey})
 }
 
 // retryFrom is the step a retry forks from.

@@ -121,9 +121,11 @@ func decodeCommand[C any, P interface {
 }
 
 // Do carries out one command of the given kind (start, approve, cancel,
-// budget, signal) from its JSON body. key, when not empty, is the transport's
-// deduplication id (Nats-Msg-Id), used as the start's idempotency key
-// when the body names none; by is the transport's identity of the caller.
+// budget, signal, resume, fork, retry) from its JSON body. key, when not
+// empty, is the transport's deduplication id (Nats-Msg-Id): the start's
+// idempotency key when the body names none, and a fork's or retry's
+// (commandKey), so a command delivered again finds the run it made; by is
+// the transport's identity of the caller.
 // It returns the answer and the reply subject named in the body, if any;
 // a reply subject CheckReply refuses refuses the whole command.
 func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
@@ -134,7 +136,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 			return Answer{}, "", err
 		}
 		if cmd.IdempotencyKey == "" {
-			cmd.IdempotencyKey = key
+			if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+				return Answer{}, cmd.ReplyTo, err
+			}
 		}
 		cmd.By = by
 		res, err := c.Start(ctx, *cmd)
@@ -193,25 +197,49 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 			return Answer{}, "", err
 		}
 		cmd.By = by
+		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Fork(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
 		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	case CmdRetry:
 		cmd, err := decodeCommand[RetryCommand](c, body)
 		if err != nil {
 			return Answer{}, "", err
 		}
 		cmd.By = by
+		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Retry(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
 		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	default:
 		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
 	}
+}
+
+// commandKey is the idempotency key a command's Nats-Msg-Id gives ("" for
+// none): the id itself for a start, and for a fork or retry the id under
+// the kind's name, so it never names a start's run. An id that would make
+// a key over MaxNameBytes is refused.
+func commandKey(kind, msgID string) (string, error) {
+	if msgID == "" {
+		return "", nil
+	}
+	key := msgID
+	if kind != CmdStart {
+		key = kind + ":" + msgID
+	}
+	if len(key) > MaxNameBytes {
+		return "", &InputError{Field: jetstream.MsgIDHeader, Msg: fmt.Sprintf("%d bytes; the limit is %d", len(msgID), MaxNameBytes-len(key)+len(msgID))}
+	}
+	return key, nil
 }
 
 // ErrorAnswer renders an error as an Answer.
