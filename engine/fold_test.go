@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -95,6 +96,22 @@ func TestFoldErrors(t *testing.T) {
 			require.Equal(t, tt.lastSeq, st.LastSeq, "the bad event is not folded")
 		})
 	}
+}
+
+// FoldRead marks events that do not fold with ErrUnfoldable, so callers
+// can tell a permanent failure from a read error, which it passes on as
+// it is.
+func TestFoldReadMarksUnfoldable(t *testing.T) {
+	t.Parallel()
+	_, err := engine.FoldRead([]event.Event{created(1), resumed(2), created(3)}, nil)
+	require.ErrorIs(t, err, engine.ErrUnfoldable)
+	require.ErrorContains(t, err, "the journal does not fold: run run_a: run_created at seq 3")
+	readErr := errors.New("nats: timeout")
+	_, err = engine.FoldRead(nil, readErr)
+	require.Equal(t, readErr, err)
+	st, err := engine.FoldRead([]event.Event{created(1), resumed(2)}, nil)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusRunning, st.Status)
 }
 
 func TestFoldEmpty(t *testing.T) {

@@ -825,18 +825,31 @@ func (st *RunState) Corrupt(cerr *event.CorruptError) error {
 	return nil
 }
 
+// ErrUnfoldable is matched by FoldRead's error for events that verify but
+// do not fold (a bug, a hand-written event): reading again gives the same
+// events, so the error is permanent.
+var ErrUnfoldable = errors.New("the journal does not fold")
+
 // FoldRead folds what a reader got from a run's journal: its events and
 // the read's error. A journal that does not verify (*event.CorruptError)
 // folds with FoldCorrupt, so every reader — a worker, the projector,
-// runs.Client.Get — sees the run failed with code journal_corrupt; any
-// other read error is returned as it is.
+// runs.Client.Get — sees the run failed with code journal_corrupt; events
+// that do not fold return an error matching ErrUnfoldable; any other read
+// error is returned as it is.
 func FoldRead(evs []event.Event, readErr error) (*RunState, error) {
 	var cerr *event.CorruptError
+	var st *RunState
+	var err error
 	switch {
 	case errors.As(readErr, &cerr):
-		return FoldCorrupt(evs, cerr)
+		st, err = FoldCorrupt(evs, cerr)
 	case readErr != nil:
 		return nil, readErr
+	default:
+		st, err = Fold(evs)
 	}
-	return Fold(evs)
+	if err != nil {
+		return st, fmt.Errorf("%w: %w", ErrUnfoldable, err)
+	}
+	return st, nil
 }

@@ -227,7 +227,8 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 // Errors: *InputError (nothing to add, or an add to a limit the run does
 // not have), ErrRunNotFound, ErrRunFinished. Nothing is written when it
 // fails.
-func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) error {
+func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) (err error) {
+	defer observeRefusal(CmdBudget, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
 	}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/palrun/pal/workflow"
@@ -28,7 +31,7 @@ const MaxCommandBytes = 1 << 20
 
 // MaxTextBytes bounds the free text a command carries into the journal: an
 // approval comment, a cancel reason. MaxNameBytes bounds names: a step id,
-// an approver, a canceller, a signal name.
+// an approver, a canceller, a signal name, an idempotency key.
 const (
 	MaxTextBytes = 4 << 10
 	MaxNameBytes = 256
@@ -57,7 +60,7 @@ type StartCommand struct {
 	// (RunIDForKey), else fresh.
 	RunID string `json:"run_id,omitempty"`
 	// IdempotencyKey makes starts idempotent: the same key always maps to
-	// the same run, which is created once.
+	// the same run, which is created once. At most MaxNameBytes.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	ReplyTo        string `json:"reply_to,omitempty"`
 	// Budget narrows the workflow's policy.budget for this run (same
@@ -196,6 +199,9 @@ func decodeError(err error) error {
 		if field == "" {
 			field = "body"
 		}
+		if num, ok := strings.CutPrefix(te.Value, "number "); ok {
+			return &InputError{Field: field, Msg: numberError(num, te.Type)}
+		}
 		return &InputError{Field: field, Msg: fmt.Sprintf("wrong type: got %s, want %s", te.Value, jsonType(te.Type.Kind().String()))}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &InputError{Msg: "malformed JSON: unexpected end"}
@@ -204,6 +210,34 @@ func decodeError(err error) error {
 		return &InputError{Field: f, Msg: "unknown field"}
 	default:
 		return &InputError{Msg: "malformed JSON: " + err.Error()}
+	}
+}
+
+// numberError says why a JSON number did not decode into a field of type
+// t: a number is the right type, so it is out of range for the field, or
+// not a whole number (in digits) where one is wanted.
+func numberError(num string, t reflect.Type) string {
+	shown := truncate(num, 40)
+	f, err := strconv.ParseFloat(num, 64)
+	var fits bool
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		limit := math.Ldexp(1, t.Bits()-1)
+		fits = f >= -limit && f < limit
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		fits = f >= 0 && f < math.Ldexp(1, t.Bits())
+	case reflect.Float32, reflect.Float64:
+		return shown + ": out of range"
+	default:
+		return shown + ": wrong type: want " + jsonType(t.Kind().String())
+	}
+	switch {
+	case err != nil || !fits: // err: beyond even a float64
+		return shown + ": out of range"
+	case f != math.Trunc(f):
+		return shown + ": must be a whole number"
+	default:
+		return shown + ": must be a whole number written in digits (no fraction or exponent)"
 	}
 }
 
@@ -226,6 +260,9 @@ func jsonType(kind string) string {
 // Validate checks a start command's fields (the workflow graph itself is
 // parsed and validated by Client.Start).
 func (c *StartCommand) Validate() error {
+	if err := checkLen("idempotency_key", c.IdempotencyKey, MaxNameBytes); err != nil {
+		return err
+	}
 	if c.RunID != "" {
 		if err := checkRunID("run_id", c.RunID); err != nil {
 			return err

@@ -3,6 +3,7 @@ package runs
 import (
 	"errors"
 
+	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/telemetry"
@@ -12,8 +13,9 @@ import (
 // Errors of the commands. Callers map them to answers with Classify: an
 // *InputError (or ErrInvalidRunID, *workflow.ValidationError,
 // ErrPayloadTooLarge) is the caller's mistake (400), ErrRunNotFound 404,
-// ErrRunFinished, ErrNotWaiting and ErrRunExists 409; anything else is the
-// infrastructure (503) and worth retrying.
+// ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
+// 409; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
+// anything else is the infrastructure (503) and worth retrying.
 var (
 	// ErrInvalidRunID is wrapped by every refused run id: one that is not
 	// a single NATS subject token.
@@ -71,8 +73,10 @@ const (
 	CodeNotFound    = "not_found"
 	CodeConflict    = "conflict"
 	CodeUnavailable = "unavailable"
-	// CodeInternal: PAL failed on the command itself (its handler
-	// panicked on every delivery); it went to PAL_DEAD.
+	// CodeInternal: PAL failed on the command itself, for good: its
+	// handler panicked on every delivery, or the run's journal cannot be
+	// read (a bad blob reference) or folded. Not worth retrying; a
+	// durable command goes to PAL_DEAD.
 	CodeInternal = "internal"
 )
 
@@ -97,6 +101,14 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeLeaseHeld, "", true
 	case errors.Is(err, ErrRunFinished), errors.Is(err, ErrNotWaiting), errors.Is(err, ErrRunExists):
 		return CodeConflict, "", true
+	case errors.Is(err, event.ErrJournalCorrupt):
+		// The run is over: every reader shows it failed (journal_corrupt),
+		// and a command on it is refused as on any ended run.
+		return CodeConflict, "", true
+	case errors.Is(err, event.ErrBlob), errors.Is(err, engine.ErrUnfoldable):
+		// The journal gives the same events on every read: retrying
+		// cannot help.
+		return CodeInternal, "", true
 	default:
 		return CodeUnavailable, "", false
 	}
@@ -106,14 +118,14 @@ func Classify(err error) (code string, field string, final bool) {
 // (pal_commands_refused_total): every command passes through a Client
 // method, which defers this with its error. Only the caller's mistakes
 // and conflicts count (Classify's final answers); a failure of the
-// infrastructure is not a refusal.
+// infrastructure, or PAL's own (internal), is not a refusal.
 func observeRefusal(command string, errp *error) {
 	err := *errp
 	if err == nil {
 		return
 	}
 	code, _, final := Classify(err)
-	if !final {
+	if !final || code == CodeInternal {
 		return
 	}
 	reason := code
@@ -124,6 +136,8 @@ func observeRefusal(command string, errp *error) {
 		reason = "not_waiting"
 	case errors.Is(err, ErrRunExists):
 		reason = "run_exists"
+	case errors.Is(err, event.ErrJournalCorrupt):
+		reason = "journal_corrupt"
 	case errors.Is(err, ErrPayloadTooLarge):
 		reason = "too_large"
 	}

@@ -66,7 +66,8 @@ func (c *ResumeCommand) Validate() error { return checkRunID("run_id", c.RunID) 
 //
 // Errors: *InputError, ErrRunNotFound, ErrRunFinished (the journal of an
 // ended run stays closed: retry or fork it), *eventstore.LeaseHeldError.
-func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (ResumeResult, error) {
+func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (_ ResumeResult, err error) {
+	defer observeRefusal(CmdResume, &err)
 	if err := cmd.Validate(); err != nil {
 		return ResumeResult{}, err
 	}
@@ -135,11 +136,16 @@ type ForkCommand struct {
 	Workflow json.RawMessage `json:"workflow,omitempty"`
 	// Input, when set, replaces the source's input.
 	Input json.RawMessage `json:"input,omitempty"`
-	// NewRunID names the new run (default: a fresh id).
+	// NewRunID names the new run (default: a fresh id, or with
+	// IdempotencyKey the key's, RunIDForKey).
 	NewRunID string `json:"new_run_id,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
 	// By names who forks (the worker_id of the new run_created).
 	By string `json:"-"`
+	// IdempotencyKey, set by the transport (a durable command's
+	// Nats-Msg-Id), makes the fork idempotent as it does a start: the
+	// same key finds the run it made.
+	IdempotencyKey string `json:"-"`
 }
 
 func (c *ForkCommand) replySubject() string { return c.ReplyTo }
@@ -152,6 +158,8 @@ type RetryCommand struct {
 	NewRunID string `json:"new_run_id,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
 	By       string `json:"-"`
+	// IdempotencyKey is ForkCommand's.
+	IdempotencyKey string `json:"-"`
 }
 
 func (c *RetryCommand) replySubject() string { return c.ReplyTo }
@@ -163,6 +171,9 @@ type ForkResult struct {
 	ForkedFrom ForkPoint         `json:"forked_from"`
 	Copied     []string          `json:"copied"`
 	Rerun      []event.RerunStep `json:"rerun"`
+	// Created is false when the fork was a duplicate of an earlier one
+	// (same idempotency key): the run already existed.
+	Created bool `json:"-"`
 }
 
 // ForkPoint is run_created's forked_from without its copies.
@@ -209,7 +220,13 @@ func (c *ForkCommand) Validate() error {
 // Errors: *InputError (a step the source never started), ErrRunNotFound,
 // *workflow.ValidationError, ErrRunExists, ErrPayloadTooLarge (the copies
 // do not fit in one journal message).
-func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
+func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (_ ForkResult, err error) {
+	defer observeRefusal(CmdFork, &err)
+	return c.fork(ctx, cmd)
+}
+
+// fork is Fork, its refusals uncounted (Retry counts its own).
+func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return ForkResult{}, err
 	}
@@ -268,11 +285,12 @@ func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 	if by == "" {
 		by = "pal"
 	}
-	start, err := c.Start(ctx, StartCommand{RunID: cmd.NewRunID, Workflow: raw, Input: input, By: by, forkedFrom: ff})
+	start, err := c.start(ctx, StartCommand{RunID: cmd.NewRunID, IdempotencyKey: cmd.IdempotencyKey,
+		Workflow: raw, Input: input, By: by, forkedFrom: ff})
 	if err != nil && start.RunID == "" {
 		return ForkResult{}, err
 	}
-	res.RunID = start.RunID
+	res.RunID, res.Created = start.RunID, start.Created
 	return res, err
 }
 
@@ -282,7 +300,8 @@ func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 //
 // Errors: those of Fork; ErrNotWaiting for a run that has not ended or
 // succeeded (fork it from a step instead).
-func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (ForkResult, error) {
+func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err error) {
+	defer observeRefusal(CmdRetry, &err)
 	if err := checkRunID("run_id", cmd.RunID); err != nil {
 		return ForkResult{}, err
 	}
@@ -301,7 +320,7 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (ForkResult, error
 	if from == "" {
 		return ForkResult{}, fmt.Errorf("retrying run %s: %w: no step failed or was left unfinished (%s)", cmd.RunID, ErrNotWaiting, src.Error)
 	}
-	return c.Fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By})
+	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, IdempotencyKey: cmd.IdempotencyKey})
 }
 
 // retryFrom is the step a retry forks from.

@@ -121,9 +121,11 @@ func decodeCommand[C any, P interface {
 }
 
 // Do carries out one command of the given kind (start, approve, cancel,
-// budget, signal) from its JSON body. key, when not empty, is the transport's
-// deduplication id (Nats-Msg-Id), used as the start's idempotency key
-// when the body names none; by is the transport's identity of the caller.
+// budget, signal, resume, fork, retry) from its JSON body. key, when not
+// empty, is the transport's deduplication id (Nats-Msg-Id): the start's
+// idempotency key when the body names none, and a fork's or retry's
+// (commandKey), so a command delivered again finds the run it made; by is
+// the transport's identity of the caller.
 // It returns the answer and the reply subject named in the body, if any;
 // a reply subject CheckReply refuses refuses the whole command.
 func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
@@ -134,7 +136,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 			return Answer{}, "", err
 		}
 		if cmd.IdempotencyKey == "" {
-			cmd.IdempotencyKey = key
+			if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+				return Answer{}, cmd.ReplyTo, err
+			}
 		}
 		cmd.By = by
 		res, err := c.Start(ctx, *cmd)
@@ -193,25 +197,49 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 			return Answer{}, "", err
 		}
 		cmd.By = by
+		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Fork(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
 		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	case CmdRetry:
 		cmd, err := decodeCommand[RetryCommand](c, body)
 		if err != nil {
 			return Answer{}, "", err
 		}
 		cmd.By = by
+		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Retry(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
 		}
-		return Answer{OK: true, RunID: res.RunID, Fork: &res}, cmd.ReplyTo, nil
+		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	default:
 		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
 	}
+}
+
+// commandKey is the idempotency key a command's Nats-Msg-Id gives ("" for
+// none): the id itself for a start, and for a fork or retry the id under
+// the kind's name, so it never names a start's run. An id that would make
+// a key over MaxNameBytes is refused.
+func commandKey(kind, msgID string) (string, error) {
+	if msgID == "" {
+		return "", nil
+	}
+	key := msgID
+	if kind != CmdStart {
+		key = kind + ":" + msgID
+	}
+	if len(key) > MaxNameBytes {
+		return "", &InputError{Field: jetstream.MsgIDHeader, Msg: fmt.Sprintf("%d bytes; the limit is %d", len(msgID), MaxNameBytes-len(key)+len(msgID))}
+	}
+	return key, nil
 }
 
 // ErrorAnswer renders an error as an Answer.
@@ -226,10 +254,12 @@ func ErrorAnswer(err error) Answer {
 // dropped silently: the reason is answered to its reply subject (header
 // Pal-Reply-To or field reply_to) when it has one, logged, and published
 // on pal.cmd.rejected. A command that fails for a passing reason (NATS
-// unavailable) is retried. A command whose handler panics is retried too,
-// up to eventstore.MaxDeliveries deliveries; then it goes to PAL_DEAD with
-// the panic as its reason, is announced on pal.cmd.rejected (code
-// internal), and the processor goes on with the next.
+// unavailable) is retried. One that fails for good (code internal: the
+// run's journal cannot be read or folded) goes to PAL_DEAD at once. A
+// command whose handler panics is retried, up to eventstore.MaxDeliveries
+// deliveries; then it goes to PAL_DEAD with the panic as its reason. Both
+// are announced on pal.cmd.rejected (code internal), and the processor
+// goes on with the next.
 type CommandProcessor struct {
 	client *Client
 	log    *slog.Logger
@@ -371,6 +401,11 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
+		if code == CodeInternal {
+			// It fails the same way on every delivery: settled for good.
+			p.dead(ctx, m, err, replyTo)
+			return
+		}
 		if field == "reply_to" {
 			replyTo = "" // never answer where the caller may not be answered
 		}
@@ -399,14 +434,38 @@ func (p *CommandProcessor) panicked(ctx context.Context, m jetstream.Msg, r any,
 	case err != nil:
 		p.log.Warn("handing back a command that panicked", "subject", m.Subject(), "stream_seq", seq, "err", err)
 	case dead:
-		p.log.Warn("command dead-lettered to "+eventstore.DeadStream, "subject", m.Subject(), "stream_seq", seq,
-			"deliveries", n, "reason", eventstore.DeadReason(reason))
-		err := fmt.Errorf("dead-lettered to %s after %d deliveries: %s", eventstore.DeadStream, n, reason)
-		p.announce(m, seq, err, CodeInternal, "")
+		reply := ""
 		if h := m.Headers().Get(ReplyToHeader); h != "" && p.client.CheckReply(h) == nil {
-			if b, jerr := json.Marshal(Answer{Error: err.Error(), Code: CodeInternal}); jerr == nil {
-				_ = p.client.nc.Publish(h, b)
-			}
+			reply = h
+		}
+		p.deadLettered(m, fmt.Errorf("dead-lettered to %s after %d deliveries: %s", eventstore.DeadStream, n, reason), reason, reply)
+	}
+}
+
+// dead settles a command that failed for good (code internal: the run's
+// journal cannot be read or folded): it goes to PAL_DEAD at once, as
+// work for such a run does, instead of being retried without end.
+func (p *CommandProcessor) dead(ctx context.Context, m jetstream.Msg, cause error, replyTo string) {
+	seq, _ := msgIDs(m)
+	if err := p.client.store.Dead(context.WithoutCancel(ctx), eventstore.DeadCommands, m, cause.Error()); err != nil {
+		// Handed back (Dead naks what it could not copy): tried again.
+		p.log.Warn("dead-lettering a command that failed for good", "subject", m.Subject(), "stream_seq", seq,
+			"cause", cause, "err", err)
+		return
+	}
+	p.deadLettered(m, fmt.Errorf("dead-lettered to %s: %w", eventstore.DeadStream, cause), cause.Error(), replyTo)
+}
+
+// deadLettered logs and announces a command that went to PAL_DEAD (code
+// internal), and answers it on replyTo when that is not "".
+func (p *CommandProcessor) deadLettered(m jetstream.Msg, err error, reason, replyTo string) {
+	seq, n := msgIDs(m)
+	p.log.Warn("command dead-lettered to "+eventstore.DeadStream, "subject", m.Subject(), "stream_seq", seq,
+		"deliveries", n, "reason", eventstore.DeadReason(reason))
+	p.announce(m, seq, err, CodeInternal, "")
+	if replyTo != "" {
+		if b, jerr := json.Marshal(Answer{Error: err.Error(), Code: CodeInternal}); jerr == nil {
+			_ = p.client.nc.Publish(replyTo, b)
 		}
 	}
 }

@@ -34,10 +34,16 @@ func RunIDForKey(key string) string {
 // means the run was created but not queued: the recovery sweep queues it.
 //
 // Errors: *InputError; *workflow.ValidationError for an invalid workflow;
-// ErrRunExists when RunID is taken (and no idempotency key says this is
-// the same start); ErrPayloadTooLarge.
+// ErrRunExists when RunID is taken, unless by a start with the same
+// idempotency key (then the result names that run, Created false);
+// ErrPayloadTooLarge.
 func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, err error) {
 	defer observeRefusal(CmdStart, &err)
+	return c.start(ctx, cmd)
+}
+
+// start is Start, its refusals uncounted (a fork counts its own).
+func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return StartResult{}, err
 	}
@@ -95,9 +101,15 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, er
 	}
 	if errors.Is(err, eventstore.ErrConflict) {
 		if cmd.IdempotencyKey != "" {
-			// The same start again: make sure it is queued and answer
-			// with the existing run.
-			return StartResult{RunID: runID}, enqueueIfLive(ctx, c.store, runID)
+			same, err := c.startedWith(ctx, runID, cmd.IdempotencyKey)
+			if err != nil {
+				return StartResult{}, fmt.Errorf("starting run %s: %w", runID, err)
+			}
+			if same {
+				// The same start again: make sure it is queued and
+				// answer with the existing run.
+				return StartResult{RunID: runID}, enqueueIfLive(ctx, c.store, runID)
+			}
 		}
 		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, ErrRunExists)
 	}
@@ -110,6 +122,26 @@ func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, er
 		return StartResult{RunID: runID, Created: true}, fmt.Errorf("run %s created but not queued (the recovery sweep will queue it): %w", runID, err)
 	}
 	return StartResult{RunID: runID, Created: true}, nil
+}
+
+// startedWith reports whether run runID was created by a start with
+// idempotency key key: only then is a start with that key that finds the
+// run taken the same start (a start with no key or another key may have
+// taken the run id).
+func (c *Client) startedWith(ctx context.Context, runID, key string) (bool, error) {
+	evs, _, err := c.store.Read(ctx, runID)
+	if len(evs) == 0 || evs[0].Kind != event.RunCreated {
+		// No run_created to compare: a read that failed (NATS), or a
+		// journal whose first message is bad, which no start wrote.
+		return false, err
+	}
+	// A later read error (a bad blob reference, a corrupt message) leaves
+	// run_created readable: its key is all that is compared.
+	var d event.RunCreatedData
+	if err := evs[0].DecodeData(&d); err != nil {
+		return false, err
+	}
+	return d.IdempotencyKey == key, nil
 }
 
 // enqueueIfLive enqueues a run that exists but has not started driving: a
