@@ -40,6 +40,7 @@ var answerCodes = map[string]transportCode{
 	runs.CodeLeaseHeld:   {http.StatusConflict, codes.FailedPrecondition},
 	codeJournalRemoved:   {http.StatusGone, codes.FailedPrecondition},
 	codeTooLarge:         {http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+	runs.CodeInternal:    {http.StatusInternalServerError, codes.Internal},
 	runs.CodeUnavailable: {http.StatusServiceUnavailable, codes.Unavailable},
 }
 

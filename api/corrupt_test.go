@@ -2,16 +2,23 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/paltest"
 	palv1 "github.com/palrun/pal/proto/pal/v1"
 )
 
@@ -96,4 +103,36 @@ func TestCorruptJournalFeedEnds(t *testing.T) {
 	}
 	_, _, err = b.Store.Read(context.Background(), runID)
 	require.ErrorIs(t, err, event.ErrJournalCorrupt, "a feed only reads")
+}
+
+// TestUnreadableRunIsInternal: a run whose run_created names a blob
+// PAL_BLOBS does not hold can never be read. Every path answers internal
+// (REST and the NATS service 500, gRPC INTERNAL), not unavailable (503:
+// worth retrying).
+func TestUnreadableRunIsInternal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withoutJournalCheck())
+	ctx := context.Background()
+	runID := event.NewRunID()
+	wf := `{"name":"one","nodes":[{"id":"start","type":"trigger"}],"edges":[]}`
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`)})
+	ev.Data = json.RawMessage(fmt.Sprintf(`{"workflow":%s,"input_blob":{"blob":%q,"size":5},"depth":0}`,
+		wf, event.BlobSum([]byte("nope!"))))
+	ev.WorkerID = "test"
+	_, err := b.Store.Append(ctx, runID, eventstore.Head{}, ev)
+	require.NoError(t, err)
+
+	requireError(t, b.get(t, "/v1/runs/"+runID), http.StatusInternalServerError, "internal")
+	svc, err := api.StartService(ctx, b.NC, b.Runs, paltest.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = svc.Stop() })
+
+	m, err := b.NC.Request("pal.api.runs.get", fmt.Appendf(nil, `{"run_id":%q}`, runID), 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "500", m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+
+	gctx, cancel := context.WithTimeout(withBearer(ctx, testToken), 30*time.Second)
+	defer cancel()
+	_, err = b.grpcClient(t).GetRun(gctx, &palv1.GetRunRequest{RunId: runID})
+	require.Equal(t, codes.Internal, status.Code(err), "%v", err)
 }

@@ -315,6 +315,8 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 			detail = "timed out talking to NATS JetStream: " + detail
 		}
 		h.log.Warn("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case runs.CodeInternal:
+		h.log.Error("api request failed for good", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	_, tc := transportOf(code)
 	writeError(w, tc.http, code, detail, field)

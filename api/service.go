@@ -138,8 +138,11 @@ func respondError(req micro.Request, err error, log *slog.Logger) {
 		ans.Error = "run not found"
 	}
 	body, _ := json.Marshal(ans)
-	if ans.Code == "unavailable" {
+	switch ans.Code {
+	case runs.CodeUnavailable:
 		log.Warn("pal.api request failed", "subject", req.Subject(), "err", err)
+	case runs.CodeInternal:
+		log.Error("pal.api request failed for good", "subject", req.Subject(), "err", err)
 	}
 	_, tc := transportOf(ans.Code)
 	_ = req.Error(strconv.Itoa(tc.http), ans.Error, body)

@@ -61,6 +61,10 @@ func (e *env) jsonErrors(run func(cmd *cobra.Command, args []string) error) func
 			code = "not_found"
 		case ExitUnavailable:
 			code = "unavailable"
+			if c, _, _ := runs.Classify(err); c == runs.CodeInternal {
+				// A run PAL can never read: exit 4 still, but not "retry".
+				code = runs.CodeInternal
+			}
 		}
 		var field string
 		var ie *runs.InputError

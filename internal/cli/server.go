@@ -228,7 +228,12 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	svc, err := api.StartService(ctx, nc, client, log)
+	// A run whose journal retention removed reads from its rows.
+	var svcOpts []api.ServiceOption
+	if pool != nil {
+		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
+	}
+	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
 	if err != nil {
 		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
 	}

@@ -260,7 +260,12 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 		_ = w.Stop(context.WithoutCancel(ctx))
 		return fail(withCode(ExitUnavailable, err))
 	}
-	svc, err := api.StartService(ctx, nc, client, log)
+	// A run whose journal retention removed reads from its rows.
+	var svcOpts []api.ServiceOption
+	if pool != nil {
+		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
+	}
+	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
 	if err != nil {
 		_ = cmds.Stop(context.WithoutCancel(ctx))
 		_ = w.Stop(context.WithoutCancel(ctx))
