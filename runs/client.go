@@ -20,7 +20,8 @@ import (
 // Client is the front door to PAL's runs: every transport (REST, the NATS
 // service, the durable command processor, the CLI) decodes into one of
 // the command structs and calls the same method. It writes only inputs
-// to a run's journal (run_created, approval_received, run_cancelled),
+// to a run's journal (run_created, approval_received, signal_received,
+// budget_raised, run_cancelled),
 // each with a fenced append, and leaves driving to the workers.
 type Client struct {
 	store     *eventstore.Store
