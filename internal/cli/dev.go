@@ -206,7 +206,17 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 				log.Warn("stopping the local PostgreSQL", "err", err)
 			}
 		}()
-		dbURL, pgNote = pg.DSN(pgcluster.DevDatabase), "local, data in "+pg.DataDir()
+		db := pgcluster.DevDatabase
+		if cluster != nil {
+			// The cluster's JetStream (.pal/nats-<i>) is not the single
+			// server's (.pal/nats): a projection of one would be past the
+			// end of the other, so each projects into its own database.
+			db = devClusterDatabase
+			if err := pg.CreateDatabase(ctx, db); err != nil {
+				return withCode(ExitUnavailable, fmt.Errorf("the local PostgreSQL: %w", err))
+			}
+		}
+		dbURL, pgNote = pg.DSN(db), "local, data in "+pg.DataDir()
 	}
 	pool, err := connectPGDurable(ctx, dbURL, log)
 	if err != nil {
@@ -374,6 +384,10 @@ func natsStoreNote(abs string, cluster *devCluster) string {
 	}
 	return filepath.Join(abs, "nats-<node>")
 }
+
+// devClusterDatabase is the database pal dev --cluster projects into in
+// its local PostgreSQL, beside pgcluster.DevDatabase of the single server.
+const devClusterDatabase = "pal_cluster"
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
