@@ -50,10 +50,11 @@ save line for the client role, for the nats CLI.
 While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
 (the worker role's seed), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
-PAL_LEASE_TTL and, with the fake provider, OPENAI_* and ANTHROPIC_*) to
-dev.env in its data directory, readable by you only. Every other pal
-command run in this directory (or with the same PAL_DATA_DIR) uses those
-values for the variables its environment does not set, so pal run list
+PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
+with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
+directory, readable by you only. Every other pal command run in this
+directory (with PAL_DATA_DIR naming the data directory when it is not
+./.pal) uses those values for the variables its environment does not set, so pal run list
 and a second pal worker need no copying. The file is replaced on every
 start and removed on stop; in a shell, '. .pal/dev.env' sets the same
 variables.
@@ -64,6 +65,7 @@ built-in fake provider that answers "echo: <prompt>".`,
 		RunE: e.runDev,
 	}
 	addWorkerFlags(cmd)
+	cmd.Flags().Lookup("worker-id").Usage = "the worker's id in leases and events (env PAL_WORKER_ID, default dev-<host>; --cluster's two workers add -1 and -2)"
 	addRESTFlags(cmd)
 	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
 	cmd.Flags().Bool("no-worker", false, "drive no runs in this process: leave them to pal worker processes")
@@ -206,7 +208,17 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 				log.Warn("stopping the local PostgreSQL", "err", err)
 			}
 		}()
-		dbURL, pgNote = pg.DSN(pgcluster.DevDatabase), "local, data in "+pg.DataDir()
+		db := pgcluster.DevDatabase
+		if cluster != nil {
+			// The cluster's JetStream (.pal/nats-<i>) is not the single
+			// server's (.pal/nats): a projection of one would be past the
+			// end of the other, so each projects into its own database.
+			db = devClusterDatabase
+			if err := pg.CreateDatabase(ctx, db); err != nil {
+				return withCode(ExitUnavailable, fmt.Errorf("the local PostgreSQL: %w", err))
+			}
+		}
+		dbURL, pgNote = pg.DSN(db), "local, data in "+pg.DataDir()
 	}
 	pool, err := connectPGDurable(ctx, dbURL, log)
 	if err != nil {
@@ -323,6 +335,9 @@ func (e *env) runDev(cmd *cobra.Command, _ []string) error {
 		"PAL_DURABILITY": wc.durability,
 		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
 		"PAL_REPLICAS":   strconv.Itoa(wc.replicas),
+		// The pal worker processes beside pal dev --no-worker call the
+		// tour's local receivers too.
+		egress.EnvAllow: wc.egress.String(),
 	}
 	if v := e.getenv(receipt.EnvSigningKey); v != "" {
 		vars[receipt.EnvSigningKey] = v
@@ -350,9 +365,10 @@ PAL dev is running.
 			cluster.pids(cluster.nodes))
 	}
 	printREST(e.stderr, rest, rc)
-	fmt.Fprintf(e.stderr, `  settings   %s   (pal commands run here use them)
+	settingsNote, tryNote := devEnvNotes(abs)
+	fmt.Fprintf(e.stderr, `  settings   %s   (%s)
 
-Try it (in another terminal, in this directory):
+Try it (%s):
   pal run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait
   pal run events <run_id>
   pal run list
@@ -360,10 +376,22 @@ Try it (in another terminal, in this directory):
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 
 Press Ctrl-C to stop.
-`, filepath.Join(abs, devEnvName), natsContextLine(natsURL, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
+`, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(natsURL, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
 	<-ctx.Done()
 	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
 	return nil
+}
+
+// devEnvNotes say who reads dev.env in the data directory abs: the pal
+// commands run here when it is the default ./.pal, else only those whose
+// PAL_DATA_DIR names it.
+func devEnvNotes(abs string) (settings, try string) {
+	if def, err := filepath.Abs(defaultDataDir); err == nil && def == abs {
+		return "pal commands run here use them", "in another terminal, in this directory"
+	}
+	q := shellQuote(abs)
+	return "pal commands use them with PAL_DATA_DIR=" + q + " set",
+		"in another terminal, in this directory, after export PAL_DATA_DIR=" + q
 }
 
 // natsStoreNote says where the JetStream store is: one directory, or one
@@ -375,9 +403,13 @@ func natsStoreNote(abs string, cluster *devCluster) string {
 	return filepath.Join(abs, "nats-<node>")
 }
 
+// devClusterDatabase is the database pal dev --cluster projects into in
+// its local PostgreSQL, beside pgcluster.DevDatabase of the single server.
+const devClusterDatabase = "pal_cluster"
+
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
-	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev
 // --no-worker (the workers come later). nc is the worker role's.

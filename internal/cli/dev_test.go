@@ -45,26 +45,35 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	require.NoError(t, dev.WaitForOutput(ctx, "PAL dev is running"))
+	require.NoError(t, dev.WaitForOutput(ctx, "Press Ctrl-C"))
 
 	fi, err := os.Stat(envPath)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	// The file is shell-sourceable, and a shell reads what pal dev meant.
-	sh := exec.Command("sh", "-c", `. "$1" && printf '%s\n' "$PAL_NATS_URL" "$DATABASE_URL" "$PAL_LEASE_TTL" "$OPENAI_API_KEY" "$OPENAI_BASE_URL" "$PAL_API_TOKEN" "$PAL_API_TOKENS"`, "sh", envPath)
+	sh := exec.Command("sh", "-c", `. "$1" && printf '%s\n' "$PAL_NATS_URL" "$DATABASE_URL" "$PAL_LEASE_TTL" "$OPENAI_API_KEY" "$PAL_EGRESS_ALLOW" "$OPENAI_BASE_URL" "$PAL_API_TOKEN" "$PAL_API_TOKENS"`, "sh", envPath)
 	out, err := sh.Output()
 	require.NoError(t, err)
 	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
-	require.Len(t, got, 7, "%s", out)
-	require.Equal(t, []string{natsURL, pg.DSN(), "1s", "pal-dev"}, got[:4])
-	require.Regexp(t, `^http://127\.0\.0\.1:\d+/v1$`, got[4])
-	require.Regexp(t, `^pal_`, got[5])
-	require.Equal(t, "dev="+got[5]+":admin", got[6])
+	require.Len(t, got, 8, "%s", out)
+	// Loopback egress, as pal dev's own worker has it, for the workers
+	// started beside pal dev --no-worker.
+	require.Equal(t, []string{natsURL, pg.DSN(), "1s", "pal-dev", "127.0.0.0/8,::1/128"}, got[:5])
+	require.Regexp(t, `^http://127\.0\.0\.1:\d+/v1$`, got[5])
+	require.Regexp(t, `^pal_`, got[6])
+	require.Equal(t, "dev="+got[6]+":admin", got[7])
+	// The data directory is not ./.pal: pal dev says how to reach it.
+	abs, err := filepath.Abs(dataDir)
+	require.NoError(t, err)
+	require.Contains(t, dev.Output(), "pal commands use them with PAL_DATA_DIR='"+abs+"' set")
+	require.Contains(t, dev.Output(), "after export PAL_DATA_DIR='"+abs+"'")
 
 	// A second worker, with no NATS URL and no provider settings of its own,
 	// takes pal dev's: no warning, and its LLM steps reach the fake.
 	worker := testenv.StartProcess(t, bin, []string{"worker", "--worker-id", "w2"}, []string{"PAL_DATA_DIR=" + dataDir})
 	require.NoError(t, worker.WaitForOutput(ctx, "worker ready"))
 	require.Contains(t, worker.Output(), "nats="+natsURL)
+	require.Contains(t, worker.Output(), "egress_allow=127.0.0.0/8,::1/128")
 	require.NotContains(t, worker.Output(), "are unset")
 
 	// In the directory, without a single variable: start (hello.json calls

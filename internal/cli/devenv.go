@@ -66,7 +66,8 @@ func (e *env) useDevEnv(cmd *cobra.Command, _ []string) error {
 // API token and the database's password. Keys are written in order.
 func writeDevEnv(path string, keys []string, vars map[string]string) error {
 	var b bytes.Buffer
-	b.WriteString("# Written by pal dev while it runs; pal commands run here read it.\n")
+	b.WriteString("# Written by pal dev while it runs; pal commands read it when their PAL_DATA_DIR\n")
+	b.WriteString("# (default ./.pal) is this directory.\n")
 	b.WriteString("# Variables set in the environment win over these. Shell: . " + path + "\n")
 	for _, k := range keys {
 		if v, ok := vars[k]; ok {

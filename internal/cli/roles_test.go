@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -95,4 +96,114 @@ func roleCreds(t *testing.T, n *testenv.NATSServer, dir string, r natsauth.Role)
 	path := filepath.Join(dir, natsauth.SeedFile(r))
 	require.NoError(t, os.WriteFile(path, n.Keys().Seed(r), 0o600))
 	return "PAL_NATS_CREDS=" + path
+}
+
+// TestCommandsAsWorkerRole: under pal dev the pal commands act as the
+// worker role (dev.env gives them its seed). None of them is refused
+// anything, and a watch (start --wait, run watch, events --follow) sees
+// its run end at once, not at the watch's 10 s resync.
+func TestCommandsAsWorkerRole(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	nats := testenv.NATS(t, testenv.Roles())
+	pg := testenv.Postgres(t)
+	dir := t.TempDir()
+	common := []string{"PAL_NATS_URL=" + nats.URL(), "DATABASE_URL=" + pg.DSN(), "PAL_DATA_DIR=" + dir}
+	asWorker := append(slices.Clone(common), roleCreds(t, nats, dir, natsauth.Worker))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	worker := testenv.StartProcess(t, bin, []string{"worker", "--worker-id", "w1"}, asWorker)
+	require.NoError(t, worker.WaitForOutput(ctx, "worker ready"), worker.Output())
+	proj := testenv.StartProcess(t, bin, []string{"projector"}, append(slices.Clone(common), roleCreds(t, nats, dir, natsauth.Projector)))
+	require.NoError(t, proj.WaitForOutput(ctx, "projector ready"), proj.Output())
+
+	refused := func(out string) bool { return strings.Contains(strings.ToLower(out), "permissions violation") }
+	pal := func(want int, args ...string) result {
+		t.Helper()
+		r := runPal(t, bin, asWorker, args...)
+		require.Equal(t, want, r.code, "pal %s: %s", strings.Join(args, " "), r)
+		require.False(t, refused(r.stderr), "pal %s: %s", strings.Join(args, " "), r)
+		return r
+	}
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+		return p
+	}
+	// live is how long a watch may take to see what was just appended:
+	// well under the 10 s resync.
+	const live = 5 * time.Second
+	startRun := func(wf string) string {
+		t.Helper()
+		r := pal(0, "run", "start", "--workflow", wf, "--input", `{}`)
+		return strings.TrimSpace(r.stdout)
+	}
+	waiting := func(id string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			r := pal(0, "run", "events", id)
+			return strings.Contains(r.stdout, "step_waiting")
+		}, 30*time.Second, 50*time.Millisecond, "run %s never waited", id)
+	}
+
+	echo := file("echo.json", `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],"edges":[{"from":"start","to":"t1"}]}`)
+	begin := time.Now()
+	r := pal(0, "run", "start", "--workflow", echo, "--input", `{}`, "--wait", "--json")
+	require.Less(t, time.Since(begin), live, "start --wait waited for the resync")
+	id, _ := decodeJSON[map[string]any](t, r.stdout)["run_id"].(string)
+	require.Regexp(t, `^run_`, id)
+	r = pal(0, "run", "events", id, "--follow")
+	require.Contains(t, r.stdout, "run_succeeded")
+	pal(0, "run", "watch", id)
+	pal(0, "run", "get", id)
+	pal(0, "run", "export", id)
+	require.Eventually(t, func() bool {
+		return strings.Contains(pal(0, "run", "list").stdout, id)
+	}, 30*time.Second, 50*time.Millisecond)
+	r = pal(0, "run", "fork", id, "--from", "t1", "--json")
+	fork, _ := decodeJSON[map[string]any](t, r.stdout)["run_id"].(string)
+	pal(0, "run", "watch", fork)
+
+	// A run waiting for approval: resumed, watched, approved.
+	gate := startRun(file("gate.json", `{"name":"gate","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ok","type":"approval","data":{"prompt":"go?","approvers":["ana"]}},
+		{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],
+		"edges":[{"from":"start","to":"ok"},{"from":"ok","to":"t1"}]}`))
+	waiting(gate)
+	pal(0, "run", "resume", gate)
+	watch := testenv.StartProcess(t, bin, []string{"run", "watch", gate}, asWorker)
+	require.NoError(t, watch.WaitForOutput(ctx, "step_waiting"), watch.Output())
+	pal(0, "run", "approve", gate, "--step", "ok", "--approver", "ana")
+	approved := time.Now()
+	wctx, wcancel := context.WithTimeout(ctx, live)
+	defer wcancel()
+	require.NoError(t, watch.Wait(wctx), "run watch did not see the approved run end live:\n%s", watch.Output())
+	require.Less(t, time.Since(approved), live)
+	require.False(t, refused(watch.Output()), watch.Output())
+
+	// A run waiting for a signal, and one paused on its budget.
+	sig := startRun(file("wait.json", `{"name":"wait-go","nodes":[{"id":"start","type":"trigger"},
+		{"id":"hold","type":"wait","data":{"signal":"go"}},{"id":"done","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"hold"},{"from":"hold","to":"done"}]}`))
+	waiting(sig)
+	pal(0, "run", "signal", sig, "go")
+	pal(0, "run", "watch", sig)
+	budget := startRun(file("budget.json", `{"name":"two","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"tool","data":{"tool":"echo"}},{"id":"b","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}],
+		"policy":{"budget":{"maxSteps":1,"onExceed":"pause"}}}`))
+	waiting(budget)
+	pal(0, "run", "budget", budget, "--add-steps", "1")
+	pal(0, "run", "watch", budget)
+
+	// Cancelled while it waits (run watch exits 1 for a cancelled run).
+	gone := startRun(file("gate2.json", `{"name":"gate","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ok","type":"approval","data":{"prompt":"go?","approvers":["ana"]}}],"edges":[{"from":"start","to":"ok"}]}`))
+	waiting(gone)
+	pal(0, "run", "cancel", gone)
+	pal(1, "run", "watch", gone)
+
+	for name, p := range map[string]*testenv.Process{"worker": worker, "projector": proj} {
+		require.False(t, refused(p.Output()), "%s: %s", name, p.Output())
+	}
 }

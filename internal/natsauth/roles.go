@@ -8,7 +8,9 @@
 //   - worker: writes the journal, drives runs (work, timers, leases), signs
 //     run receipts (PAL_RECEIPTS, create only: one key per run), runs
 //     the command processor and answers the NATS service; it also creates
-//     PAL's streams and its durable consumers (eventstore.Setup).
+//     PAL's streams and its durable consumers (eventstore.Setup). It
+//     watches journals too: pal dev's dev.env gives the pal commands run
+//     beside it (pal run watch, start --wait) the worker's seed.
 //   - projector: reads the journal through its durable consumer and writes
 //     dead letters; with PAL_RETENTION it purges finished runs' journals.
 //   - api: what pal server needs: appends inputs (run_created,
@@ -213,8 +215,12 @@ func worker() Permissions {
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
-		PubDeny:  projectorNames(),
-		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*"}, serviceSub...),
+		PubDeny: projectorNames(),
+		// pal.watch.*: the journal's republished copies, for watches
+		// (eventstore.Store.Watch). The worker writes the journal, so
+		// reading its copies grants it nothing new.
+		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*",
+			eventstore.WatchPrefix + "*"}, serviceSub...),
 	}
 }
 

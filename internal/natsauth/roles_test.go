@@ -736,3 +736,60 @@ func TestSnapshotsUnderRoles(t *testing.T) {
 	require.NoError(t, b.client.Publish("$O."+eventstore.SnapshotBucket+".C.x", []byte("x")))
 	b.cviol.wait(t, "$O."+eventstore.SnapshotBucket+".C.x")
 }
+
+// TestWatchUnderWorkerRole: a watch on the worker role (what pal run
+// watch and start --wait do with pal dev's dev.env) takes the journal's
+// republished copies live, not at the watch's 10 s resync, and is refused
+// nothing.
+func TestWatchUnderWorkerRole(t *testing.T) {
+	srv := testenv.NATS(t, testenv.Roles())
+	viol := newViolations()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wnc := srv.ConnAs(t, natsauth.Worker, viol.option())
+	js, err := jetstream.New(wnc)
+	require.NoError(t, err)
+	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
+	store, err := eventstore.Open(ctx, js)
+	require.NoError(t, err)
+	runID := event.NewRunID()
+	ev := func(k event.Kind) event.Event {
+		return event.Event{Kind: k, WorkerID: "w1", Data: json.RawMessage(`{}`)}
+	}
+	h, err := store.Append(ctx, runID, eventstore.Head{}, ev(event.RunCreated))
+	require.NoError(t, err)
+
+	got := make(chan event.Event, 10)
+	done := make(chan error, 1)
+	go func() {
+		done <- store.Watch(ctx, runID, eventstore.Head{}, func(e event.Event) error {
+			got <- e
+			if e.Kind.Terminal() {
+				return eventstore.ErrStopWatch
+			}
+			return nil
+		})
+	}()
+	// The history comes from Direct Gets, after the watch subscribed.
+	select {
+	case e := <-got:
+		require.Equal(t, event.RunCreated, e.Kind)
+	case err := <-done:
+		t.Fatalf("the watch ended: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no history from the watch")
+	}
+	appended := time.Now()
+	_, err = store.Append(ctx, runID, h, ev(event.RunCancelled))
+	require.NoError(t, err)
+	select {
+	case e := <-got:
+		require.Equal(t, event.RunCancelled, e.Kind)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the appended event did not reach the watch live (it waits for the 10 s resync)")
+	}
+	require.Less(t, time.Since(appended), 2*time.Second)
+	require.NoError(t, <-done)
+	require.NoError(t, wnc.Flush()) // any -ERR from the server has come in
+	require.Empty(t, viol.all(), "the worker role hit a permissions violation")
+}

@@ -257,6 +257,12 @@ func makeFallback(u serverUser, base, key, abs string) (string, error) {
 	return filepath.Join(root, "pg"), nil
 }
 
+// CreateDatabase creates database name on c unless it exists, for a
+// second database beside DevDatabase.
+func (c *Cluster) CreateDatabase(ctx context.Context, name string) error {
+	return createDatabase(ctx, c, name)
+}
+
 // createDatabase creates database name on c unless it exists.
 func createDatabase(ctx context.Context, c *Cluster, name string) error {
 	conn, err := pgx.Connect(ctx, c.DSN("postgres"))
