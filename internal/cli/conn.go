@@ -53,9 +53,9 @@ type natsRefusal struct {
 
 func (r *natsRefusal) Error() string {
 	what := strings.TrimPrefix(r.err.Error(), nats.ErrPermissionViolation.Error()+": ")
-	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role "+
-		"(PAL_NATS_CREDS=.pal/%s from pal dev); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
-		r.who, what, natsauth.SeedFile(natsauth.API))
+	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role (.pal/%s under pal dev) "+
+		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
+		r.who, what, natsauth.SeedFile(natsauth.API), natsauth.SeedFile(natsauth.Worker))
 }
 
 func (r *natsRefusal) Unwrap() error { return r.err }
