@@ -146,6 +146,10 @@ type ForkCommand struct {
 	// Nats-Msg-Id), makes the fork idempotent as it does a start: the
 	// same key finds the run it made.
 	IdempotencyKey string `json:"-"`
+	// at is the seq to fork at when From never started: a retry of a
+	// step that failed before its step_started (rendering its input
+	// failed) forks at the run_failed that names it.
+	at uint64
 }
 
 func (c *ForkCommand) replySubject() string { return c.ReplyTo }
@@ -239,6 +243,9 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 	}
 	from := forkSeq(src, cmd.From)
 	if from == 0 {
+		from = cmd.at
+	}
+	if from == 0 {
 		return ForkResult{}, &InputError{Field: "from", Msg: fmt.Sprintf("run %s never started step %q (its steps: %s)",
 			cmd.RunID, truncate(cmd.From, 80), truncate(strings.Join(src.Order, ", "), 400))}
 	}
@@ -296,10 +303,13 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 
 // Retry forks a failed or cancelled run from its first failed step (the
 // step its run_failed names, else the first that failed, else the first
-// that started and did not complete), with the same workflow and input.
+// that started and did not complete), with the same workflow and input. A
+// step that failed before it started (its input did not render) is forked
+// at the run_failed: every step the run completed is copied.
 //
-// Errors: those of Fork; ErrNotWaiting for a run that has not ended or
-// succeeded (fork it from a step instead).
+// Errors: those of Fork; ErrNotWaiting (a conflict) for a run that has
+// not ended or succeeded, or has no step to retry (fork it from a step
+// instead).
 func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err error) {
 	defer observeRefusal(CmdRetry, &err)
 	if err := checkRunID("run_id", cmd.RunID); err != nil {
@@ -312,33 +322,57 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err
 	switch src.Status {
 	case engine.StatusFailed, engine.StatusCancelled:
 	case engine.StatusSucceeded:
-		return ForkResult{}, fmt.Errorf("retrying run %s: %w: it succeeded; fork it from a step instead", cmd.RunID, ErrNotWaiting)
+		return ForkResult{}, retryRefusal("retrying run %s: it succeeded, so no step failed to retry; fork it from a step instead", cmd.RunID)
 	default:
-		return ForkResult{}, fmt.Errorf("retrying run %s: %w: it is %s (resume it, or cancel it first)", cmd.RunID, ErrNotWaiting, src.Status)
+		return ForkResult{}, retryRefusal("retrying run %s: it has not ended (it is %s): resume it, or cancel it first", cmd.RunID, src.Status)
 	}
-	from := retryFrom(src)
+	from, at := retryFrom(src)
 	if from == "" {
-		return ForkResult{}, fmt.Errorf("retrying run %s: %w: no step failed or was left unfinished (%s)", cmd.RunID, ErrNotWaiting, src.Error)
+		why := "it was cancelled"
+		if src.Status == engine.StatusFailed {
+			why = "it failed: " + src.Error
+		}
+		return ForkResult{}, retryRefusal("retrying run %s: no step of it failed or was left unfinished (%s); fork it from a step instead", cmd.RunID, why)
 	}
-	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, IdempotencyKey: cmd.IdempotencyKey})
+	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, IdempotencyKey: cmd.IdempotencyKey, at: at})
 }
 
-// retryFrom is the step a retry forks from.
-func retryFrom(st *engine.RunState) string {
-	if _, ok := st.Steps[st.FailedStep]; ok && st.FailedStep != "" {
-		return st.FailedStep
+// notWaitingError is a refusal of ErrNotWaiting's class (conflict) worded
+// for its command: errors.Is matches ErrNotWaiting, the text is the
+// command's own ("step is not waiting" reads oddly for a retry).
+type notWaitingError struct{ msg string }
+
+func (e *notWaitingError) Error() string        { return e.msg }
+func (e *notWaitingError) Is(target error) bool { return target == ErrNotWaiting }
+
+func retryRefusal(format string, args ...any) error {
+	return &notWaitingError{msg: fmt.Sprintf(format, args...)}
+}
+
+// retryFrom is the step a retry forks from, and the seq to fork at when
+// that step never started (else 0: the step's first event).
+func retryFrom(st *engine.RunState) (string, uint64) {
+	if st.FailedStep != "" {
+		if _, ok := st.Steps[st.FailedStep]; ok {
+			return st.FailedStep, 0
+		}
+		// The run failed on a step before its step_started: the fold
+		// takes nothing after the terminal run_failed, so LastSeq is it.
+		if st.Status == engine.StatusFailed && st.Workflow != nil && st.Workflow.Index(outerNode(st.FailedStep)) >= 0 {
+			return st.FailedStep, st.LastSeq
+		}
 	}
 	for _, id := range st.Order {
 		if st.Steps[id].Status == engine.StepFailed {
-			return id
+			return id, 0
 		}
 	}
 	for _, id := range st.Order {
 		if st.Steps[id].Status != engine.StepCompleted {
-			return id
+			return id, 0
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // forkSeq is the seq of the first event of step from, or of any step in

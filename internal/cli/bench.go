@@ -63,7 +63,7 @@ deduplicates) against a restart from scratch at each kill.`,
 	f.Int("steps-per-run", 50, "steps of each concurrent run")
 	f.Duration("duration", 0, "keep --runs runs in flight this long (steady throughput) instead of one burst")
 	f.Bool("in-process", false, "connect the worker to NATS in-process")
-	f.Bool("cluster", false, "also measure on a 3-node cluster of nats-server processes (R3)")
+	f.Bool("cluster", false, "also measure on a 3-node cluster (three pal dev-nats-node processes on loopback, R3)")
 	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
 	f.String("model", "gpt-4o", "model the economics run is priced as")
 	return cmd
@@ -89,7 +89,7 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	case DurabilityProcess, DurabilityStrict:
 		modes = []string{mode}
 	default:
-		return badInput("--durability=%q: want process, strict or both", mode)
+		return badInput("--durability %q: want process, strict or both", mode)
 	}
 	if steps < 2 || runs < 1 || spr < 1 {
 		return badInput("--steps must be ≥ 2, --runs and --steps-per-run ≥ 1")

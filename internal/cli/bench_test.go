@@ -89,3 +89,17 @@ func TestBenchSustained(t *testing.T) {
 		require.Contains(t, r.stderr, "--duration="+bad)
 	}
 }
+
+// pal bench --help says what --cluster starts (pal dev-nats-node
+// processes, as benchCluster does), and a bad --durability names the flag.
+func TestBenchHelpAndFlags(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	r := runPal(t, bin, nil, "bench", "--help")
+	require.Zero(t, r.code, r)
+	require.Regexp(t, `--cluster\s+also measure on a 3-node cluster \(three pal dev-nats-node processes on loopback, R3\)`, r.stdout)
+	require.NotContains(t, r.stdout, "nats-server processes")
+	r = runPal(t, bin, nil, "bench", "--durability", "fast")
+	require.Equal(t, 2, r.code, r)
+	require.Contains(t, r.stderr, `--durability "fast": want process, strict or both`)
+}

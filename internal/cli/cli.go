@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/workflow"
+	"github.com/palrun/pal/runs"
 )
 
 // Exit codes.
@@ -45,23 +45,58 @@ func badInput(format string, args ...any) error {
 	return withCode(ExitBadInput, fmt.Errorf(format, args...))
 }
 
-// codeOf maps an error to an exit code.
+// codeOf maps an error to an exit code (see answerOf).
 func codeOf(err error) int {
+	code, _ := answerOf(err)
+	return code
+}
+
+// answerOf is the one mapping from a command's error to its exit code and
+// the answer code --json prints (the REST API's): a permissions violation
+// NATS reported is 2 (forbidden); a code the command set wins; then
+// runs.Classify decides — bad_input, conflict and lease_held exit 2,
+// not_found 3, unavailable and internal 4; cobra's usage errors are bad
+// input; an interrupted command exits 5. The answer code always agrees
+// with the exit code.
+func answerOf(err error) (exit int, answer string) {
+	if err == nil {
+		return ExitOK, ""
+	}
+	answer, _, final := runs.Classify(err)
 	var ee *exitError
-	var ve *workflow.ValidationError
+	var nr *natsRefusal
 	switch {
-	case err == nil:
-		return ExitOK
+	case errors.As(err, &nr):
+		// Refused for good, like REST's 403: other credentials, not a
+		// retry, are the fix.
+		return ExitBadInput, "forbidden"
 	case errors.As(err, &ee):
-		return ee.code
-	case errors.As(err, &ve):
-		return ExitBadInput
-	case errors.Is(err, eventstore.ErrRunNotFound):
-		return ExitNotFound
+		exit = ee.code
 	case errors.Is(err, context.Canceled):
-		return ExitInternal
+		return ExitInternal, runs.CodeInternal
+	case !final && isUsage(err):
+		return ExitBadInput, runs.CodeBadInput
 	default:
-		return ExitInternal
+		exit = exitOfAnswer(answer)
+	}
+	if exitOfAnswer(answer) != exit {
+		// The command knew better (a Postgres it cannot reach, a file it
+		// cannot write): the answer code says what the exit code says.
+		answer = map[int]string{ExitRunFailed: "failed", ExitBadInput: runs.CodeBadInput, ExitNotFound: runs.CodeNotFound,
+			ExitUnavailable: runs.CodeUnavailable, ExitInternal: runs.CodeInternal}[exit]
+	}
+	return exit, answer
+}
+
+// exitOfAnswer is the exit code of an answer code.
+func exitOfAnswer(answer string) int {
+	switch answer {
+	case runs.CodeBadInput, runs.CodeConflict, runs.CodeLeaseHeld:
+		return ExitBadInput
+	case runs.CodeNotFound:
+		return ExitNotFound
+	default: // unavailable, internal
+		return ExitUnavailable
 	}
 }
 
@@ -69,6 +104,9 @@ func codeOf(err error) int {
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// refused is the permissions violation NATS reported on the
+	// command's connection, if any (connectNow).
+	refused atomic.Pointer[natsRefusal]
 }
 
 // Main runs the pal command with args and returns the exit code.
@@ -82,14 +120,11 @@ func (e *env) run(ctx context.Context, args []string) int {
 	root.SetArgs(args)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
-	err := root.ExecuteContext(ctx)
+	err := e.explain(root.ExecuteContext(ctx))
 	if err == nil {
 		return ExitOK
 	}
 	code := codeOf(err)
-	if code == ExitInternal && strings.HasPrefix(err.Error(), "unknown ") || isUsage(err) {
-		code = ExitBadInput
-	}
 	fmt.Fprintf(e.stderr, "pal: %v\n", err)
 	return code
 }
@@ -97,6 +132,9 @@ func (e *env) run(ctx context.Context, args []string) int {
 // isUsage recognises cobra's own usage errors.
 func isUsage(err error) bool {
 	msg := err.Error()
+	if strings.HasPrefix(msg, "unknown ") {
+		return true
+	}
 	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires at least", "required flag", "invalid argument", "flag needs an argument"} {
 		if strings.Contains(msg, p) {
 			return true

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -37,52 +38,53 @@ func (e *env) natsURL(cmd *cobra.Command) string {
 	return e.stringSetting(cmd, "nats-url", "PAL_NATS_URL", DefaultNATSURL)
 }
 
-func (e *env) durationSetting(cmd *cobra.Command, flag, envName string, def, min time.Duration) (time.Duration, error) {
-	src := "--" + flag
-	v := ""
-	if f := cmd.Flags().Lookup(flag); f != nil && f.Changed {
+// rawSetting is a flag's value if set, else the env variable's; what says
+// where it came from, for errors: `--flag "v"` or `ENV="v"`.
+func (e *env) rawSetting(cmd *cobra.Command, flag, envName string) (v string, what func() string) {
+	if f := cmd.Flags().Lookup(flag); flag != "" && f != nil && f.Changed {
 		v = f.Value.String()
-	} else if v = e.getenv(envName); v != "" {
-		src = envName
+		return v, func() string { return fmt.Sprintf("--%s %q", flag, v) }
 	}
+	v = e.getenv(envName)
+	return v, func() string { return fmt.Sprintf("%s=%q", envName, v) }
+}
+
+func (e *env) durationSetting(cmd *cobra.Command, flag, envName string, def, min time.Duration) (time.Duration, error) {
+	v, what := e.rawSetting(cmd, flag, envName)
 	if v == "" {
 		return def, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, badInput("%s=%q: not a duration (write it like 3s or 500ms)", src, v)
+		return 0, badInput("%s: not a duration (write it like 3s or 500ms)", what())
 	}
 	if d < min {
-		return 0, badInput("%s=%q: must be at least %s", src, v, min)
+		return 0, badInput("%s: must be at least %s", what(), min)
 	}
 	return d, nil
 }
 
 func (e *env) intSetting(cmd *cobra.Command, flag, envName string, def, min int) (int, error) {
-	src := "--" + flag
-	v := ""
-	if f := cmd.Flags().Lookup(flag); f != nil && f.Changed {
-		v = f.Value.String()
-	} else if v = e.getenv(envName); v != "" {
-		src = envName
-	}
+	v, what := e.rawSetting(cmd, flag, envName)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < min {
-		return 0, badInput("%s=%q: want a whole number ≥ %d", src, v, min)
+		return 0, badInput("%s: want a whole number ≥ %d", what(), min)
 	}
 	return n, nil
 }
 
 func (e *env) durability(cmd *cobra.Command) (string, error) {
-	v := e.stringSetting(cmd, "durability", "PAL_DURABILITY", DurabilityProcess)
+	v, what := e.rawSetting(cmd, "durability", "PAL_DURABILITY")
 	switch v {
+	case "":
+		return DurabilityProcess, nil
 	case DurabilityProcess, DurabilityStrict:
 		return v, nil
 	}
-	return "", badInput("PAL_DURABILITY=%q: want %q or %q", v, DurabilityProcess, DurabilityStrict)
+	return "", badInput("%s: want %q or %q", what(), DurabilityProcess, DurabilityStrict)
 }
 
 func (e *env) leaseTTL(cmd *cobra.Command) (time.Duration, error) {
@@ -91,18 +93,19 @@ func (e *env) leaseTTL(cmd *cobra.Command) (time.Duration, error) {
 		return 0, err
 	}
 	if d%time.Second != 0 {
-		return 0, badInput("PAL_LEASE_TTL=%s: leases expire in whole seconds (write 1s, 2s, 3s …)", d)
+		_, what := e.rawSetting(cmd, "lease-ttl", "PAL_LEASE_TTL")
+		return 0, badInput("%s: leases expire in whole seconds (write 1s, 2s, 3s …)", what())
 	}
 	return d, nil
 }
 
 func (e *env) workerID(cmd *cobra.Command) (string, error) {
-	id := e.stringSetting(cmd, "worker-id", "PAL_WORKER_ID", "")
+	id, what := e.rawSetting(cmd, "worker-id", "PAL_WORKER_ID")
 	if id == "" {
 		return "", nil
 	}
 	if err := event.ValidateRunID(id); err != nil {
-		return "", badInput("PAL_WORKER_ID=%q: use letters, digits, '_' and '-' only", id)
+		return "", badInput("%s: use letters, digits, '_' and '-' only", what())
 	}
 	return id, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/natsauth"
 	"github.com/palrun/pal/internal/redact"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // natsTarget is where, and as whom, a process connects to NATS: the URL
@@ -40,14 +42,62 @@ func (e *env) natsTarget(cmd *cobra.Command) (natsTarget, error) {
 	return t, nil
 }
 
+// natsRefusal is a permissions violation NATS reported on a one-shot
+// command's connection: the command's credentials may not do what it
+// needs. It replaces the error the command then fails with (a request cut
+// short), which says nothing of why.
+type natsRefusal struct {
+	who string // "the credentials in PAL_NATS_CREDS (path)", or the URL's user
+	err error  // wraps nats.ErrPermissionViolation
+}
+
+func (r *natsRefusal) Error() string {
+	what := strings.TrimPrefix(r.err.Error(), nats.ErrPermissionViolation.Error()+": ")
+	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role (.pal/%s under pal dev) "+
+		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
+		r.who, what, natsauth.SeedFile(natsauth.API), natsauth.SeedFile(natsauth.Worker))
+}
+
+func (r *natsRefusal) Unwrap() error { return r.err }
+
+// explain gives err the reason NATS gave, if it refused the command
+// something: the refusal, not the closed connection that followed it.
+func (e *env) explain(err error) error {
+	var r *natsRefusal
+	if err == nil || errors.As(err, &r) {
+		return err
+	}
+	if r := e.refused.Load(); r != nil {
+		return r
+	}
+	return err
+}
+
 // connectNow connects for a one-shot command: it fails fast with exit
-// code 4 when NATS is unreachable.
+// code 4 when NATS is unreachable. A permissions violation closes the
+// connection at once, so the request NATS dropped fails now rather than
+// at its timeout, and explain reports the violation.
 func (e *env) connectNow(cmd *cobra.Command, name string) (*nats.Conn, error) {
 	t, err := e.natsTarget(cmd)
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second)}, t.auth...)...)
+	who := "the user of PAL_NATS_URL (" + t.String() + ")"
+	if path := e.getenv("PAL_NATS_CREDS"); path != "" {
+		who = "the credentials in PAL_NATS_CREDS (" + path + ")"
+	}
+	onError := nats.ErrorHandler(func(c *nats.Conn, _ *nats.Subscription, err error) {
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			fmt.Fprintf(e.stderr, "pal: NATS: %v\n", err)
+			return
+		}
+		if e.refused.CompareAndSwap(nil, &natsRefusal{who: who, err: err}) {
+			// Not from this callback's goroutine: Close runs the
+			// connection's callbacks on it.
+			go c.Close()
+		}
+	})
+	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError}, t.auth...)...)
 	if err != nil {
 		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev', or set PAL_NATS_URL and PAL_NATS_CREDS)", t, err))
 	}
@@ -100,8 +150,26 @@ func setupWithRetry(ctx context.Context, js jetstream.JetStream, cfg eventstore.
 	return waitFor(ctx, log, "waiting for NATS JetStream", func() error {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		return eventstore.Setup(sctx, js, cfg)
+		return natsReason(js.Conn(), eventstore.Setup(sctx, js, cfg))
 	})
+}
+
+// natsReason adds to err, from a wait for NATS, what the server last said
+// (nc.LastError): a refused login otherwise shows only as "connection
+// closed". A connection NATS closed for good — it refused the
+// credentials twice, and MaxReconnects is unlimited otherwise — ends the
+// wait: nothing will change until the process is started with others.
+func natsReason(nc *nats.Conn, err error) error {
+	if err == nil {
+		return nil
+	}
+	if last := nc.LastError(); last != nil && !strings.Contains(err.Error(), last.Error()) {
+		err = fmt.Errorf("%w (NATS: %s)", err, strings.TrimPrefix(last.Error(), "nats: "))
+	}
+	if nc.IsClosed() {
+		return retry.Permanent(fmt.Errorf("%w; NATS closed the connection for good (check PAL_NATS_CREDS and the server's authorization)", err))
+	}
+	return err
 }
 
 // openStore opens the event store for a one-shot command, creating PAL's

@@ -69,3 +69,54 @@ func TestRunSignalResumeForkRetry(t *testing.T) {
 	r = b.pal(t, nil, "run", "events", fork)
 	require.Regexp(t, `step_completed\s+s1\s.*copied from `+src, r.stdout)
 }
+
+// TestRunRetryRefusalsAndRenderFailure: retry's refusals say why in a
+// retry's words (still conflict, exit 2); a run that failed rendering a
+// step's input, before the step started, is retried from that step with
+// every completed step copied.
+func TestRunRetryRefusalsAndRenderFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := b.start(t, seqWorkflow(1), `{"text":"x"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, ok).Kind)
+	r := b.pal(t, nil, "run", "retry", ok)
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "retrying run "+ok+": it succeeded, so no step failed to retry; fork it from a step instead")
+	require.NotContains(t, r.stderr, "not waiting")
+	r = b.pal(t, nil, "run", "retry", ok, "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Equal(t, "conflict", decodeJSON[map[string]any](t, r.stdout)["error"])
+
+	// s1's output has no field "text": deploy's input cannot render.
+	wf := `{"name":"render-fails","nodes":[{"id":"start","type":"trigger"},
+		{"id":"s1","type":"tool","data":{"tool":"echo","input":{"n":1}}},
+		{"id":"deploy","type":"tool","data":{"tool":"echo","input":{"t":"{{steps.s1.output.text}}"}}}],
+		"edges":[{"from":"start","to":"s1"},{"from":"s1","to":"deploy"}]}`
+	src := b.start(t, wf, `{}`)
+	final := b.WaitEnd(t, src)
+	require.Equal(t, event.RunFailed, final.Kind)
+	require.Equal(t, "deploy", failedStep(t, final), "run_failed names the step")
+	r = b.pal(t, nil, "run", "events", src)
+	require.NotRegexp(t, `step_started\s+deploy`, r.stdout, "deploy never started")
+
+	r = b.pal(t, nil, "run", "retry", src, "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	got := decodeJSON[map[string]any](t, r.stdout)
+	require.Equal(t, "deploy", got["forked_from"].(map[string]any)["step_id"], "%s", r)
+	require.Equal(t, float64(final.Seq), got["forked_from"].(map[string]any)["seq"], "forked at the run_failed")
+	require.Equal(t, []any{"s1"}, got["copied"])
+	retried := got["run_id"].(string)
+	end := b.WaitEnd(t, retried)
+	require.Equal(t, event.RunFailed, end.Kind, "deploy renders the same input, and fails again")
+	require.Equal(t, "deploy", failedStep(t, end))
+	r = b.pal(t, nil, "run", "events", retried)
+	require.Regexp(t, `step_completed\s+s1\s.*copied from `+src, r.stdout)
+}
+
+// failedStep is the step a run_failed names.
+func failedStep(t *testing.T, ev event.Event) string {
+	t.Helper()
+	var d event.RunFailedData
+	require.NoError(t, ev.DecodeData(&d))
+	return d.StepID
+}

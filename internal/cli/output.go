@@ -1,11 +1,12 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,58 +46,19 @@ type cliErrorBody struct {
 // message on stderr stay as they are.
 func (e *env) jsonErrors(run func(cmd *cobra.Command, args []string) error) func(cmd *cobra.Command, args []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		err := run(cmd, args)
-		if err == nil || !jsonFlag(cmd) || codeOf(err) == ExitRunFailed {
+		err := e.explain(run(cmd, args))
+		if err == nil || !jsonFlag(cmd) {
+			return err
+		}
+		exit, code := answerOf(err)
+		if exit == ExitRunFailed {
 			// A run that failed is an outcome, not an error of the command.
 			return err
 		}
-		code := "internal"
-		switch codeOf(err) {
-		case ExitBadInput:
-			code = "bad_input"
-			if c, _, _ := runs.Classify(err); c == "conflict" {
-				code = "conflict"
-			}
-		case ExitNotFound:
-			code = "not_found"
-		case ExitUnavailable:
-			code = "unavailable"
-			if c, _, _ := runs.Classify(err); c == runs.CodeInternal {
-				// A run PAL can never read: exit 4 still, but not "retry".
-				code = runs.CodeInternal
-			}
-		}
-		var field string
-		var ie *runs.InputError
-		if errors.As(err, &ie) {
-			field = ie.Field
-		}
+		// The field at fault, as the REST API names it.
+		_, field, _ := runs.Classify(err)
 		_ = printJSON(e.stdout, cliErrorBody{Error: code, Detail: err.Error(), Field: field})
 		return err
-	}
-}
-
-// workersError gives an error from the workers package its exit code:
-// bad input and conflicts (a finished run, a step not waiting) 2, an
-// unknown run 3, anything else (NATS) 4.
-func workersError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return err
-	}
-	if errors.Is(err, context.Canceled) {
-		return err
-	}
-	switch code, _, _ := runs.Classify(err); code {
-	case "bad_input", "conflict", runs.CodeLeaseHeld:
-		return withCode(ExitBadInput, err)
-	case "not_found":
-		return withCode(ExitNotFound, err)
-	default:
-		return withCode(ExitUnavailable, err)
 	}
 }
 
@@ -149,6 +111,18 @@ func fmtShortTime(t time.Time) string {
 		return "-"
 	}
 	return t.Local().Format("2006-01-02 15:04:05")
+}
+
+// fmtUSD renders dollars with decimals places, and an amount too small
+// to show so (under $0.0001 with 4) with two significant digits instead,
+// so a limit of $0.00001 does not read $0.0000: $0.00001, $0.0000012.
+func fmtUSD(v float64, decimals int) string {
+	if v <= 0 || v >= math.Pow10(-decimals) || math.IsInf(v, 0) || math.IsNaN(v) {
+		return "$" + strconv.FormatFloat(v, 'f', decimals, 64)
+	}
+	sig := 1 - int(math.Floor(math.Log10(v)))
+	s := strings.TrimRight(strconv.FormatFloat(v, 'f', sig, 64), "0")
+	return "$" + s
 }
 
 func fmtTokens(n int64) string {

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/natsauth"
 	"github.com/palrun/pal/internal/testenv"
 )
@@ -206,4 +208,51 @@ func TestCommandsAsWorkerRole(t *testing.T) {
 	for name, p := range map[string]*testenv.Process{"worker": worker, "projector": proj} {
 		require.False(t, refused(p.Output()), "%s: %s", name, p.Output())
 	}
+}
+
+// Under the client role the CLI's run commands are refused by NATS (a
+// permissions violation, reported asynchronously): the command fails at
+// once, not at its request's timeout, saying which credentials NATS
+// refused and which role the command needs; the api role's credentials
+// run it.
+func TestRunCommandRefusedForRole(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	nats := testenv.NATS(t, testenv.Roles())
+	js, err := jetstream.New(nats.ConnAs(t, natsauth.Admin))
+	require.NoError(t, err)
+	require.NoError(t, eventstore.Setup(context.Background(), js, eventstore.Config{}))
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "wf.json")
+	require.NoError(t, os.WriteFile(wf, []byte(seqWorkflow(1)), 0o644))
+	common := []string{"PAL_NATS_URL=" + nats.URL(), "PAL_DATA_DIR=" + dir}
+
+	client := roleCreds(t, nats, dir, natsauth.Client)
+	began := time.Now()
+	r := runPal(t, bin, append(common, client), "run", "start", "--workflow", wf)
+	took := time.Since(began)
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "NATS refused this command for the credentials in PAL_NATS_CREDS ("+strings.TrimPrefix(client, "PAL_NATS_CREDS=")+")")
+	require.Contains(t, r.stderr, "Permissions Violation for Publish to")
+	require.Contains(t, r.stderr, "need the api role")
+	require.NotContains(t, r.stderr, "deadline exceeded")
+	require.Less(t, took, 4*time.Second, "the command waited for its request's timeout (5s)\n%s", r)
+	r = runPal(t, bin, append(common, client), "run", "start", "--workflow", wf, "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Equal(t, "forbidden", decodeJSON[map[string]any](t, r.stdout)["error"])
+
+	r = runPal(t, bin, append(common, roleCreds(t, nats, dir, natsauth.API)), "run", "start", "--workflow", wf)
+	require.Equal(t, 0, r.code, "%s", r)
+}
+
+// pal worker without credentials against a server that needs them stops
+// with the server's reason, instead of waiting on a closed connection.
+func TestWorkerWithoutCredentialsSaysWhy(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	nats := testenv.NATS(t, testenv.Roles())
+	r := runPal(t, bin, []string{"PAL_NATS_URL=" + nats.URL(), "PAL_DATA_DIR=" + t.TempDir()}, "worker")
+	require.Equal(t, 4, r.code, "%s", r)
+	require.Contains(t, strings.ToLower(r.stderr), "authorization violation", "%s", r)
+	require.Contains(t, r.stderr, "PAL_NATS_CREDS", "%s", r)
 }

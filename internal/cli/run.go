@@ -140,11 +140,8 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 	res, err := runs.New(store, runs.WithAnomalyDefaults(anomalies)).Start(ctx, runs.StartCommand{
 		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli"})
 	if err != nil {
-		if errors.Is(err, eventstore.ErrRunExists) || errors.Is(err, eventstore.ErrPayloadTooLarge) {
-			return withCode(ExitBadInput, err)
-		}
 		if res.RunID == "" {
-			return err
+			return err // its exit code by runs.Classify: a refused budget is bad input
 		}
 		fmt.Fprintf(e.stderr, "pal: warning: %v\n", err)
 	}

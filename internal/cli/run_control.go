@@ -63,7 +63,7 @@ func (e *env) runApprove(cmd *cobra.Command, args []string) error {
 	defer nc.Close()
 	err = runs.New(store).Approve(ctx, c)
 	if err != nil {
-		return workersError(err)
+		return err
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
@@ -122,7 +122,7 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 		if errors.Is(err, runs.ErrRunFinished) {
 			err = fmt.Errorf("%w; nothing was written", err)
 		}
-		return workersError(err)
+		return err
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
@@ -179,7 +179,7 @@ func (e *env) runBudget(cmd *cobra.Command, args []string) error {
 	}
 	defer nc.Close()
 	if err := runs.New(store, runs.WithConn(nc)).RaiseBudget(ctx, c); err != nil {
-		return workersError(err)
+		return err
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})

@@ -53,7 +53,7 @@ func (e *env) runSignal(cmd *cobra.Command, args []string) error {
 	}
 	defer nc.Close()
 	if err := runs.New(store).Signal(cmd.Context(), c); err != nil {
-		return workersError(err)
+		return err
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, api.OKAnswer{OK: true, RunID: runID})
@@ -97,7 +97,7 @@ func (e *env) runResume(cmd *cobra.Command, args []string) error {
 	defer nc.Close()
 	res, err := runs.New(store).Resume(cmd.Context(), c)
 	if err != nil {
-		return workersError(err)
+		return err
 	}
 	if jsonFlag(cmd) {
 		return printJSON(e.stdout, api.ResumeAnswer{OK: true, RunID: c.RunID, Broke: res.Broke, TakenBy: res.TakenBy})
@@ -207,7 +207,7 @@ func (e *env) runRetry(cmd *cobra.Command, args []string) error {
 // alone, and on stderr what was copied and what runs again, and why.
 func (e *env) printFork(cmd *cobra.Command, res runs.ForkResult, err error) error {
 	if err != nil && res.RunID == "" {
-		return workersError(err)
+		return err
 	}
 	if err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)

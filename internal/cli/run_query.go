@@ -105,7 +105,7 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 				}
 				return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))
 			}
-			return workersError(err)
+			return err
 		}
 		source = sourceJournal
 	}
@@ -192,7 +192,7 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	}
 	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
 	u := v.Usage
-	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), $%.6f\n", u.TotalTokens, u.InputTokens, u.OutputTokens, u.CostUSD)
+	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), %s\n", u.TotalTokens, u.InputTokens, u.OutputTokens, fmtUSD(u.CostUSD, 6))
 	if b := v.Budget; b != nil {
 		fmt.Fprintf(tw, "Budget\t%s\n", budgetLine(b, v.Spent, v.PausedOn))
 	}
@@ -225,7 +225,7 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			if s.Usage != nil {
 				tokens = s.Usage.TotalTokens
 				if s.Usage.CostUSD > 0 {
-					cost = fmt.Sprintf("$%.6f", s.Usage.CostUSD)
+					cost = fmtUSD(s.Usage.CostUSD, 6)
 				}
 			}
 			result := truncate(resultText(s.Output), 60)
@@ -356,7 +356,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 		}
 		cost := "-"
 		if r.Usage.CostUSD > 0 {
-			cost = fmt.Sprintf("$%.4f", r.Usage.CostUSD)
+			cost = fmtUSD(r.Usage.CostUSD, 4)
 		}
 		errText := r.Error
 		if r.ErrorCode != "" {
@@ -514,7 +514,7 @@ func notable(k event.Kind) bool {
 func budgetLine(b *event.Budget, sp engine.Spend, paused string) string {
 	var parts []string
 	if b.MaxCostUSD > 0 {
-		parts = append(parts, fmt.Sprintf("$%.4f of $%.4f", sp.CostUSD, b.MaxCostUSD))
+		parts = append(parts, fmtUSD(sp.CostUSD, 4)+" of "+fmtUSD(b.MaxCostUSD, 4))
 	}
 	if b.MaxTokens > 0 {
 		parts = append(parts, fmt.Sprintf("%d of %d tokens", sp.Tokens, b.MaxTokens))

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/runs"
 )
 
@@ -45,4 +46,38 @@ func TestPrintRunSaysTheJournalWasRemoved(t *testing.T) {
 	v.JournalRemovedAt = ""
 	require.NoError(t, printRun(&b, v, "postgres", time.Date(2026, 2, 1, 0, 1, 0, 0, time.UTC)))
 	require.NotContains(t, b.String(), "retention")
+}
+
+// TestFmtUSD: amounts render with their fixed decimals, and one too small
+// for them with two significant digits, never as zero.
+func TestFmtUSD(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		v        float64
+		decimals int
+		want     string
+	}{
+		{0, 4, "$0.0000"},
+		{1, 4, "$1.0000"},
+		{0.0021, 4, "$0.0021"},
+		{0.0001, 4, "$0.0001"},
+		{0.00015, 4, "$0.0001"}, // 4 decimals at and above $0.0001, as before
+		{1e-05, 4, "$0.00001"},
+		{1.5e-05, 4, "$0.000015"},
+		{1.234e-06, 4, "$0.0000012"},
+		{9.99e-05, 4, "$0.0001"},
+		{3e-09, 4, "$0.000000003"},
+		{0.000123, 6, "$0.000123"},
+		{1e-07, 6, "$0.0000001"},
+	} {
+		require.Equal(t, tc.want, fmtUSD(tc.v, tc.decimals), "%g with %d decimals", tc.v, tc.decimals)
+	}
+}
+
+// TestBudgetLineSmallLimit: a maxCostUsd of 1e-05 reads $0.00001, not
+// $0.0000.
+func TestBudgetLineSmallLimit(t *testing.T) {
+	t.Parallel()
+	got := budgetLine(&event.Budget{MaxCostUSD: 1e-05}, engine.Spend{CostUSD: 3e-06}, "")
+	require.Equal(t, "$0.000003 of $0.00001 (on exceed: fail)", got)
 }

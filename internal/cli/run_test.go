@@ -228,7 +228,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	require.Len(t, lines, 4, r.stdout)
 	require.Regexp(t, `^RUN ID\s+STATUS\s+WORKFLOW\s+CREATED\s+DURATION\s+TOKENS\s+COST\s+ERROR$`, lines[0])
-	require.Regexp(t, `^`+ids[2]+`\s+succeeded\s+seq-2\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\S+\s+\d+\s+\$\d+\.\d{4}\s+-$`, lines[1])
+	require.Regexp(t, `^`+ids[2]+`\s+succeeded\s+seq-2\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\S+\s+\d+\s+\$0\.0000\d*[1-9]\s+-$`, lines[1]) // a few millionths of a dollar, not $0.0000
 	require.Regexp(t, `^`+ids[1]+`\s+failed\s+seq-2\s.*step_failed: `, lines[2])
 	require.Regexp(t, `^`+ids[0]+`\s+succeeded\s`, lines[3])
 
@@ -420,4 +420,33 @@ func TestRunApprove(t *testing.T) {
 	require.Equal(t, map[string]any{"ok": true, "run_id": id}, decodeJSON[map[string]any](t, r.stdout))
 	r = b.pal(t, nil, "run", "watch", id)
 	require.Equal(t, 1, r.code, "%s", r)
+}
+
+// TestRunStartBudget: a --budget wider than the workflow's is refused as
+// bad input — exit 2 and, with --json, bad_input naming the field, as REST
+// answers 400 — and writes nothing; a narrower one is kept, and pal run
+// get shows a limit under $0.0001 as it is.
+func TestRunStartBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := b.file(t, "budgeted.json", `{"name":"budgeted","policy":{"budget":{"maxCostUsd":1}},
+		"nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],
+		"edges":[{"from":"start","to":"t1"}]}`)
+	before := b.journal(t)
+	r := b.pal(t, nil, "run", "start", "--workflow", wf, "--budget", `{"maxCostUsd":2}`)
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "budget: ")
+	r = b.pal(t, nil, "run", "start", "--workflow", wf, "--budget", `{"maxCostUsd":2}`, "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	m := decodeJSON[map[string]any](t, r.stdout)
+	require.Equal(t, "bad_input", m["error"], "%s", r)
+	require.Equal(t, "budget", m["field"], "%s", r)
+	require.Equal(t, before, b.journal(t), "a refused start wrote something")
+
+	r = b.pal(t, nil, "run", "start", "--workflow", wf, "--budget", `{"maxCostUsd":0.00001}`, "--wait")
+	require.Equal(t, 0, r.code, "%s", r)
+	id := strings.Fields(r.stdout)[0]
+	r = b.pal(t, nil, "run", "get", id, "--journal")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Regexp(t, `(?m)^Budget\s+\$0\.0000 of \$0\.00001 \(on exceed: fail\)$`, r.stdout)
 }

@@ -273,7 +273,7 @@ func openStoreWait(ctx context.Context, nc *nats.Conn, cfg eventstore.Config, lo
 				store, err = eventstore.Open(octx, js)
 			}
 		}
-		return err
+		return natsReason(nc, err)
 	})
 	return store, err
 }
