@@ -66,7 +66,28 @@ type drive struct {
 	// cached is the run's state as this worker last parked it, if it
 	// kept it: the first load reads only what came after.
 	cached *folded
+	// lease is the lease being taken while a fresh run's first drive
+	// reads, folds and flushes its run_resumed (withLease); nil once
+	// awaitLease has its answer, and for every other drive, which holds
+	// the lease before it starts.
+	lease *pendingLease
+	msg   jetstream.Msg
 }
+
+// pendingLease is an Acquire under way; done is closed once lease or err
+// is set.
+type pendingLease struct {
+	done  chan struct{}
+	lease *eventstore.Lease
+	err   error
+}
+
+// noLeaseError: the lease a fresh run's first drive was taking went to
+// another worker (or could not be taken); the drive has acted on nothing.
+type noLeaseError struct{ err error }
+
+func (e *noLeaseError) Error() string { return "taking the run's lease: " + e.err.Error() }
+func (e *noLeaseError) Unwrap() error { return e.err }
 
 // journalRead is the result of one Store.Read, or of a ReadAfter from
 // from's head when the read started from the run's snapshot.
@@ -172,29 +193,86 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 		}
 		read <- r
 	}(d.cached)
-	lease, waited, err := w.acquire(ctx, d.runID, msg)
-	if !waited {
-		d.read = read
-	}
-	if err != nil {
-		end := driveEnd{err: err, stopped: ctx.Err()}
-		end.outcome = classifyDrive(end)
-		observeDrive(d, end, start)
-		w.dispose(ctx, d, msg, end, nil)
-		return end
+	var lease *eventstore.Lease
+	if firstDrive(msg) {
+		// A fresh run's first delivery: no drive of it can have begun,
+		// so the lease is taken while the drive reads, folds and flushes
+		// its run_resumed, one round trip less before the first step.
+		// Nothing acts before the lease is in hand (awaitLease); a token
+		// that lands without it only makes the lease's holder, which
+		// has not acted either, resume again (docs/architecture.md §10.2).
+		p := &pendingLease{done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			p.lease, p.err = w.leases.Acquire(ctx, d.runID, w.owner)
+		}()
+		d.lease, d.msg, d.read = p, msg, read
+	} else {
+		var waited bool
+		var err error
+		lease, waited, err = w.acquire(ctx, d.runID, msg)
+		if !waited {
+			d.read = read
+		}
+		if err != nil {
+			end := driveEnd{err: err, stopped: ctx.Err()}
+			end.outcome = classifyDrive(end)
+			observeDrive(d, end, start)
+			w.dispose(ctx, d, msg, end, nil)
+			return end
+		}
 	}
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer w.track(d.runID, cancel)()
 	d.ctx, d.cancel = dctx, cancel
-	d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
-	err = d.safeRun(msg)
-	held := d.keeper.stop()
+	if lease != nil {
+		d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
+	}
+	err := d.safeRun(msg)
+	if p := d.lease; p != nil {
+		// The drive needed no lease (the run had ended, or waits): the
+		// one taken meanwhile is given back.
+		d.lease = nil
+		<-p.done
+		if p.err == nil {
+			d.keeper = startKeeper(dctx, w.leases, p.lease, msg, cancel)
+		}
+	}
 	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err()}
+	var held *eventstore.Lease
+	if d.keeper != nil {
+		l := d.keeper.stop()
+		held = &l
+	}
+	if nl := (*noLeaseError)(nil); errors.As(err, &nl) {
+		end.acquired, end.err = false, nl.err
+	}
 	end.outcome = classifyDrive(end)
 	observeDrive(d, end, start)
-	w.dispose(ctx, d, msg, end, &held)
+	w.dispose(ctx, d, msg, end, held)
 	return end
+}
+
+// awaitLease waits for the lease a fresh run's first drive is taking and
+// starts its keeper; a *noLeaseError when it went to another worker. Every drive calls it before anything leaves the process but
+// the first flush that carries run_resumed.
+func (d *drive) awaitLease() error {
+	p := d.lease
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+	case <-d.ctx.Done():
+		return context.Cause(d.ctx)
+	}
+	d.lease = nil
+	if p.err != nil {
+		return &noLeaseError{err: p.err}
+	}
+	d.keeper = startKeeper(d.ctx, d.w.leases, p.lease, d.msg, d.cancel)
+	return nil
 }
 
 // observeDrive is where a drive's end is measured: its trace ends with
@@ -482,6 +560,13 @@ func (d *drive) run() error {
 		d.log.Debug("still waiting")
 		return errParked
 	}
+	if d.st.DriveOpen {
+		// A drive began after all: its worker may be acting, so this one
+		// writes no token before it holds the lease.
+		if err := d.awaitLease(); err != nil {
+			return err
+		}
+	}
 	d.resume()
 	for {
 		if err := d.ctx.Err(); err != nil {
@@ -657,6 +742,11 @@ func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.Cor
 	if err != nil {
 		return d.unfoldable(evs, head, err)
 	}
+	if !pre.Status.Terminal() {
+		if err := d.awaitLease(); err != nil {
+			return err
+		}
+	}
 	if pre.Status.Terminal() || d.keeper == nil {
 		st, err := engine.FoldCorrupt(evs, cerr)
 		if err != nil {
@@ -694,6 +784,9 @@ func (d *drive) unfoldable(evs []event.Event, head eventstore.Head, ferr error) 
 		if ev.Kind == event.RunResumed {
 			resumes++
 		}
+	}
+	if err := d.awaitLease(); err != nil {
+		return err
 	}
 	resumed := event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: d.w.cfg.ID, ResumeCount: resumes + 1})
 	failed := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Code: event.CodeInternal,
@@ -824,14 +917,24 @@ func (d *drive) flush() error {
 	if len(d.pending) == 0 {
 		return nil
 	}
-	if !d.keeper.valid() {
+	before, resuming := d.head, d.resumePending()
+	if d.lease != nil && !resuming {
+		if err := d.awaitLease(); err != nil {
+			return err
+		}
+	}
+	if d.keeper != nil && !d.keeper.valid() {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}
-	before, resuming := d.head, d.resumePending()
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
+	// The flush that carried the token went out while the lease was being
+	// taken: nothing goes on, not even a conflict's reload, without it.
+	if lerr := d.awaitLease(); lerr != nil {
+		return lerr
+	}
 	if resuming && !d.resumePending() {
 		d.landed()
 	}

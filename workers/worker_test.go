@@ -453,6 +453,42 @@ func TestLostLeaseStopsTheDrive(t *testing.T) {
 	require.NoError(t, kv.Purge(ctx, runID))
 }
 
+// TestFirstDriveActsOnlyWithTheLease: a fresh run's first drive takes the
+// lease while it reads the journal and flushes its run_resumed, so the
+// token may land before the lease is known. Here another owner holds the
+// lease: the drive lands its token and acts on nothing, and the run's
+// step runs once, when the lease is free and the work comes back.
+func TestFirstDriveActsOnlyWithTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, paltest.LeaseTTL(time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runID := b.Start(t, echoChain(1), `{}`)
+	kv, err := b.JS.KeyValue(ctx, eventstore.LeaseBucket)
+	require.NoError(t, err)
+	_, err = kv.Create(ctx, runID, []byte("other/00000000"))
+	require.NoError(t, err)
+
+	var calls atomic.Int32
+	logs := b.captureLogs(t)
+	b.worker(t, "w1", map[string]workers.Tool{"echo": func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+		calls.Add(1)
+		return in, nil
+	}})
+	logs.Wait(t, "run is leased by another worker")
+	require.Never(t, func() bool { return calls.Load() != 0 }, 500*time.Millisecond, 20*time.Millisecond,
+		"a drive without the lease ran the step")
+	require.Equal(t, event.RunResumed, find(b.Events(t, runID), event.RunResumed, "")[0].Kind,
+		"the token went out while the lease was being taken")
+
+	require.NoError(t, kv.Purge(ctx, runID))
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	require.Equal(t, int32(1), calls.Load())
+	resumed := find(b.Events(t, runID), event.RunResumed, "")
+	require.Len(t, resumed, 2)
+	require.True(t, data[event.RunResumedData](t, resumed[1]).Crashed, "the first drive began and did not finish")
+}
+
 // TestAppendBeforeRunResumedResumesAgain: a drive's run_resumed goes with
 // its first step's step_started, in strict mode as one message. When the
 // journal moved between the drive's read and that flush — here a crashed
