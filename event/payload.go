@@ -83,8 +83,9 @@ type AnomalyRule struct {
 type ForkedFrom struct {
 	RunID  string `json:"run_id"`
 	StepID string `json:"step_id"`
-	// Seq is the seq of the source's first event of StepID: steps the
-	// source completed before it are copied.
+	// Seq is the seq of the source's first event of StepID, or of its
+	// run_failed for a retry of a step that failed before it started:
+	// steps the source completed before it are copied.
 	Seq    uint64       `json:"seq"`
 	Copies []CopiedStep `json:"copies,omitempty"`
 	// Rerun lists the source's steps completed before Seq that are not

@@ -55,8 +55,8 @@ func codeOf(err error) int {
 // the answer code --json prints (the REST API's): a permissions violation
 // NATS reported is 2 (forbidden); a code the command set wins; then
 // runs.Classify decides — bad_input, conflict and lease_held exit 2,
-// not_found 3, unavailable and internal 4; cobra's usage errors are bad
-// input; an interrupted command exits 5. The answer code always agrees
+// not_found 3, unavailable 4, internal 5; cobra's usage errors are bad
+// input; an interrupted command exits 5 too. The answer code always agrees
 // with the exit code.
 func answerOf(err error) (exit int, answer string) {
 	if err == nil {
@@ -95,7 +95,9 @@ func exitOfAnswer(answer string) int {
 		return ExitBadInput
 	case runs.CodeNotFound:
 		return ExitNotFound
-	default: // unavailable, internal
+	case runs.CodeInternal:
+		return ExitInternal
+	default: // unavailable, and what nothing classifies
 		return ExitUnavailable
 	}
 }
