@@ -28,23 +28,7 @@ func TestDurableForkResumeSignal(t *testing.T) {
 	src := b.Start(t, echoChain(3), `{}`)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, src).Kind)
 
-	do := func(subject, body string) runs.Answer {
-		t.Helper()
-		inbox := nats.NewInbox()
-		replies, err := b.NC.SubscribeSync(inbox)
-		require.NoError(t, err)
-		defer func() { _ = replies.Unsubscribe() }()
-		msg := nats.NewMsg(subject)
-		msg.Data = []byte(body)
-		msg.Header.Set(runs.ReplyToHeader, inbox)
-		_, err = b.JS.PublishMsg(ctx, msg)
-		require.NoError(t, err)
-		r, err := replies.NextMsg(20 * time.Second)
-		require.NoError(t, err)
-		var ans runs.Answer
-		require.NoError(t, json.Unmarshal(r.Data, &ans))
-		return ans
-	}
+	do := func(subject, body string) runs.Answer { return durable(t, b, subject, body, "") }
 
 	ans := do("pal.cmd.runs.fork", fmt.Sprintf(`{"run_id":%q,"from":"t3"}`, src))
 	require.True(t, ans.OK, ans.Error)
@@ -96,26 +80,13 @@ func TestRedeliveredForkAndRetryFindTheRunTheyMade(t *testing.T) {
 
 	// The first delivery goes through PAL_CMDS; the redelivery is the
 	// same message handled again, Do with the same Nats-Msg-Id.
-	inbox := nats.NewInbox()
-	replies, err := b.NC.SubscribeSync(inbox)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = replies.Unsubscribe() })
 	first := map[string]runs.Answer{}
 	bodies := map[string]string{
 		runs.CmdFork:  fmt.Sprintf(`{"run_id":%q,"from":"t2"}`, src),
 		runs.CmdRetry: fmt.Sprintf(`{"run_id":%q}`, src),
 	}
 	for kind, body := range bodies {
-		msg := nats.NewMsg("pal.cmd.runs." + kind)
-		msg.Data = []byte(body)
-		msg.Header.Set(runs.ReplyToHeader, inbox)
-		msg.Header.Set(jetstream.MsgIDHeader, "req-"+kind)
-		_, err = b.JS.PublishMsg(ctx, msg)
-		require.NoError(t, err)
-		r, err := replies.NextMsg(20 * time.Second)
-		require.NoError(t, err)
-		var ans runs.Answer
-		require.NoError(t, json.Unmarshal(r.Data, &ans))
+		ans := durable(t, b, "pal.cmd.runs."+kind, body, "req-"+kind)
 		require.True(t, ans.OK, ans.Error)
 		first[kind] = ans
 
@@ -147,4 +118,27 @@ func TestRedeliveredForkAndRetryFindTheRunTheyMade(t *testing.T) {
 		require.Equal(t, "run_named_fork", ans.RunID)
 		require.Equal(t, created, *ans.Created)
 	}
+}
+
+// durable publishes a durable command (with msgID as its Nats-Msg-Id,
+// if given) and returns the answer published to its reply subject.
+func durable(t *testing.T, b *bundle, subject, body, msgID string) runs.Answer {
+	t.Helper()
+	inbox := nats.NewInbox()
+	replies, err := b.NC.SubscribeSync(inbox)
+	require.NoError(t, err)
+	defer func() { _ = replies.Unsubscribe() }()
+	msg := nats.NewMsg(subject)
+	msg.Data = []byte(body)
+	msg.Header.Set(runs.ReplyToHeader, inbox)
+	if msgID != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	_, err = b.JS.PublishMsg(context.Background(), msg)
+	require.NoError(t, err)
+	r, err := replies.NextMsg(20 * time.Second)
+	require.NoError(t, err)
+	var ans runs.Answer
+	require.NoError(t, json.Unmarshal(r.Data, &ans))
+	return ans
 }
