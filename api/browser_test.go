@@ -246,9 +246,21 @@ func TestWaterfallEndpoint(t *testing.T) {
 	f := rows["f"]
 	require.Len(t, f.Segments, 3)
 	require.Equal(t, []string{"retried", "retried", "completed"}, []string{f.Segments[0].Outcome, f.Segments[1].Outcome, f.Segments[2].Outcome})
+	// The backoff (30 ms, randomized by ±20%: the delay each
+	// step_retrying journaled) shows as a gap.
+	var delays []float64
+	for _, ev := range b.Events(t, id) {
+		if ev.Kind == event.StepRetrying && ev.StepID == "f" {
+			var d event.StepRetryingData
+			require.NoError(t, json.Unmarshal(ev.Data, &d))
+			delays = append(delays, float64(d.DelayMs))
+		}
+	}
+	require.Len(t, delays, 2)
 	for i := 1; i < 3; i++ {
 		gap := f.Segments[i].StartMs - f.Segments[i-1].EndMs
-		require.GreaterOrEqual(t, gap, 25.0, "the backoff shows as a gap")
+		require.GreaterOrEqual(t, delays[i-1], 23.0)
+		require.GreaterOrEqual(t, gap, delays[i-1], "the backoff shows as a gap")
 	}
 
 	ok := rows["ok"]
