@@ -50,12 +50,18 @@ const (
 	MaxLoginBytes = 4 << 10
 	// maxSessions bounds the sessions held at once.
 	maxSessions = 10000
+	// maxSessionsPerToken bounds one token's: a token's next login ends
+	// its oldest session, so no token holder can fill the store and lock
+	// the others out.
+	maxSessionsPerToken = 100
 )
 
 // session is one logged-in browser.
 type session struct {
 	who     principal
+	token   [sha256.Size]byte // the SHA-256 of the token it was opened with
 	csrf    string
+	created time.Time
 	expires time.Time
 }
 
@@ -78,8 +84,10 @@ func newSessionStore(ttl time.Duration) *sessionStore {
 
 var errTooManySessions = errors.New("too many browser sessions are open; try again later")
 
-// create starts a session for who and returns its cookie value.
-func (s *sessionStore) create(who principal) (id string, sess *session, err error) {
+// create starts a session for who, logged in with token, and returns its
+// cookie value. A token with maxSessionsPerToken sessions loses its
+// oldest.
+func (s *sessionStore) create(who principal, token string) (id string, sess *session, err error) {
 	id, err = randomString(32)
 	if err != nil {
 		return "", nil, err
@@ -89,8 +97,25 @@ func (s *sessionStore) create(who principal) (id string, sess *session, err erro
 		return "", nil, err
 	}
 	now := s.now()
+	tk := sha256.Sum256([]byte(token))
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var (
+		mine   int
+		oldest [sha256.Size]byte
+		first  time.Time
+	)
+	for k, v := range s.m {
+		if v.token != tk || !now.Before(v.expires) {
+			continue
+		}
+		if mine++; first.IsZero() || v.created.Before(first) {
+			oldest, first = k, v.created
+		}
+	}
+	if mine >= maxSessionsPerToken {
+		delete(s.m, oldest)
+	}
 	if len(s.m) >= maxSessions {
 		for k, v := range s.m {
 			if !now.Before(v.expires) {
@@ -101,7 +126,7 @@ func (s *sessionStore) create(who principal) (id string, sess *session, err erro
 			return "", nil, errTooManySessions
 		}
 	}
-	sess = &session{who: who, csrf: csrf, expires: now.Add(s.ttl)}
+	sess = &session{who: who, token: tk, csrf: csrf, created: now, expires: now.Add(s.ttl)}
 	s.m[sha256.Sum256([]byte(id))] = sess
 	return id, sess, nil
 }
@@ -298,7 +323,7 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		h.renderPage(w, http.StatusUnauthorized, "login.html", pageData{Error: "that is not one of this server's API tokens (PAL_API_TOKENS)", Next: next})
 		return
 	}
-	id, sess, err := h.sessions.create(who)
+	id, sess, err := h.sessions.create(who, tok)
 	if err != nil {
 		h.renderPage(w, http.StatusServiceUnavailable, "login.html", pageData{Error: err.Error(), Next: next})
 		return

@@ -191,6 +191,11 @@ func TestBrowserRunsList(t *testing.T) {
 	eval[chromedp.Void](br, `document.querySelector('#workflow').value = ''`)
 	br.do(chromedp.SendKeys(chromedp.CSS("#search"), ai), chromedp.Click(chromedp.CSS("#filters button")))
 	br.waitJS("the run's page", fmt.Sprintf("location.pathname === %q", "/runs/"+ai))
+	// Listed or not.
+	br.do(chromedp.Navigate(b.url+"/"))
+	br.waitJS("both runs listed", fmt.Sprintf(`!!document.querySelector('tr[data-run-id=%q]')`, echo))
+	br.do(chromedp.SendKeys(chromedp.CSS("#search"), echo), chromedp.Click(chromedp.CSS("#filters button")))
+	br.waitJS("the listed run's page", fmt.Sprintf("location.pathname === %q", "/runs/"+echo))
 }
 
 // journalAttempts is what the journal says of each step's attempts:

@@ -82,6 +82,9 @@ func TestBadInput(t *testing.T) {
 		{name: "cancel an unknown run", method: "POST", path: "/v1/runs/run_nope/cancel", status: 404, code: "not_found"},
 		{name: "approve in an unknown run", method: "POST", path: "/v1/runs/run_nope/approve", body: `{"step_id":"s1","decision":"approve"}`, status: 404, code: "not_found"},
 		{name: "bad Last-Event-ID", method: "GET", path: "/v1/runs/run_queued/events", headers: []string{"Last-Event-ID", "x"}, status: 400, code: "bad_input", field: "Last-Event-ID"},
+		{name: "huge Last-Event-ID", method: "GET", path: "/v1/runs/run_queued/events", headers: []string{"Last-Event-ID", strings.Repeat("9", 60000)}, status: 400, code: "bad_input", field: "Last-Event-ID"},
+		{name: "huge after", method: "GET", path: "/v1/runs/run_queued/events?after=" + strings.Repeat("9", 60000), status: 400, code: "bad_input", field: "after"},
+		{name: "huge query key", method: "GET", path: "/v1/runs/run_queued/events?" + strings.Repeat("k", 60000) + "=1", status: 400, code: "bad_input"},
 		{name: "bad after", method: "GET", path: "/v1/runs/run_queued/events?after=-1", status: 400, code: "bad_input", field: "after"},
 		{name: "unknown events parameter", method: "GET", path: "/v1/runs/run_queued/events?from=1", status: 400, code: "bad_input", field: "from"},
 		{name: "no token", method: "POST", path: "/v1/runs", body: `{"workflow":` + wf + `}`, headers: []string{"Authorization", ""}, status: 401, code: "unauthorized", detail: "missing bearer token"},
@@ -108,6 +111,7 @@ func TestBadInput(t *testing.T) {
 				require.Equal(t, tc.field, m["field"], "body: %s", res.body)
 			}
 			require.Contains(t, m["detail"], tc.detail)
+			require.Less(t, len(res.body), 1024, "an answer does not echo a huge input")
 			if tc.status == 401 {
 				require.Contains(t, res.header.Get("WWW-Authenticate"), "Bearer")
 			}

@@ -256,7 +256,7 @@ func resumeAfter(r *http.Request) (uint64, error) {
 	q := r.URL.Query()
 	for k := range q {
 		if k != "after" {
-			return 0, &runs.InputError{Field: k, Msg: "unknown query parameter (want after)"}
+			return 0, &runs.InputError{Field: clipText(k, 40), Msg: "unknown query parameter (want after)"}
 		}
 	}
 	field, v := "Last-Event-ID", r.Header.Get("Last-Event-ID")
@@ -268,7 +268,7 @@ func resumeAfter(r *http.Request) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, &runs.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", v)}
+		return 0, &runs.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", clipText(v, 40))}
 	}
 	return n, nil
 }

@@ -91,7 +91,7 @@
     older = [];
     // A whole run id opens the run, listed or not.
     const id = search.value.trim();
-    if (pal.runIDPattern.test(id) && !tbody.querySelector('tr[data-run-id="' + id + '"]')) {
+    if (pal.runIDPattern.test(id)) {
       try {
         await pal.api("GET", "/v1/runs/" + encodeURIComponent(id));
         location.href = "/runs/" + encodeURIComponent(id);

@@ -316,7 +316,8 @@
   // the EventSource) and redraws on each.
   const kinds = ["run_created", "run_resumed", "step_started", "step_completed", "step_failed", "step_retrying", "step_waiting",
     "side_effect_claimed", "side_effect_delivered", "child_run_created", "anomaly_detected", "confidence_evaluated",
-    "confidence_gate_bypassed", "approval_received", "budget_warning", "budget_exceeded", "run_succeeded", "run_failed", "run_cancelled"];
+    "confidence_gate_bypassed", "approval_received", "signal_received", "substep_started", "substep_completed",
+    "budget_warning", "budget_exceeded", "budget_raised", "run_succeeded", "run_failed", "run_cancelled"];
   function follow() {
     if (es) return;
     es = new EventSource("/v1/runs/" + encodeURIComponent(runID) + "/events?after=" + wf.last_seq);
