@@ -192,7 +192,7 @@ func TestBrowserRunsList(t *testing.T) {
 	br.do(chromedp.SendKeys(chromedp.CSS("#search"), ai), chromedp.Click(chromedp.CSS("#filters button")))
 	br.waitJS("the run's page", fmt.Sprintf("location.pathname === %q", "/runs/"+ai))
 	// Listed or not.
-	br.do(chromedp.Navigate(b.url+"/"))
+	br.do(chromedp.Navigate(b.url + "/"))
 	br.waitJS("both runs listed", fmt.Sprintf(`!!document.querySelector('tr[data-run-id=%q]')`, echo))
 	br.do(chromedp.SendKeys(chromedp.CSS("#search"), echo), chromedp.Click(chromedp.CSS("#filters button")))
 	br.waitJS("the listed run's page", fmt.Sprintf("location.pathname === %q", "/runs/"+echo))
