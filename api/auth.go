@@ -273,6 +273,10 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 				}
 				return
 			}
+			if c, err := r.Cookie(SessionCookie); err == nil && c.Value != "" {
+				unauthorized(w, "", "the browser session has ended (logged out, expired, or the server restarted): log in again at /login, or send 'Authorization: Bearer <token>'")
+				return
+			}
 			unauthorized(w, "", "missing bearer token: send the header 'Authorization: Bearer <token>' with a token from PAL_API_TOKENS")
 			return
 		}

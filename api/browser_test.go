@@ -163,7 +163,8 @@ func TestBrowserSessionLoginAndCSRF(t *testing.T) {
 	require.NoError(t, err)
 	_ = out.Body.Close()
 	require.Equal(t, http.StatusSeeOther, out.StatusCode)
-	requireError(t, b.get(t, "/v1/runs/"+id, "Authorization", "", "Cookie", c.String()), http.StatusUnauthorized, "unauthorized")
+	ended := requireError(t, b.get(t, "/v1/runs/"+id, "Authorization", "", "Cookie", c.String()), http.StatusUnauthorized, "unauthorized")
+	require.Contains(t, ended["detail"], "the browser session has ended", "it says why, not that a token is missing")
 	status, _, _ = b.page(t, "/", c)
 	require.Equal(t, http.StatusSeeOther, status)
 }
