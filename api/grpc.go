@@ -131,6 +131,8 @@ func (g *grpcRuns) grpcError(id string, err error) error {
 			detail = "timed out talking to NATS JetStream: " + detail
 		}
 		g.h.log.Warn("grpc request failed", "run_id", id, "err", err)
+	case runs.CodeInternal:
+		g.h.log.Error("grpc request failed for good", "run_id", id, "err", err)
 	}
 	_, tc := transportOf(code)
 	return status.Error(tc.grpc, detail)

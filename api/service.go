@@ -46,7 +46,8 @@ type getRequest struct {
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
-// set (400 bad input, 404 not found, 409 conflict, 503 unavailable).
+// set (400 bad input, 404 not found, 409 conflict, 500 internal, 503
+// unavailable).
 // get answers a run whose journal retention removed from its rows when
 // given WithRunReader, as REST's GET /v1/runs/{id} does. Stop the returned
 // service to deregister it.

@@ -115,6 +115,27 @@ func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
 	}
 }
 
+// FirstEvent returns the first event of a run (its run_created), from one
+// Get, unverified and with big values left as their references;
+// ErrRunNotFound when the run has none.
+func (s *Store) FirstEvent(ctx context.Context, runID string) (event.Event, error) {
+	if err := checkRunID(runID); err != nil {
+		return event.Event{}, fmt.Errorf("reading: %w", err)
+	}
+	m, err := s.events.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return event.Event{}, fmt.Errorf("reading run %s: %w", runID, ErrRunNotFound)
+	}
+	if err != nil {
+		return event.Event{}, fmt.Errorf("reading the first event of run %s: %w", runID, err)
+	}
+	evs, err := event.Decode(m.Data)
+	if err != nil {
+		return event.Event{}, fmt.Errorf("reading the first event of run %s: %w", runID, err)
+	}
+	return evs[0], nil
+}
+
 // LastEvent returns the last event of a run and its head (the zero Head
 // and event when it has none), from one Direct Get, unverified.
 func (s *Store) LastEvent(ctx context.Context, runID string) (event.Event, Head, error) {

@@ -33,6 +33,32 @@ func TestReadUnknownRun(t *testing.T) {
 	h, err = b.store.LastHead(ctx, "run_unknown")
 	require.NoError(t, err)
 	require.Equal(t, eventstore.Head{}, h)
+
+	_, err = b.store.FirstEvent(ctx, "run_unknown")
+	require.ErrorIs(t, err, eventstore.ErrRunNotFound)
+}
+
+// TestFirstEvent: a run's first event is its run_created, found with one
+// Get however many messages came after it, on its subject and others.
+func TestFirstEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	_, err := b.store.Append(ctx, "run_before", eventstore.Head{}, ev(event.RunCreated, 1))
+	require.NoError(t, err)
+	h, err := b.store.Append(ctx, "run_first", eventstore.Head{}, ev(event.RunCreated, 1))
+	require.NoError(t, err)
+	for i := 2; i <= 5; i++ {
+		h, err = b.store.Append(ctx, "run_first", h, ev(event.StepStarted, i))
+		require.NoError(t, err)
+	}
+	first, err := b.store.FirstEvent(ctx, "run_first")
+	require.NoError(t, err)
+	require.Equal(t, event.RunCreated, first.Kind)
+	require.Equal(t, "run_first", first.RunID)
+	require.Equal(t, uint64(1), first.Seq)
+	_, err = b.store.FirstEvent(ctx, "run.x")
+	require.ErrorIs(t, err, event.ErrInvalidRunID)
 }
 
 // TestReadLongRuns reads runs longer than several Direct Get batches,

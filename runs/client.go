@@ -21,8 +21,8 @@ import (
 // service, the durable command processor, the CLI) decodes into one of
 // the command structs and calls the same method. It writes only inputs
 // to a run's journal (run_created, approval_received, signal_received,
-// budget_raised, run_cancelled),
-// each with a fenced append, and leaves driving to the workers.
+// budget_raised, run_cancelled), each with a fenced append, and leaves
+// driving to the workers.
 type Client struct {
 	store     *eventstore.Store
 	nc        *nats.Conn

@@ -129,16 +129,15 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 // run taken the same start (a start with no key or another key may have
 // taken the run id).
 func (c *Client) startedWith(ctx context.Context, runID, key string) (bool, error) {
-	evs, _, err := c.store.Read(ctx, runID)
-	if len(evs) == 0 || evs[0].Kind != event.RunCreated {
+	// One message, not the journal: only run_created's key is compared.
+	first, err := c.store.FirstEvent(ctx, runID)
+	if err != nil || first.Kind != event.RunCreated {
 		// No run_created to compare: a read that failed (NATS), or a
 		// journal whose first message is bad, which no start wrote.
 		return false, err
 	}
-	// A later read error (a bad blob reference, a corrupt message) leaves
-	// run_created readable: its key is all that is compared.
 	var d event.RunCreatedData
-	if err := evs[0].DecodeData(&d); err != nil {
+	if err := first.DecodeData(&d); err != nil {
 		return false, err
 	}
 	return d.IdempotencyKey == key, nil

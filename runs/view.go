@@ -203,8 +203,6 @@ func stepView(attempts []projections.StepRow) StepView {
 	return sv
 }
 
-// substepViews decodes a steps row's sub-steps, outputs canonical as
-// both sources agree on them.
 // optional decodes a nullable JSON column: nil when it is empty, null or
 // not a T.
 func optional[T any](raw json.RawMessage) *T {
@@ -218,6 +216,8 @@ func optional[T any](raw json.RawMessage) *T {
 	return &v
 }
 
+// substepViews decodes a steps row's sub-steps, outputs canonical as
+// both sources agree on them.
 func substepViews(raw json.RawMessage) []SubstepView {
 	var subs []engine.Substep
 	if len(raw) == 0 || json.Unmarshal(raw, &subs) != nil || len(subs) == 0 {

@@ -255,8 +255,9 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 }
 
 // awaitLease waits for the lease a fresh run's first drive is taking and
-// starts its keeper; a *noLeaseError when it went to another worker. Every drive calls it before anything leaves the process but
-// the first flush that carries run_resumed.
+// starts its keeper; a *noLeaseError when it went to another worker. A
+// drive calls it before anything leaves the process but the first flush
+// that carries run_resumed.
 func (d *drive) awaitLease() error {
 	p := d.lease
 	if p == nil {
