@@ -68,28 +68,61 @@ func (s *Store) directBatch(ctx context.Context, stream string, req directReques
 			}
 			return errIncompleteBatch
 		}
-		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
-			switch m.Header.Get("Status") {
-			case "204": // end of batch
-				return nil
-			case "404":
-				return errNoMessages
-			case "408":
-				return errIncompleteBatch
-			case "503":
-				return nats.ErrNoResponders
-			default:
-				return fmt.Errorf("direct get: status %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
-			}
-		}
-		seq, perr := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-		if perr != nil {
-			return fmt.Errorf("direct get: bad %s header %q", jetstream.SequenceHeader, m.Header.Get(jetstream.SequenceHeader))
-		}
-		if err := fn(directMsg{Subject: m.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: m.Header, Data: m.Data}); err != nil {
+		if done, err := directReply(m, fn); done || err != nil {
 			return err
 		}
 	}
+}
+
+// directOne is directBatch for a batch of one (req.Batch 1), sent as a
+// request over the connection's shared reply subscription: no
+// subscription of its own to make and remove. The message's reply is the
+// only one it takes; the end-of-batch marker after it finds no request
+// waiting and is dropped.
+func (s *Store) directOne(ctx context.Context, stream string, req directRequest, _ int, fn func(directMsg) error) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	m, err := s.js.Conn().RequestMsgWithContext(rctx, &nats.Msg{Subject: s.apiPrefix + "DIRECT.GET." + stream, Data: body})
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nats.ErrNoResponders
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return errIncompleteBatch
+	case err != nil:
+		return err
+	}
+	_, err = directReply(m, fn)
+	return err
+}
+
+// directReply takes one message of a batched Direct Get reply: a status
+// (done: the end of the batch, or an error) or a stored message for fn.
+func directReply(m *nats.Msg, fn func(directMsg) error) (done bool, _ error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+		switch m.Header.Get("Status") {
+		case "204": // end of batch
+			return true, nil
+		case "404":
+			return true, errNoMessages
+		case "408":
+			return true, errIncompleteBatch
+		case "503":
+			return true, nats.ErrNoResponders
+		default:
+			return true, fmt.Errorf("direct get: status %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
+		}
+	}
+	seq, perr := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if perr != nil {
+		return true, fmt.Errorf("direct get: bad %s header %q", jetstream.SequenceHeader, m.Header.Get(jetstream.SequenceHeader))
+	}
+	return false, fn(directMsg{Subject: m.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: m.Header, Data: m.Data})
 }
 
 // apiPrefix is the subject prefix of the JetStream API js talks to.

@@ -454,9 +454,18 @@ func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn
 // the message after the last one fn took.
 func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte) bool) error {
 	subj := EventsSubject(runID)
+	first := true
 	return retry.Do(ctx, jsRetry, func() error {
 		for {
-			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, fn)
+			// The first batch is one message asked for over the
+			// connection's shared reply subscription: most reads (a
+			// fresh run's, a parked run's tail) end there, and skip
+			// the subscription of a longer batch.
+			size := 1
+			if !first {
+				size = readBatch
+			}
+			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, size, fn)
 			after = last
 			if stopped {
 				return nil
@@ -468,6 +477,7 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 				}
 				return err
 			}
+			first = false
 			if pending == 0 {
 				return nil
 			}
@@ -475,15 +485,19 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 	})
 }
 
-// readBatch reads one batch of messages after stream sequence after (and
-// before before, unless 0), passing each to fn. It returns the stream
-// sequence of the last message fn took, how many matching messages are
-// still pending, and whether fn stopped the read.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
+// readBatch reads one batch of at most size messages after stream
+// sequence after (and before before, unless 0), passing each to fn. It
+// returns the stream sequence of the last message fn took, how many
+// matching messages are still pending, and whether fn stopped the read.
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
 	pending = 1 // unknown until a reply says otherwise
 	errBefore, errStop := errors.New("past before"), errors.New("stopped")
-	err = s.directBatch(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: readBatch}, readBatch,
+	get := s.directBatch
+	if size == 1 {
+		get = s.directOne
+	}
+	err = get(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: size}, size,
 		func(m directMsg) error {
 			if before > 0 && m.Sequence >= before {
 				return errBefore
