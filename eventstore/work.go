@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,8 +20,7 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("enqueueing: %w", err)
 	}
-	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
-	msg.Header.Set(reasonHeader, reason)
+	msg := workMsg(runID, reason)
 	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(WorkStream))
@@ -34,6 +34,41 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 		}
 		return err
 	})
+}
+
+// EnqueueAsync is Enqueue without waiting for the server: it returns the
+// wait for its answer. A first try that failed, or had no answer within
+// the request timeout, is done again by Enqueue, with its retries (a
+// message that landed meanwhile makes it a no-op).
+func (s *Store) EnqueueAsync(runID, reason string) func(context.Context) error {
+	if err := checkRunID(runID); err != nil {
+		return func(context.Context) error { return fmt.Errorf("enqueueing: %w", err) }
+	}
+	ack, err := s.js.PublishMsgAsync(workMsg(runID, reason), jetstream.WithExpectStream(WorkStream))
+	return func(ctx context.Context) error {
+		if err == nil {
+			t := time.NewTimer(s.timeout)
+			defer t.Stop()
+			select {
+			case <-ack.Ok():
+				return nil
+			case err = <-ack.Err():
+			case <-t.C:
+			case <-ctx.Done():
+				return fmt.Errorf("enqueueing run %s: %w", runID, ctx.Err())
+			}
+		}
+		if alreadyPending(err) {
+			return nil
+		}
+		return s.Enqueue(ctx, runID, reason)
+	}
+}
+
+func workMsg(runID, reason string) *nats.Msg {
+	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
+	msg.Header.Set(reasonHeader, reason)
+	return msg
 }
 
 // WorkReason is the reason Enqueue gave work message msg ("start" for a

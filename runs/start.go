@@ -94,6 +94,10 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 		ForkedFrom: cmd.forkedFrom})
 	ev.WorkerID = writer
 	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
+	// The work message goes out beside run_created, not after its ack: a
+	// worker that takes it before the journal shows run_created waits
+	// for it (docs/architecture.md §8 step 3).
+	queued := c.store.EnqueueAsync(runID, "start")
 	_, err = c.store.Append(ctx, runID, eventstore.Head{}, ev)
 	if ierr := indexed(ctx); ierr != nil && err == nil {
 		// The Postgres sweep still finds the run; a retried start indexes it.
@@ -116,7 +120,7 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if err != nil {
 		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, err)
 	}
-	if err := c.store.Enqueue(ctx, runID, "start"); err != nil {
+	if err := queued(ctx); err != nil {
 		// run_created is durable; the recovery sweep enqueues the run if
 		// this never lands.
 		return StartResult{RunID: runID, Created: true}, fmt.Errorf("run %s created but not queued (the recovery sweep will queue it): %w", runID, err)

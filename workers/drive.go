@@ -190,6 +190,14 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
 		default:
 			r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
+			// A start's work message can come before its run_created,
+			// published beside it (§8): look again at once, a few
+			// times, before the message waits (journalDueDelay).
+			for wait := 200 * time.Microsecond; firstDrive(msg) && errors.Is(r.err, eventstore.ErrRunNotFound) &&
+				wait < 2*time.Millisecond && rctx.Err() == nil; wait *= 3 {
+				sleep(rctx, wait)
+				r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
+			}
 		}
 		read <- r
 	}(d.cached)
@@ -239,7 +247,7 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 			d.keeper = startKeeper(dctx, w.leases, p.lease, msg, cancel)
 		}
 	}
-	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err()}
+	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err(), journalDue: startMayLag(msg)}
 	var held *eventstore.Lease
 	if d.keeper != nil {
 		l := d.keeper.stop()
@@ -299,6 +307,10 @@ const (
 	driveEnded
 	// driveNoJournal: work for a run that has no journal.
 	driveNoJournal
+	// driveJournalDue: a start's work message that came before its
+	// run_created, which the start publishes beside it (§8): look again
+	// shortly.
+	driveJournalDue
 	// driveBroken: the journal does not fold (the run is failed with code
 	// internal if it can be); driving it again would not help.
 	driveBroken
@@ -323,7 +335,7 @@ const (
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"done", "parked", "ended", "no_journal", "broken",
+var outcomeNames = [numOutcomes]string{"done", "parked", "ended", "no_journal", "journal_due", "broken",
 	"stopping", "lease_lost", "fenced", "busy", "crashed", "panicked", "retry_later"}
 
 func (o driveOutcome) String() string {
@@ -345,7 +357,10 @@ type driveEnd struct {
 	err      error // from acquire, or returned by the drive
 	cause    error // why the drive's context was cancelled, if it was
 	stopped  error // the caller's context's error, if it ended
-	outcome  driveOutcome
+	// journalDue: the work message is a start's, young enough that its
+	// run_created may still be on the way (startMayLag).
+	journalDue bool
+	outcome    driveOutcome
 }
 
 // classifyDrive is the one place a drive's end becomes an outcome. The order
@@ -364,6 +379,9 @@ func classifyDrive(e driveEnd) driveOutcome {
 	case errors.Is(e.cause, errRunEnded), errors.Is(err, errRunEnded):
 		return driveEnded
 	case errors.Is(err, eventstore.ErrRunNotFound):
+		if e.journalDue {
+			return driveJournalDue
+		}
 		return driveNoJournal
 	case errors.Is(err, errParked):
 		return driveParked
@@ -419,6 +437,8 @@ const (
 	nakMsg
 	// nakLaterMsg: redeliver after one lease TTL.
 	nakLaterMsg
+	// nakSoonMsg: redeliver after journalDueDelay (20 ms, doubling).
+	nakSoonMsg
 	// termMsg: never redeliver.
 	termMsg
 	// deadMsg: copy to PAL_DEAD with the reason, then term.
@@ -428,7 +448,7 @@ const (
 	poisonMsg
 )
 
-var fateNames = [...]string{"leave", "ack", "nak", "nak_later", "term", "dead", "poison"}
+var fateNames = [...]string{"leave", "ack", "nak", "nak_later", "nak_soon", "term", "dead", "poison"}
 
 func (f fate) String() string { return fateNames[f] }
 
@@ -446,6 +466,7 @@ var dispositions = map[driveOutcome]disposition{
 	driveParked:     {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run parked"},
 	driveEnded:      {msg: ackMsg, release: true, level: slog.LevelInfo, note: "run ended by another writer; letting it go"},
 	driveNoJournal:  {msg: ackMsg, release: true, level: slog.LevelWarn, note: "work for a run with no journal; dropping it"},
+	driveJournalDue: {msg: nakSoonMsg, release: true, level: slog.LevelDebug, note: "start's work came before its run_created; looking again"},
 	driveBroken:     {msg: deadMsg, release: true, level: slog.LevelError, note: "cannot drive the run"},
 	driveStopping:   {msg: nakMsg, release: true, level: slog.LevelInfo, note: "handed run back"},
 	driveLeaseLost:  {msg: leaveMsg, level: slog.LevelWarn, note: "drive interrupted"},
@@ -479,7 +500,7 @@ func (w *Worker) dispose(ctx context.Context, d *drive, msg jetstream.Msg, end d
 			d.log.Warn("releasing lease", "err", err)
 		}
 	}
-	if disp.msg == nakMsg || disp.msg == nakLaterMsg || disp.msg == poisonMsg {
+	if disp.msg == nakMsg || disp.msg == nakLaterMsg || disp.msg == nakSoonMsg || disp.msg == poisonMsg {
 		release()
 		w.settle(rctx, d.log, msg, disp.msg, end.failure())
 		return
@@ -502,6 +523,8 @@ func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg
 		err = msg.Nak()
 	case nakLaterMsg:
 		err = msg.NakWithDelay(w.leases.TTL())
+	case nakSoonMsg:
+		err = msg.NakWithDelay(journalDueDelay(msg))
 	case termMsg:
 		err = msg.Term()
 	case deadMsg, poisonMsg:

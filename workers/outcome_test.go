@@ -36,6 +36,8 @@ func TestDriveOutcomes(t *testing.T) {
 		{"cancel notice interrupted the drive", driveEnd{acquired: true, err: boom, cause: errRunEnded},
 			driveEnded, ackMsg, true, nil},
 		{"no journal", driveEnd{acquired: true, err: notFound}, driveNoJournal, ackMsg, true, nil},
+		{"a start's work before its run_created", driveEnd{acquired: true, err: notFound, journalDue: true},
+			driveJournalDue, nakSoonMsg, true, notFound},
 		{"journal does not fold", driveEnd{acquired: true, err: broken}, driveBroken, deadMsg, true, broken},
 		{"panicked after resuming", driveEnd{acquired: true, err: crashed}, driveCrashed, nakLaterMsg, true, crashed},
 		{"panicked before resuming", driveEnd{acquired: true, err: panicked}, drivePanicked, poisonMsg, true, panicked},

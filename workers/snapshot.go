@@ -173,6 +173,36 @@ func firstDrive(msg jetstream.Msg) bool {
 	return err == nil && meta.NumDelivered == 1
 }
 
+// startLag is how long after a start's work message its run_created may
+// still land: the start publishes both at once (docs/architecture.md §8),
+// and the append retries for a few request timeouts. Work for a run
+// with no journal that is older is dropped.
+const startLag = 30 * time.Second
+
+// journalDueDelay is how long a start's work message that came before
+// its run_created waits before the next look: 20 ms, doubling with each
+// delivery up to a second, so work whose start failed costs a few dozen
+// looks before startLag drops it.
+func journalDueDelay(msg jetstream.Msg) time.Duration {
+	d := 20 * time.Millisecond
+	if meta, err := msg.Metadata(); err == nil {
+		for n := uint64(1); n < meta.NumDelivered && d < time.Second; n++ {
+			d *= 2
+		}
+	}
+	return min(d, time.Second)
+}
+
+// startMayLag reports whether msg is a start's work message young enough
+// that its run_created may not have landed yet.
+func startMayLag(msg jetstream.Msg) bool {
+	if msg == nil || eventstore.WorkReason(msg) != "start" {
+		return false
+	}
+	meta, err := msg.Metadata()
+	return err == nil && time.Since(meta.Timestamp) < startLag
+}
+
 // snapshotFolded is resumeSnapshot for a drive: no snapshot (r.from nil)
 // on any trouble, logged unless the run has none.
 func (w *Worker) snapshotFolded(ctx context.Context, runID string) journalRead {
