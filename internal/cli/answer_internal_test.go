@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/engine"
@@ -32,6 +33,8 @@ func TestAnswerOf(t *testing.T) {
 		{errors.New("nats: timeout"), ExitUnavailable, runs.CodeUnavailable},
 		{context.Canceled, ExitInternal, runs.CodeInternal},
 		{withCode(ExitUnavailable, errors.New("postgres down")), ExitUnavailable, runs.CodeUnavailable},
+		{&natsRefusal{who: "x", err: nats.ErrAuthorization, login: true}, ExitBadInput, "forbidden"},
+		{&natsRefusal{who: "x", err: nats.ErrPermissionViolation}, ExitBadInput, "forbidden"},
 	} {
 		exit, answer := answerOf(c.err)
 		require.Equal(t, c.exit, exit, "%v", c.err)

@@ -47,11 +47,17 @@ func (e *env) natsTarget(cmd *cobra.Command) (natsTarget, error) {
 // needs. It replaces the error the command then fails with (a request cut
 // short), which says nothing of why.
 type natsRefusal struct {
-	who string // "the credentials in PAL_NATS_CREDS (path)", or the URL's user
-	err error  // wraps nats.ErrPermissionViolation
+	who   string // "the credentials in PAL_NATS_CREDS (path)", or the URL's user
+	err   error  // wraps nats.ErrPermissionViolation, or for a login a nats.ErrAuthorization
+	login bool   // NATS refused the connection itself
 }
 
 func (r *natsRefusal) Error() string {
+	if r.login {
+		return fmt.Sprintf("NATS refused the login of %s: %v — set PAL_NATS_CREDS to a role's credentials "+
+			"(under pal dev, .pal/dev.env names the worker's, .pal/%s is the api role's) or the user and password in PAL_NATS_URL",
+			r.who, r.err, natsauth.SeedFile(natsauth.API))
+	}
 	what := strings.TrimPrefix(r.err.Error(), nats.ErrPermissionViolation.Error()+": ")
 	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role (.pal/%s under pal dev) "+
 		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
@@ -98,10 +104,21 @@ func (e *env) connectNow(cmd *cobra.Command, name string) (*nats.Conn, error) {
 		}
 	})
 	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError}, t.auth...)...)
+	if refusedLogin(err) {
+		// Refused for good, as a permissions violation is: exit 2.
+		return nil, &natsRefusal{who: who, err: err, login: true}
+	}
 	if err != nil {
 		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev', or set PAL_NATS_URL and PAL_NATS_CREDS)", t, err))
 	}
 	return nc, nil
+}
+
+// refusedLogin reports whether NATS refused a connection's credentials
+// (none given, wrong, expired or revoked), not that it could not be reached.
+func refusedLogin(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 // storeNow connects for a one-shot command and opens the event store. The

@@ -36,7 +36,7 @@ func TestProcessesWithRoles(t *testing.T) {
 
 	// Without credentials a process is refused, and says what to set.
 	r := runPal(t, bin, common, "run", "events", "run_x")
-	require.Equal(t, 4, r.code, "%s", r)
+	require.Equal(t, 2, r.code, "%s", r)
 	require.Contains(t, r.stderr, "Authorization Violation")
 	require.Contains(t, r.stderr, "PAL_NATS_CREDS")
 	r = runPal(t, bin, append(common, "PAL_NATS_CREDS="+filepath.Join(dir, "missing.nk")), "run", "events", "run_x")
@@ -46,7 +46,7 @@ func TestProcessesWithRoles(t *testing.T) {
 	// A password in the URL is used, and never shown.
 	r = runPal(t, bin, []string{"PAL_NATS_URL=" + strings.Replace(nats.URL(), "nats://", "nats://client:sekret@", 1), "PAL_DATA_DIR=" + dir},
 		"run", "events", "run_x")
-	require.Equal(t, 4, r.code, "%s", r)
+	require.Equal(t, 2, r.code, "%s", r)
 	require.Contains(t, r.stderr, "Authorization Violation")
 	require.NotContains(t, r.stderr, "sekret")
 
@@ -238,6 +238,16 @@ func TestRunCommandRefusedForRole(t *testing.T) {
 	require.NotContains(t, r.stderr, "deadline exceeded")
 	require.Less(t, took, 4*time.Second, "the command waited for its request's timeout (5s)\n%s", r)
 	r = runPal(t, bin, append(common, client), "run", "start", "--workflow", wf, "--json")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Equal(t, "forbidden", decodeJSON[map[string]any](t, r.stdout)["error"])
+
+	// No credentials at all: NATS refuses the login, also for good.
+	r = runPal(t, bin, common, "run", "start", "--workflow", wf)
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, strings.ToLower(r.stderr), "authorization violation", "%s", r)
+	require.Contains(t, r.stderr, "NATS refused the login of the user of PAL_NATS_URL", "%s", r)
+	require.Contains(t, r.stderr, "PAL_NATS_CREDS", "%s", r)
+	r = runPal(t, bin, common, "run", "start", "--workflow", wf, "--json")
 	require.Equal(t, 2, r.code, "%s", r)
 	require.Equal(t, "forbidden", decodeJSON[map[string]any](t, r.stdout)["error"])
 
