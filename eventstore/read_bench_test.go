@@ -48,3 +48,25 @@ func BenchmarkReadTail(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*tail), "µs/event")
 }
+
+// BenchmarkReadFresh measures Read of a one-event journal, as a fresh
+// run's first drive reads it: one Direct Get over the connection's shared
+// reply subscription (store.go's scan).
+//
+//	go test -run '^$' -bench ReadFresh ./eventstore/
+func BenchmarkReadFresh(b *testing.B) {
+	bd := setup(b, eventstore.Config{})
+	ctx := b.Context()
+	const runID = "run_readfresh"
+	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(`{}`)})
+	ev.WorkerID = "w"
+	if _, err := bd.store.Append(ctx, runID, eventstore.Head{}, ev); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if got, _, err := bd.store.Read(ctx, runID); err != nil || len(got) != 1 {
+			b.Fatalf("%d events, %v", len(got), err)
+		}
+	}
+}
