@@ -160,9 +160,31 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 // when ctx ends first.
 func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...event.Event) (Head, error) {
 	start := time.Now()
-	h, err := s.append(ctx, runID, head, "", evs)
+	h, err := s.append(ctx, runID, head, "", evs, nil)
 	observeAppend(start, evs[:h.Seq-head.Seq], err)
 	return h, err
+}
+
+// StartLag is how long after a start's work message its run_created may
+// still land, the two being published together (AppendStart): a worker
+// looks for the journal of a start's work for about this long before it
+// drops the work, and a start whose append took a third of it enqueues
+// again.
+const StartLag = 30 * time.Second
+
+// AppendStart appends a run's run_created, fenced on an empty subject as
+// Append with Head{} is, and publishes the run's work message (reason)
+// beside it: sent once the event is encoded, just before it is
+// published, so that the start waits for both acks at once
+// (docs/architecture.md §8 step 3). queued waits for the work message's
+// ack; it is nil when the work message was not sent (the event was
+// refused before anything was published).
+func (s *Store) AppendStart(ctx context.Context, runID string, ev event.Event, reason string) (_ Head, queued func(context.Context) error, _ error) {
+	start := time.Now()
+	evs := []event.Event{ev}
+	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.EnqueueAsync(runID, reason) })
+	observeAppend(start, evs[:h.Seq], err)
+	return h, queued, err
 }
 
 // observeAppend is where appends are measured (latency by result) and
@@ -184,7 +206,9 @@ func observeAppend(start time.Time, landed []event.Event, err error) {
 }
 
 // append is Append with a suffix for each message's Nats-Msg-Id.
-func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix string, evs []event.Event) (Head, error) {
+// beside, if not nil, is called once every message is encoded, before the
+// first is published.
+func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix string, evs []event.Event, beside func()) (Head, error) {
 	if err := checkRunID(runID); err != nil {
 		return head, fmt.Errorf("appending: %w", err)
 	}
@@ -247,6 +271,9 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 	}
 	for i := range evs {
 		evs[i].Prev = stored[i].Prev
+	}
+	if beside != nil {
+		beside()
 	}
 	for i, g := range groups {
 		h, err := s.publish(ctx, runID, head, g, bodies[i], idSuffix)
@@ -627,7 +654,7 @@ func (s *Store) Seal(ctx context.Context, runID string, head Head, cerr *event.C
 	// dedup window, and no message can take the seal's id before it: that
 	// would need one whose id holds its own hash.
 	start := time.Now()
-	h, err := s.append(ctx, runID, head, ":seal-"+head.Hash[:min(16, len(head.Hash))], []event.Event{ev})
+	h, err := s.append(ctx, runID, head, ":seal-"+head.Hash[:min(16, len(head.Hash))], []event.Event{ev}, nil)
 	observeAppend(start, []event.Event{ev}[:h.Seq-head.Seq], err)
 	if err != nil {
 		return ev, head, fmt.Errorf("sealing the corrupt journal of run %s: %w", runID, err)

@@ -173,16 +173,17 @@ func firstDrive(msg jetstream.Msg) bool {
 	return err == nil && meta.NumDelivered == 1
 }
 
-// startLag is how long after a start's work message its run_created may
-// still land: the start publishes both at once (docs/architecture.md §8),
-// and the append retries for a few request timeouts. Work for a run
-// with no journal that is older is dropped.
-const startLag = 30 * time.Second
+// startLooks is how many deliveries of a start's work message look for
+// its run_created before the work is dropped as work for a run with no
+// journal: at journalDueDelay's pace (20 ms, doubling to 1 s) about
+// eventstore.StartLag, counted by deliveries rather than by the message's
+// age, so that no clock's skew moves it.
+const startLooks = 36
 
 // journalDueDelay is how long a start's work message that came before
 // its run_created waits before the next look: 20 ms, doubling with each
 // delivery up to a second, so work whose start failed costs a few dozen
-// looks before startLag drops it.
+// looks before startLooks drops it.
 func journalDueDelay(msg jetstream.Msg) time.Duration {
 	d := 20 * time.Millisecond
 	if meta, err := msg.Metadata(); err == nil {
@@ -193,14 +194,14 @@ func journalDueDelay(msg jetstream.Msg) time.Duration {
 	return min(d, time.Second)
 }
 
-// startMayLag reports whether msg is a start's work message young enough
-// that its run_created may not have landed yet.
+// startMayLag reports whether msg is a start's work message that has not
+// yet looked startLooks times for its run_created.
 func startMayLag(msg jetstream.Msg) bool {
 	if msg == nil || eventstore.WorkReason(msg) != "start" {
 		return false
 	}
 	meta, err := msg.Metadata()
-	return err == nil && time.Since(meta.Timestamp) < startLag
+	return err == nil && meta.NumDelivered < startLooks
 }
 
 // snapshotFolded is resumeSnapshot for a drive: no snapshot (r.from nil)
