@@ -44,12 +44,7 @@ func (s *Store) MarkInflight(runID string) func(context.Context) error {
 	ack, err := s.js.PublishMsgAsync(msg, jetstream.WithExpectStream(inflightStream))
 	return func(ctx context.Context) error {
 		if err == nil {
-			select {
-			case <-ack.Ok():
-			case err = <-ack.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+			err = awaitAck(ctx, ack, 0)
 		}
 		if err != nil {
 			return fmt.Errorf("indexing run %s as in flight: %w", runID, err)

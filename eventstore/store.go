@@ -182,7 +182,7 @@ const StartLag = 30 * time.Second
 func (s *Store) AppendStart(ctx context.Context, runID string, ev event.Event, reason string) (_ Head, queued func(context.Context) error, _ error) {
 	start := time.Now()
 	evs := []event.Event{ev}
-	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.EnqueueAsync(runID, reason) })
+	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.enqueueAsync(runID, reason) })
 	observeAppend(start, evs[:h.Seq], err)
 	return h, queued, err
 }

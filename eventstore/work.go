@@ -36,32 +36,53 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 	})
 }
 
-// EnqueueAsync is Enqueue without waiting for the server: it returns the
-// wait for its answer. A first try that failed, or had no answer within
-// the request timeout, is done again by Enqueue, with its retries (a
-// message that landed meanwhile makes it a no-op).
-func (s *Store) EnqueueAsync(runID, reason string) func(context.Context) error {
+// enqueueAsync is Enqueue without waiting for the server (AppendStart):
+// it returns the wait for its answer. A first try that failed, or had no
+// answer within the request timeout, is done again by Enqueue, with its
+// retries (a message that landed meanwhile makes it a no-op).
+func (s *Store) enqueueAsync(runID, reason string) func(context.Context) error {
 	if err := checkRunID(runID); err != nil {
 		return func(context.Context) error { return fmt.Errorf("enqueueing: %w", err) }
 	}
 	ack, err := s.js.PublishMsgAsync(workMsg(runID, reason), jetstream.WithExpectStream(WorkStream))
 	return func(ctx context.Context) error {
 		if err == nil {
-			t := time.NewTimer(s.timeout)
-			defer t.Stop()
-			select {
-			case <-ack.Ok():
+			err = awaitAck(ctx, ack, s.timeout)
+			if err == nil {
 				return nil
-			case err = <-ack.Err():
-			case <-t.C:
-			case <-ctx.Done():
-				return fmt.Errorf("enqueueing run %s: %w", runID, ctx.Err())
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("enqueueing run %s: %w", runID, err)
 			}
 		}
 		if alreadyPending(err) {
 			return nil
 		}
 		return s.Enqueue(ctx, runID, reason)
+	}
+}
+
+// errNoAck: an async publish had no answer within its wait.
+var errNoAck = errors.New("no ack in time")
+
+// awaitAck waits for an async publish's answer: nil, the server's error,
+// errNoAck after timeout (0: no limit), or ctx's error.
+func awaitAck(ctx context.Context, ack jetstream.PubAckFuture, timeout time.Duration) error {
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-ack.Ok():
+		return nil
+	case err := <-ack.Err():
+		return err
+	case <-expired:
+		return errNoAck
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

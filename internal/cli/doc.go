@@ -13,7 +13,8 @@
 //
 //	0  success
 //	1  the run failed or was cancelled (pal run start --wait, pal run watch)
-//	2  bad input: invalid flags, workflow, run id or configuration
+//	2  bad input or refused: invalid flags, workflow, run id or
+//	   configuration; a conflict or held lease; credentials NATS refuses
 //	3  not found: unknown run
 //	4  unavailable: NATS (or Postgres) could not be reached
 //	5  internal error
