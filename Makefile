@@ -23,7 +23,7 @@ test: ## Run the whole test suite with the race detector (needs PostgreSQL binar
 	$(GO) vet $(PKGS)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
-	$(GO) run ./internal/importcheck
+	$(GO) run ./internal/cmd/importcheck
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # The protobuf generators make proto runs; protoc itself comes from Debian's
@@ -41,7 +41,7 @@ proto: ## Regenerate the gRPC code under proto/pal/v1 from run.proto (committed)
 
 .PHONY: imports
 imports: ## Check the import rule: no import runs upward; api and runs do not depend on workers
-	$(GO) run ./internal/importcheck
+	$(GO) run ./internal/cmd/importcheck
 
 # The stock nats CLI the README's replay commands are checked with.
 NATSCLI_VERSION := v0.5.0

@@ -12,6 +12,7 @@ import (
 
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/runs"
 )
 
@@ -97,16 +98,16 @@ func runView(ctx context.Context, client *runs.Client, rr RunReader, log *slog.L
 
 // removedRun returns the rows of a run with no journal whose journal
 // retention removed (PAL_RETENTION), if rr has them.
-func removedRun(ctx context.Context, rr RunReader, log *slog.Logger, id string) (projections.RunDetail, bool) {
+func removedRun(ctx context.Context, rr RunReader, log *slog.Logger, id string) (readmodel.RunDetail, bool) {
 	if rr == nil {
-		return projections.RunDetail{}, false
+		return readmodel.RunDetail{}, false
 	}
 	d, err := rr.GetRun(ctx, id)
 	if err != nil {
 		if !errors.Is(err, projections.ErrRunNotFound) {
 			log.Warn("reading a run from the projection", "run_id", id, "err", err)
 		}
-		return projections.RunDetail{}, false
+		return readmodel.RunDetail{}, false
 	}
 	return d, !d.Run.JournalRemovedAt.IsZero()
 }

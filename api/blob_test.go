@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 	palv1 "github.com/palrun/pal/proto/pal/v1"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"

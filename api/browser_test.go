@@ -17,7 +17,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )

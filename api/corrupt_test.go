@@ -18,7 +18,7 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	palv1 "github.com/palrun/pal/proto/pal/v1"
 )
 

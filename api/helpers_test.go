@@ -18,8 +18,8 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 // testToken is the bearer token of the bundle's API (named "ci", with

@@ -12,8 +12,8 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 // TestMetricsNeedScopeRead: GET /metrics answers 401 without a token,

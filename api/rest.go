@@ -22,6 +22,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workflow"
@@ -36,14 +37,14 @@ const DefaultKeepAlive = 15 * time.Second
 // RunLister lists runs from the read side (projections.Reader does).
 type RunLister interface {
 	// ListRuns returns runs newest first. Errors: projections.ErrBadCursor.
-	ListRuns(ctx context.Context, f projections.RunFilter) ([]projections.RunRow, error)
+	ListRuns(ctx context.Context, f projections.RunFilter) ([]readmodel.RunRow, error)
 }
 
 // RunReader reads one run from the read side (projections.Reader does).
 // A Runs that is one serves the runs whose journal retention removed.
 type RunReader interface {
 	// GetRun returns the run's rows. Errors: projections.ErrRunNotFound.
-	GetRun(ctx context.Context, runID string) (projections.RunDetail, error)
+	GetRun(ctx context.Context, runID string) (readmodel.RunDetail, error)
 }
 
 // HandlerConfig configures NewHandler.

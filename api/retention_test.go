@@ -15,8 +15,8 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	palv1 "github.com/palrun/pal/proto/pal/v1"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/runs"
 )
 

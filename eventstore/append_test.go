@@ -14,7 +14,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 func TestAppendCreatesRun(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/natsauth"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 // strictStore is a packing store on a server that fsyncs every write, as

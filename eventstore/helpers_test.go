@@ -13,7 +13,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 // testBundle is one test's own JetStream server with PAL's streams set up

@@ -15,6 +15,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/readmodel"
 )
 
 // counters are a projector's metrics.
@@ -50,9 +51,9 @@ func decodedOf(streamSeq uint64, subject string, body []byte) (decoded, bool) {
 // batch is what one transaction writes.
 type batch struct {
 	journal  []journalRow
-	runs     []RunRow
-	steps    []StepRow
-	receipts []ReceiptRow
+	runs     []readmodel.RunRow
+	steps    []readmodel.StepRow
+	receipts []readmodel.ReceiptRow
 	// lastStreamSeq is the highest stream sequence of the batch: the
 	// checkpoint once the batch commits.
 	lastStreamSeq uint64
@@ -383,7 +384,7 @@ func (f *folder) addRows(b *batch, st *engine.RunState, prev uint64, withBlobs b
 	if st.LastSeq <= prev || st.LastSeq == 0 {
 		return
 	}
-	b.runs = append(b.runs, runRowOf(st, withBlobs))
+	b.runs = append(b.runs, readmodel.RunRowOf(st, withBlobs))
 	for _, id := range st.Order {
 		s := st.Steps[id]
 		for _, a := range s.Attempts {
@@ -394,11 +395,11 @@ func (f *folder) addRows(b *batch, st *engine.RunState, prev uint64, withBlobs b
 				f.log.Error("attempt number out of range; step attempt not projected", "run", st.RunID, "step", id, "attempt", a.Attempt)
 				continue
 			}
-			b.steps = append(b.steps, stepRowOf(st.RunID, s, a))
+			b.steps = append(b.steps, readmodel.StepRowOf(st.RunID, s, a))
 			if !a.Claimed {
 				continue
 			}
-			r := receiptRowOf(st.RunID, s, a)
+			r := readmodel.ReceiptRowOf(st.RunID, s, a)
 			if r.IdempotencyKey != "" {
 				if keys[r.IdempotencyKey] {
 					f.log.Error("idempotency key claimed twice in one batch; receipt not projected", "run", st.RunID, "step", id, "attempt", a.Attempt)

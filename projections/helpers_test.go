@@ -18,9 +18,10 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/workers"
 )
 
@@ -304,7 +305,7 @@ func requireRunMatchesFold(t *testing.T, pool *pgxpool.Pool, runID string, evs [
 		step    string
 		attempt int
 	}
-	rows := map[sk]projections.StepRow{}
+	rows := map[sk]readmodel.StepRow{}
 	for _, s := range d.Steps {
 		rows[sk{s.StepID, s.Attempt}] = s
 	}

@@ -14,7 +14,8 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
+	"github.com/palrun/pal/readmodel"
 )
 
 func TestCleanJSON(t *testing.T) {
@@ -184,11 +185,11 @@ func TestReceiptKeyClaimedTwiceDoesNotStopWrites(t *testing.T) {
 	_, err := Migrate(ctx, pool)
 	require.NoError(t, err)
 	w := newWriter("")
-	r := ReceiptRow{RunID: "run_a", StepID: "s", Attempt: 1, IdempotencyKey: "same", Status: ReceiptClaimed, LastSeq: 3}
-	require.NoError(t, w.write(ctx, pool, &batch{receipts: []ReceiptRow{r}, lastStreamSeq: 1}, writeOpts{projector: "t"}))
+	r := readmodel.ReceiptRow{RunID: "run_a", StepID: "s", Attempt: 1, IdempotencyKey: "same", Status: readmodel.ReceiptClaimed, LastSeq: 3}
+	require.NoError(t, w.write(ctx, pool, &batch{receipts: []readmodel.ReceiptRow{r}, lastStreamSeq: 1}, writeOpts{projector: "t"}))
 	r2 := r
 	r2.RunID = "run_b"
-	require.NoError(t, w.write(ctx, pool, &batch{receipts: []ReceiptRow{r2}, lastStreamSeq: 2}, writeOpts{projector: "t"}))
+	require.NoError(t, w.write(ctx, pool, &batch{receipts: []readmodel.ReceiptRow{r2}, lastStreamSeq: 2}, writeOpts{projector: "t"}))
 	var runs []string
 	rows, err := pool.Query(ctx, "SELECT run_id FROM side_effect_receipts")
 	require.NoError(t, err)

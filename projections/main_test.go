@@ -3,7 +3,7 @@ package projections_test
 import (
 	"testing"
 
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 )
 

@@ -14,6 +14,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/readmodel"
 )
 
 // workload starts runs of every shape the workers produce, plus hand-made
@@ -125,7 +126,7 @@ func TestProjectorEndToEnd(t *testing.T) {
 			require.NoError(t, rows.Err())
 			// The receiver answered 503 to the first attempt: that delivery
 			// definitely failed; the second was delivered.
-			require.Equal(t, []string{projections.ReceiptFailed, projections.ReceiptDelivered}, receipts)
+			require.Equal(t, []string{readmodel.ReceiptFailed, readmodel.ReceiptDelivered}, receipts)
 			require.Zero(t, p.Stats().FoldErrors)
 			require.Equal(t, event.RunFailed, final[runs[4]])
 		})

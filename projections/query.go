@@ -2,20 +2,17 @@ package projections
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/palrun/pal/engine"
-	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/readmodel"
 )
 
 // ErrRunNotFound is returned by GetRun for a run the projection does not
@@ -24,7 +21,7 @@ import (
 var ErrRunNotFound = eventstore.ErrRunNotFound
 
 // ErrBadCursor is returned by ListRuns for a cursor it did not issue.
-var ErrBadCursor = errors.New("invalid cursor")
+var ErrBadCursor = readmodel.ErrBadCursor
 
 // Reader runs the read queries of the CLI, the API and the recovery sweep
 // against the projection.
@@ -54,53 +51,14 @@ type RunFilter struct {
 	Before string
 }
 
-// RunDetail is a run with its step attempts.
-type RunDetail struct {
-	Run RunRow
-	// Steps holds every attempt of every step, in the order they started.
-	Steps []StepRow
-}
-
-// Cursor returns the position of r in a listing, for RunFilter.Before.
-func (r RunRow) Cursor() string {
-	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d|%s", r.CreatedAt.UnixMicro(), r.RunID))
-}
-
-// Cursor times are bounded to years 1 to 9999, well inside what Postgres
-// and pgx take as a timestamptz: a cursor outside them is not one
-// ListRuns issued, and must not reach the database as a time it refuses.
-var (
-	minCursorTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
-	maxCursorTime = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMicro()
-)
-
-// parseCursor takes a cursor Cursor made: anything else, including a run
-// id that is no run id (a NUL byte or invalid UTF-8 would reach Postgres,
-// which refuses it as text), is ErrBadCursor.
-func parseCursor(c string) (time.Time, string, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return time.Time{}, "", ErrBadCursor
-	}
-	ts, id, ok := strings.Cut(string(raw), "|")
-	if !ok || event.ValidateRunID(id) != nil {
-		return time.Time{}, "", ErrBadCursor
-	}
-	us, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || us < minCursorTime || us > maxCursorTime {
-		return time.Time{}, "", ErrBadCursor
-	}
-	return time.UnixMicro(us), id, nil
-}
-
 const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(workflow_hash, ''), input, output,
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
 	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from`
 
-func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
+func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
-		r              RunRow
+		r              readmodel.RunRow
 		status         string
 		input, output  []byte
 		budget         []byte
@@ -128,7 +86,7 @@ func scanRun(row pgx.Row, extra ...any) (RunRow, error) {
 
 // ListRuns returns runs, newest first (by creation time, then run id),
 // without their workflow snapshots. Errors: ErrBadCursor.
-func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
+func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]readmodel.RunRow, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = DefaultListLimit
@@ -147,7 +105,7 @@ func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
 		where = append(where, fmt.Sprintf("workflow_name = $%d", len(args)))
 	}
 	if f.Before != "" {
-		ts, id, err := parseCursor(f.Before)
+		ts, id, err := readmodel.ParseCursor(f.Before)
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +123,7 @@ func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
 		return nil, fmt.Errorf("listing runs: %w", err)
 	}
 	defer rows.Close()
-	var out []RunRow
+	var out []readmodel.RunRow
 	for rows.Next() {
 		r, err := scanRun(rows)
 		if err != nil {
@@ -181,8 +139,8 @@ func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]RunRow, error) {
 
 // GetRun returns a run, its workflow snapshot and its step attempts.
 // Errors: ErrRunNotFound.
-func (q *Reader) GetRun(ctx context.Context, runID string) (RunDetail, error) {
-	var d RunDetail
+func (q *Reader) GetRun(ctx context.Context, runID string) (readmodel.RunDetail, error) {
+	var d readmodel.RunDetail
 	var wf []byte
 	r, err := scanRun(q.pool.QueryRow(ctx, "SELECT "+runColumnsSQL+", workflow FROM runs WHERE run_id = $1", runID), &wf)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -199,7 +157,7 @@ func (q *Reader) GetRun(ctx context.Context, runID string) (RunDetail, error) {
 	return d, nil
 }
 
-func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
+func (q *Reader) steps(ctx context.Context, runID string) ([]readmodel.StepRow, error) {
 	rows, err := q.pool.Query(ctx, `SELECT run_id, step_id, attempt, COALESCE(node_id, ''), COALESCE(node_type, ''), status,
 		input, output, COALESCE(error, ''), COALESCE(error_class, ''), COALESCE(idempotency_key, ''), tries,
 		input_tokens, output_tokens, cost_usd, COALESCE(delivery, ''), started_at, ended_at, duration_ms, last_seq,
@@ -209,10 +167,10 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]StepRow, error) {
 		return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
 	}
 	defer rows.Close()
-	var out []StepRow
+	var out []readmodel.StepRow
 	for rows.Next() {
 		var (
-			s              StepRow
+			s              readmodel.StepRow
 			status         string
 			input, output  []byte
 			substeps       []byte

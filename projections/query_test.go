@@ -12,6 +12,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 )
 
 func TestReaderQueries(t *testing.T) {
@@ -43,7 +44,7 @@ func TestReaderQueries(t *testing.T) {
 
 	q := projections.NewReader(b.pool)
 	ctx := context.Background()
-	idsOf := func(rs []projections.RunRow) []string {
+	idsOf := func(rs []readmodel.RunRow) []string {
 		var out []string
 		for _, r := range rs {
 			out = append(out, r.RunID)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"

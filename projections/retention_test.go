@@ -19,7 +19,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"

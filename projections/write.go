@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/palrun/pal/readmodel"
 )
 
 // NotifyChannel is the Postgres channel on which the live projector
@@ -180,7 +182,7 @@ func journalColumns(rows []journalRow) []any {
 	return []any{run, seq, kind, step, attempt, worker, data, sseq, ts}
 }
 
-func runColumns(rows []RunRow) []any {
+func runColumns(rows []readmodel.RunRow) []any {
 	n := len(rows)
 	var (
 		id, status, name, hash, parent, parentStep = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -211,7 +213,7 @@ func runColumns(rows []RunRow) []any {
 		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked}
 }
 
-func stepColumns(rows []StepRow) []any {
+func stepColumns(rows []readmodel.StepRow) []any {
 	n := len(rows)
 	var (
 		run, step, node, typ, status = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -238,7 +240,7 @@ func stepColumns(rows []StepRow) []any {
 		delivery, started, ended, dur, last, first, waiting, substeps, unknown, copied}
 }
 
-func receiptColumns(rows []ReceiptRow) []any {
+func receiptColumns(rows []readmodel.ReceiptRow) []any {
 	n := len(rows)
 	var (
 		run, step, key, conn, target, status = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)

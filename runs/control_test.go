@@ -10,7 +10,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )

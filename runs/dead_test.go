@@ -15,7 +15,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/runs"
 )
 

@@ -25,7 +25,7 @@
 //     refused whole and nothing is published there.
 //   - RunView renders a run the same from the journal (ViewOf) and from
 //     the Postgres projection (ViewOfDetail): both go through
-//     projections.RowsOf-shaped rows and one render function.
+//     readmodel.RowsOf-shaped rows and one render function.
 //
 // This package does not drive runs; package workers does, and nothing
 // here imports it. See docs/architecture.md.

@@ -6,7 +6,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 )
 
 // RunSummary is a run in a listing (GET /v1/runs, pal run list --json):
@@ -39,7 +39,7 @@ type RunList struct {
 }
 
 // SummaryOf renders one row of the runs table.
-func SummaryOf(r projections.RunRow) RunSummary {
+func SummaryOf(r readmodel.RunRow) RunSummary {
 	v := render(r, nil)
 	return RunSummary{RunID: v.RunID, Status: v.Status, Workflow: v.Workflow, ParentRunID: v.ParentRunID,
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
@@ -49,7 +49,7 @@ func SummaryOf(r projections.RunRow) RunSummary {
 
 // ListOf renders a page of projection rows; limit is the page size asked
 // for (a full page gets a Next cursor).
-func ListOf(rows []projections.RunRow, limit int) RunList {
+func ListOf(rows []readmodel.RunRow, limit int) RunList {
 	out := RunList{Runs: make([]RunSummary, 0, len(rows))}
 	for _, r := range rows {
 		out.Runs = append(out.Runs, SummaryOf(r))

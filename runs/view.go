@@ -8,7 +8,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 )
 
 // RunView is the read model of one run: what GET /v1/runs/{id}, the NATS
@@ -110,17 +110,17 @@ func FormatTime(t time.Time) string {
 
 // ViewOf renders a folded run.
 func ViewOf(st *engine.RunState) *RunView {
-	run, steps := projections.RowsOf(st)
+	run, steps := readmodel.RowsOf(st)
 	return render(run, steps)
 }
 
 // ViewOfDetail renders a run read from the Postgres projection.
-func ViewOfDetail(d projections.RunDetail) *RunView {
+func ViewOfDetail(d readmodel.RunDetail) *RunView {
 	return render(d.Run, d.Steps)
 }
 
 // render is the one rendering of a run from its rows.
-func render(r projections.RunRow, rows []projections.StepRow) *RunView {
+func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 	v := &RunView{RunID: r.RunID, Status: r.Status, Workflow: r.WorkflowName, Input: canonical(r.Input),
 		Output: canonical(r.Output), Error: r.Error, ErrorCode: r.ErrorCode, FailedStep: r.FailedStep,
 		ParentRunID: r.ParentRunID, ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes,
@@ -141,7 +141,7 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 			first[s.StepID] = s.FirstSeq
 		}
 	}
-	slices.SortStableFunc(rows, func(a, b projections.StepRow) int {
+	slices.SortStableFunc(rows, func(a, b readmodel.StepRow) int {
 		fa, fb := first[a.StepID], first[b.StepID]
 		switch {
 		case fa != fb:
@@ -167,7 +167,7 @@ func render(r projections.RunRow, rows []projections.StepRow) *RunView {
 }
 
 // stepView renders one step from its attempts (in attempt order).
-func stepView(attempts []projections.StepRow) StepView {
+func stepView(attempts []readmodel.StepRow) StepView {
 	last := attempts[len(attempts)-1]
 	sv := StepView{StepID: last.StepID, NodeType: last.NodeType, Status: stepStatus(last.Status),
 		Attempt: last.Attempt, Attempts: len(attempts), Key: last.IdempotencyKey, Input: canonical(last.Input), Output: canonical(last.Output),

@@ -10,7 +10,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -223,7 +223,7 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 			row.Usage = &usage
 		}
 		if a := s.AttemptState(s.Attempt); a != nil && a.Claimed {
-			row.Receipt = &Receipt{Connector: a.Connector, Target: a.Target, Status: projections.ReceiptStatus(a), HTTPStatus: a.DeliveryStatus}
+			row.Receipt = &Receipt{Connector: a.Connector, Target: a.Target, Status: readmodel.ReceiptStatus(a), HTTPStatus: a.DeliveryStatus}
 		}
 		if s.NodeType == workflow.TypeApproval {
 			var ai engine.ApprovalInput

@@ -10,7 +10,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/palrun/pal/internal/bench"
+	"github.com/palrun/pal/cmd/pal/palbench"
 )
 
 // BenchmarkStepOverhead measures one sequential run of no-op tool steps:
@@ -58,17 +58,17 @@ func BenchmarkConcurrentRuns(b *testing.B) {
 	}
 }
 
-func startBench(b *testing.B, strict bool) *bench.Env {
+func startBench(b *testing.B, strict bool) *palbench.Env {
 	b.Helper()
-	return startBenchWith(b, bench.Options{Strict: strict})
+	return startBenchWith(b, palbench.Options{Strict: strict})
 }
 
-func startBenchWith(b *testing.B, o bench.Options) *bench.Env {
+func startBenchWith(b *testing.B, o palbench.Options) *palbench.Env {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	o.Dir, o.Concurrency = b.TempDir(), 64
-	env, err := bench.Start(ctx, o)
+	env, err := palbench.Start(ctx, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func BenchmarkWorkflowFixedCost(b *testing.B) {
 }
 
 func workflowFixedCost(b *testing.B, inProc bool) {
-	env := startBenchWith(b, bench.Options{InProcess: inProc})
+	env := startBenchWith(b, palbench.Options{InProcess: inProc})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for range b.N {
@@ -111,7 +111,7 @@ func workflowFixedCost(b *testing.B, inProc bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m1, m11 := bench.Median(one), bench.Median(eleven)
+		m1, m11 := palbench.Median(one), palbench.Median(eleven)
 		step := (m11 - m1) / 10
 		fixed := m1 - step
 		b.ReportMetric(float64(m1.Microseconds()), "p50-µs/1-step-run")

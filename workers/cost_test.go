@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 )

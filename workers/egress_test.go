@@ -12,7 +12,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/egress"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 )
 
 // httpFlow is one http tool step that calls url.

@@ -13,7 +13,7 @@ import (
 	"github.com/palrun/pal/connector/connectortest"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/internal/paltest"
+	"github.com/palrun/pal/paltest"
 )
 
 // emailWorkflow drafts with the fake LLM and mails the draft.

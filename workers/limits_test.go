@@ -13,8 +13,8 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/paltest"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )

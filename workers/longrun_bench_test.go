@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/palrun/pal/cmd/pal/palbench"
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/bench"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
@@ -72,7 +72,7 @@ func BenchmarkLongRun(b *testing.B) {
 			for j := i - 50; j < i; j++ {
 				gaps = append(gaps, done[j].Sub(done[j-1]))
 			}
-			return bench.Median(gaps)
+			return palbench.Median(gaps)
 		}
 		marks := []int{100, 1_000, n}
 		for _, i := range marks {
@@ -110,7 +110,7 @@ func BenchmarkLongRun(b *testing.B) {
 			read, fold, next = append(read, t1.Sub(t0)), append(fold, t2.Sub(t1)), append(next, t3.Sub(t2))
 			events = len(all)
 		}
-		ms := func(ds []time.Duration) float64 { return float64(bench.Median(ds).Microseconds()) / 1e3 }
+		ms := func(ds []time.Duration) float64 { return float64(palbench.Median(ds).Microseconds()) / 1e3 }
 		b.ReportMetric(float64(events), "events")
 		b.ReportMetric(ms(read), "ms/read")
 		b.ReportMetric(ms(fold), "ms/fold")
@@ -208,7 +208,7 @@ func resumeFromSnapshot(ctx context.Context, b *testing.B, store *eventstore.Sto
 	if behind > 0 {
 		b.ReportMetric(float64(uint64(at)-head.Seq), "events/tail-behind")
 	}
-	return float64(bench.Median(took).Microseconds()) / 1e3
+	return float64(palbench.Median(took).Microseconds()) / 1e3
 }
 
 // cut is the length of the journal evs before stepID's completion.
@@ -223,7 +223,7 @@ func cut(evs []event.Event, stepID string) int {
 
 // waitRunEnd watches run runID until it ends, which must be a success,
 // and returns its journal.
-func waitRunEnd(ctx context.Context, tb testing.TB, env *bench.Env, runID string) []event.Event {
+func waitRunEnd(ctx context.Context, tb testing.TB, env *palbench.Env, runID string) []event.Event {
 	tb.Helper()
 	var evs []event.Event
 	err := env.Store.Watch(ctx, runID, eventstore.Head{}, func(ev event.Event) error {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/testenv"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )

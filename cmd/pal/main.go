@@ -2,7 +2,7 @@
 //
 // main owns only the signal context (SIGINT and SIGTERM cancel it, so every
 // component stops through its ctx) and the exit code; every command lives
-// in internal/cli (docs/architecture.md §9.5).
+// in cmd/pal/palcli (docs/architecture.md §9.5).
 package main
 
 import (
@@ -11,12 +11,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/palrun/pal/internal/cli"
+	"github.com/palrun/pal/cmd/pal/palcli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:])
+	code := palcli.Main(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }

@@ -1,6 +1,6 @@
 // Package pgcluster runs a PostgreSQL cluster from the machine's PostgreSQL
 // binaries: the local database of `pal dev` (Dev) and the throwaway clusters
-// of PAL's tests (internal/testenv builds on Init and Start).
+// of PAL's tests (paltest/testenv builds on Init and Start).
 //
 // # Binaries
 //

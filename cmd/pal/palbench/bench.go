@@ -1,0 +1,448 @@
+// Package palbench measures PAL's per-step overhead and throughput: a worker
+// drives runs of no-op tool steps against a real JetStream server (embedded,
+// reached over loopback TCP unless told otherwise), and the journal's own
+// timestamps give the per-step latency. pal bench and the go test
+// benchmarks in package workers both use it.
+//
+// Invariant: nothing is stubbed between the worker and the journal, so a
+// number measured here is what a run pays per step in the durability mode
+// asked for (docs/architecture.md §12).
+package palbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
+)
+
+// Options configure a benchmark environment.
+type Options struct {
+	// Strict turns on fsync-before-ack (SyncAlways) and event packing.
+	Strict bool
+	// InProcess connects the worker to the server in-process instead of
+	// over loopback TCP.
+	InProcess bool
+	// Dir is where JetStream stores data (a temp dir when empty).
+	Dir string
+	// Connect, when set, connects to a server of the caller's (a cluster)
+	// instead of starting one; it is called twice (the worker's connection
+	// and the watcher's). Strict and InProcess then do not apply.
+	Connect func() (*nats.Conn, error)
+	// Replicas is the streams' replica count (3 on a cluster).
+	Replicas int
+	// Concurrency is the worker's concurrency (default 64).
+	Concurrency int
+	// Logger receives worker logs (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Env is a running benchmark environment: a JetStream server and a worker.
+type Env struct {
+	srv    *server.Server
+	nc     *nats.Conn
+	Store  *eventstore.Store
+	worker *workers.Worker
+	dir    string
+	ownDir bool
+	subNC  *nats.Conn
+}
+
+// Start brings up the server and a worker with an "echo" tool.
+func Start(ctx context.Context, o Options) (*Env, error) {
+	e := &Env{dir: o.Dir}
+	if e.dir == "" {
+		d, err := os.MkdirTemp("", "pal-bench-*")
+		if err != nil {
+			return nil, err
+		}
+		e.dir, e.ownDir = d, true
+	}
+	connect := o.Connect
+	if connect == nil {
+		srv, err := startServer(e.dir, o.Strict)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.srv = srv
+		connect = func() (*nats.Conn, error) { return nats.Connect(srv.ClientURL()) }
+	}
+	var err error
+	if o.InProcess && e.srv != nil {
+		e.nc, err = nats.Connect("", nats.InProcessServer(e.srv))
+	} else {
+		e.nc, err = connect()
+	}
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: o.Replicas}); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithPacking(o.Strict)); err != nil {
+		e.Close()
+		return nil, err
+	}
+	leases, err := eventstore.OpenLeases(ctx, js, eventstore.DefaultLeaseTTL)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	e.worker = workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, store(e), leases, nil, nil)
+	if err := e.worker.Start(ctx); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.subNC, err = connect(); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func store(e *Env) *eventstore.Store { return e.Store }
+
+// startServer starts an embedded JetStream server on a free loopback port,
+// storing in dir; strict syncs every write.
+func startServer(dir string, strict bool) (*server.Server, error) {
+	opts := &server.Options{JetStream: true, StoreDir: dir, Host: "127.0.0.1", Port: -1, NoSigs: true,
+		NoLog: true, SyncAlways: strict, JetStreamMaxMemory: 256 << 20}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("bench: NATS server did not start")
+	}
+	return srv, nil
+}
+
+// Close stops the worker and the server and removes a temp store.
+func (e *Env) Close() {
+	if e.worker != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = e.worker.Stop(ctx)
+		cancel()
+	}
+	if e.subNC != nil {
+		e.subNC.Close()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+	}
+	if e.ownDir {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+// Workflow returns a sequential workflow of n echo tool steps.
+func Workflow(n int) json.RawMessage {
+	return chain(fmt.Sprintf("bench-%d", n), n, func(i int, _ string) (string, json.RawMessage) {
+		return "tool", json.RawMessage(`{"tool":"echo","input":{"i":` + fmt.Sprint(i) + `}}`)
+	})
+}
+
+// chain is a workflow of n nodes s1…sn after the trigger, one after
+// another; node gives the type and data of node i, whose predecessor is
+// prev.
+func chain(name string, n int, node func(i int, prev string) (typ string, data json.RawMessage)) json.RawMessage {
+	type jsonNode struct {
+		ID   string          `json:"id"`
+		Type string          `json:"type"`
+		Data json.RawMessage `json:"data,omitempty"`
+	}
+	type edge struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}
+	wf := struct {
+		Name  string     `json:"name"`
+		Nodes []jsonNode `json:"nodes"`
+		Edges []edge     `json:"edges"`
+	}{Name: name}
+	wf.Nodes = append(wf.Nodes, jsonNode{ID: "start", Type: "trigger"})
+	prev := "start"
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("s%d", i)
+		typ, data := node(i, prev)
+		wf.Nodes = append(wf.Nodes, jsonNode{ID: id, Type: typ, Data: data})
+		wf.Edges = append(wf.Edges, edge{From: prev, To: id})
+		prev = id
+	}
+	b, _ := json.Marshal(wf)
+	return b
+}
+
+// Result is one measurement.
+type Result struct {
+	Runs, StepsPerRun int
+	Elapsed           time.Duration
+	// StepLatencies are the gaps between consecutive step_completed events
+	// of each run: the wall time of one step, journal included.
+	StepLatencies []time.Duration
+}
+
+// StepsPerSecond is the throughput over the whole measurement.
+func (r Result) StepsPerSecond() float64 {
+	return float64(r.Runs*r.StepsPerRun) / r.Elapsed.Seconds()
+}
+
+// Percentile returns the q-quantile (0..1) of the step latencies.
+func (r Result) Percentile(q float64) time.Duration {
+	if len(r.StepLatencies) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.StepLatencies)
+	slices.Sort(s)
+	i := int(q * float64(len(s)-1))
+	return s[i]
+}
+
+// Runs starts `runs` runs of a steps-long sequential workflow at once and
+// waits for all of them to end; every run must succeed.
+func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
+	wf := Workflow(steps)
+	client := runs.New(e.Store)
+	done := make(chan string, n)
+	stop, err := e.onEnd(eventstore.EventsPrefix, func(runID string, _ event.Kind) { done <- runID })
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	start := time.Now()
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids[i] = res.RunID
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	for ended := range n {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return Result{}, fmt.Errorf("bench: %d of %d runs ended before %v", ended, n, ctx.Err())
+		}
+	}
+	res := Result{Runs: n, StepsPerRun: steps, Elapsed: time.Since(start)}
+	for _, id := range ids {
+		// A core subscriber can see a message before the stream has stored
+		// it (in strict mode, before the fsync): read until the end shows.
+		var evs []event.Event
+		for {
+			var err error
+			if evs, _, err = e.Store.Read(ctx, id); err != nil {
+				return res, err
+			}
+			if evs[len(evs)-1].Kind.Terminal() {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return res, fmt.Errorf("bench: run %s has not ended: %w", id, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+		last := evs[len(evs)-1]
+		if last.Kind != event.RunSucceeded {
+			return res, fmt.Errorf("bench: run %s ended with %s", id, last.Kind)
+		}
+		var prev time.Time
+		for _, ev := range evs {
+			if ev.Kind != event.StepCompleted {
+				continue
+			}
+			if !prev.IsZero() {
+				res.StepLatencies = append(res.StepLatencies, ev.TS.Sub(prev))
+			}
+			prev = ev.TS
+		}
+	}
+	return res, nil
+}
+
+// Latencies starts n runs of a steps-long sequential workflow one after
+// another and returns, for each, the wall time from the start command to
+// the moment a watching client sees its terminal event (Store.Watch, as
+// pal run watch and the event feeds do): what one workflow costs end to
+// end, start and notification included.
+func (e *Env) Latencies(ctx context.Context, n, steps int) ([]time.Duration, error) {
+	wf := Workflow(steps)
+	client := runs.New(e.Store)
+	out := make([]time.Duration, 0, n)
+	for range n {
+		t0 := time.Now()
+		res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+		if err != nil {
+			return out, err
+		}
+		var last event.Event
+		err = e.Store.Watch(ctx, res.RunID, eventstore.Head{}, func(ev event.Event) error {
+			if ev.Kind.Terminal() {
+				last = ev
+				return eventstore.ErrStopWatch
+			}
+			return nil
+		})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(t0))
+		if last.Kind != event.RunSucceeded {
+			return out, fmt.Errorf("bench: run %s ended with %s", res.RunID, last.Kind)
+		}
+	}
+	return out, nil
+}
+
+// Median is the middle of ds (which it sorts).
+func Median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// Sustain keeps n runs of a steps-long sequential workflow in flight: each
+// run that ends is replaced by a new one at once. After warm (not
+// counted), it counts the runs that end within window; the Result's Runs
+// is that count and Elapsed the window, so StepsPerSecond is the steady
+// throughput with n in flight, free of a burst's ramp-up and drain. Every
+// run must succeed. A run counts as ended when the stream republishes its
+// terminal event (pal.watch.<run_id>), which is after the stream stored
+// it, as a watching client sees it.
+func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Duration) (Result, error) {
+	wf := Workflow(steps)
+	client := runs.New(e.Store)
+	var (
+		mu      sync.Mutex
+		waiting = make(map[string]chan event.Kind, n)
+	)
+	stop, err := e.onEnd(eventstore.WatchPrefix, func(runID string, end event.Kind) {
+		mu.Lock()
+		ch := waiting[runID]
+		mu.Unlock()
+		if ch != nil {
+			ch <- end
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	start := time.Now()
+	from, to := start.Add(warm), start.Add(warm+window)
+	var (
+		wg      sync.WaitGroup
+		counted atomic.Int64
+		errs    = make(chan error, n)
+	)
+	for range n {
+		wg.Go(func() {
+			for time.Now().Before(to) {
+				id := event.NewRunID()
+				ch := make(chan event.Kind, 1)
+				mu.Lock()
+				waiting[id] = ch
+				mu.Unlock()
+				_, err := client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench"})
+				if err == nil {
+					select {
+					case end := <-ch:
+						if end != event.RunSucceeded {
+							err = fmt.Errorf("bench: run %s ended with %s", id, end)
+						}
+					case <-ctx.Done():
+						err = fmt.Errorf("bench: run %s has not ended: %w", id, ctx.Err())
+					}
+				}
+				mu.Lock()
+				delete(waiting, id)
+				mu.Unlock()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if now := time.Now(); now.After(from) && !now.After(to) {
+					counted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	return Result{Runs: int(counted.Load()), StepsPerRun: steps, Elapsed: window}, nil
+}
+
+// onEnd calls fn with the run id and kind of every terminal event on
+// prefix+<run_id> (pal.events., as published, or pal.watch., as stored)
+// until the returned stop.
+func (e *Env) onEnd(prefix string, fn func(runID string, end event.Kind)) (stop func(), err error) {
+	sub, err := e.subNC.Subscribe(prefix+"*", func(m *nats.Msg) {
+		// A packed message lists its kinds; a terminal event is the last.
+		kinds := m.Header.Get("Pal-Kind")
+		end := event.Kind(kinds[strings.LastIndexByte(kinds, ',')+1:])
+		if end.Terminal() {
+			fn(strings.TrimPrefix(m.Subject, prefix), end)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.subNC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}

@@ -1,0 +1,260 @@
+package palcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/cmd/pal/palbench"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/provider"
+)
+
+func (e *env) benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure per-step overhead and throughput",
+		Long: `pal bench starts an embedded JetStream server (in a temp dir) and a
+worker, and measures, for each durability mode:
+
+  - per-step overhead: one sequential run of --steps no-op tool steps; the
+    gap between consecutive step_completed events, p50 and p99;
+  - throughput: --runs concurrent runs of --steps-per-run no-op steps,
+    steps per second from the first start to the last run_succeeded;
+    with --duration, --runs runs are kept in flight for that long instead
+    (each run that ends is replaced at once, after a 1 s warm-up that is
+    not counted): the steady throughput, free of a burst's ramp-up and
+    drain.
+
+The worker reaches the server over loopback TCP unless --in-process.
+
+pal bench --cluster adds a row for a 3-node JetStream cluster (three
+pal dev-nats-node processes on loopback, as pal dev --cluster 3 starts
+them, every stream R3), in process durability: there replication, not
+fsync, is what an ack waits for.
+
+pal bench --economics measures what a crash costs instead: a 20-step LLM
+workflow (gpt-4o, priced from the price table; PAL_PRICES overrides it) on
+the fake provider, driven by real pal worker processes, the worker killed
+with SIGKILL during the model call of steps 5, 10 and 15. It reports the
+dollars PAL re-spends (completed steps are not called again; the step in
+flight is re-sent with its idempotency key, which the fake provider
+deduplicates) against a restart from scratch at each kill.`,
+		Args: cobra.NoArgs,
+		RunE: e.runBench,
+	}
+	f := cmd.Flags()
+	f.String("durability", "both", "process, strict or both")
+	f.Int("steps", 500, "steps of the sequential run")
+	f.Int("runs", 64, "concurrent runs")
+	f.Int("steps-per-run", 50, "steps of each concurrent run")
+	f.Duration("duration", 0, "keep --runs runs in flight this long (steady throughput) instead of one burst")
+	f.Bool("in-process", false, "connect the worker to NATS in-process")
+	f.Bool("cluster", false, "also measure on a 3-node cluster (three pal dev-nats-node processes on loopback, R3)")
+	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
+	f.String("model", "gpt-4o", "model the economics run is priced as")
+	return cmd
+}
+
+func (e *env) runBench(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	mode, _ := cmd.Flags().GetString("durability")
+	steps, _ := cmd.Flags().GetInt("steps")
+	runs, _ := cmd.Flags().GetInt("runs")
+	spr, _ := cmd.Flags().GetInt("steps-per-run")
+	inproc, _ := cmd.Flags().GetBool("in-process")
+	cluster, _ := cmd.Flags().GetBool("cluster")
+	sustain, _ := cmd.Flags().GetDuration("duration")
+	if econ, _ := cmd.Flags().GetBool("economics"); econ {
+		model, _ := cmd.Flags().GetString("model")
+		return e.runEconomics(ctx, model)
+	}
+	var modes []string
+	switch mode {
+	case "both":
+		modes = []string{DurabilityProcess, DurabilityStrict}
+	case DurabilityProcess, DurabilityStrict:
+		modes = []string{mode}
+	default:
+		return badInput("--durability %q: want process, strict or both", mode)
+	}
+	if steps < 2 || runs < 1 || spr < 1 {
+		return badInput("--steps must be ≥ 2, --runs and --steps-per-run ≥ 1")
+	}
+	if sustain < 0 || sustain > time.Hour {
+		return badInput("--duration=%s: want 0 (one burst) up to 1h", sustain)
+	}
+	shape := fmt.Sprintf("%d × %d", runs, spr)
+	if sustain > 0 {
+		shape = fmt.Sprintf("%d in flight × %d, %s", runs, spr, sustain)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "durability\tstep p50\tstep p99\tsteps/s (1 run)\tsteps/s (concurrent)\tconcurrent runs × steps")
+	for _, m := range modes {
+		fmt.Fprintf(e.stderr, "pal bench: %s mode…\n", m)
+		seq, conc, err := benchMode(ctx, palbench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr, sustain)
+		if err != nil {
+			return err
+		}
+		row(tw, m, seq, conc, shape)
+	}
+	if cluster {
+		fmt.Fprintln(e.stderr, "pal bench: 3-node cluster (R3)…")
+		seq, conc, err := benchCluster(ctx, steps, runs, spr, sustain)
+		if err != nil {
+			return err
+		}
+		row(tw, "cluster R3", seq, conc, shape)
+	}
+	return tw.Flush()
+}
+
+func row(tw *tabwriter.Writer, name string, seq, conc palbench.Result, shape string) {
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\n", name,
+		us(seq.Percentile(0.5)), us(seq.Percentile(0.99)), seq.StepsPerSecond(), conc.StepsPerSecond(), shape)
+}
+
+// benchCluster measures on three pal dev-nats-node processes (startDevCluster,
+// as pal dev --cluster 3), in a temp dir it removes.
+func benchCluster(ctx context.Context, steps, runs, spr int, sustain time.Duration) (palbench.Result, palbench.Result, error) {
+	dir, err := os.MkdirTemp("", "pal-bench-cluster-*")
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	keys, err := natsauth.LoadOrCreate(dir)
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	port, err := freeLoopbackPorts(3)
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := startDevCluster(ctx, 3, dir, "127.0.0.1", port, false, log)
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	defer c.stop()
+	connect := func() (*nats.Conn, error) { return c.connect(keys, natsauth.Admin, log) }
+	// The streams wait for the cluster's meta leader.
+	nc, err := connect()
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := setupWithRetry(sctx, js, eventstore.Config{Replicas: 3}, log); err != nil {
+		return palbench.Result{}, palbench.Result{}, fmt.Errorf("setting up the cluster's streams: %w", err)
+	}
+	return benchMode(ctx, palbench.Options{Connect: connect, Replicas: 3}, steps, runs, spr, sustain)
+}
+
+// freeLoopbackPorts finds n consecutive free loopback ports (the nodes'
+// client ports) and returns the first.
+func freeLoopbackPorts(n int) (int, error) {
+	for range 20 {
+		p, err := freeLoopbackPort()
+		if err != nil {
+			return 0, err
+		}
+		free := true
+		for i := 1; i < n && free; i++ {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+i)))
+			if free = err == nil; free {
+				l.Close()
+			}
+		}
+		if free {
+			return p, nil
+		}
+	}
+	return 0, errors.New("no run of free loopback ports")
+}
+
+// benchMode measures one environment: the sequential run, then one burst
+// of runs, or with sustain > 0 runs kept in flight for sustain.
+func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, sustain time.Duration) (palbench.Result, palbench.Result, error) {
+	o.Concurrency = max(64, runs)
+	env, err := palbench.Start(ctx, o)
+	if err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	defer env.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	// Warm up connections and caches.
+	if _, err := env.Runs(ctx, 4, 10); err != nil {
+		return palbench.Result{}, palbench.Result{}, err
+	}
+	seq, err := env.Runs(ctx, 1, steps)
+	if err != nil {
+		return seq, palbench.Result{}, err
+	}
+	if sustain > 0 {
+		conc, err := env.Sustain(ctx, runs, spr, time.Second, sustain)
+		return seq, conc, err
+	}
+	conc, err := env.Runs(ctx, runs, spr)
+	return seq, conc, err
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
+
+func (e *env) runEconomics(ctx context.Context, model string) error {
+	if path := e.getenv(provider.EnvPrices); path != "" {
+		if err := provider.LoadPrices(path); err != nil {
+			return withCode(ExitBadInput, err)
+		}
+	}
+	if _, _, ok := provider.PriceOf(model); !ok {
+		return badInput("--model=%q: the price table does not know it (add it with PAL_PRICES)", model)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stderr, "pal bench: economics: 20 LLM steps, worker killed with SIGKILL at steps 5, 10 and 15…")
+	r, err := palbench.Economics(ctx, palbench.EconomicsOptions{Worker: bin, Model: model})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%d-step LLM run on %s ($%.2f in / $%.2f out per MTok), worker killed -9 at steps %s; one clean run costs $%.4f\n\n",
+		r.Steps, r.Model, r.InputPrice, r.OutPrice, joinInts(r.KillAt), r.CleanCost)
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "after 3 crashes	provider calls	calls charged	re-spent")
+	fmt.Fprintf(tw, "restart from scratch	%d	%d	$%.4f\n", r.ScratchCalls, r.ScratchCalls, r.ScratchReSpent)
+	fmt.Fprintf(tw, "PAL, provider ignores keys	%d	%d	$%.4f\n", r.Calls, r.Calls, r.ReSpentWithoutDedup)
+	fmt.Fprintf(tw, "PAL, provider dedups by key	%d	%d	$%.4f\n", r.Calls, r.ChargedCalls, r.ReSpent)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "\n%d worker processes; the journal's cost_usd totals $%.4f; took %s\n", r.Workers, r.JournalCost, r.Elapsed.Round(time.Millisecond))
+	return nil
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,542 @@
+package palcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/pgcluster"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/receipt"
+)
+
+func (e *env) devCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run everything in one process for local development",
+		Long: `pal dev runs all of PAL in one process: an embedded NATS server with
+JetStream (store under ./.pal/nats, listening on the address of PAL_NATS_URL,
+by default 127.0.0.1:4222, so the nats CLI can connect), a local PostgreSQL
+(data under ./.pal/pg, from the machine's PostgreSQL binaries) unless
+DATABASE_URL is set, the projector, a worker with the recovery sweep, and the
+REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
+unset it makes up a token and prints it. With --no-worker it drives no runs
+itself: start pal worker processes for that (to watch one crash, say).
+
+The embedded NATS server requires authentication, with PAL's roles (worker,
+projector, api, client, admin): one nkey seed per role in
+./.pal/nats-<role>.nk, readable by you only. pal dev prints the nats context
+save line for the client role, for the nats CLI.
+
+While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
+(the worker role's seed), DATABASE_URL,
+PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
+PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
+with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
+directory, readable by you only. Every other pal command run in this
+directory (with PAL_DATA_DIR naming the data directory when it is not
+./.pal) uses those values for the variables its environment does not set, so pal run list
+and a second pal worker need no copying. The file is replaced on every
+start and removed on stop; in a shell, '. .pal/dev.env' sets the same
+variables.
+
+When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
+built-in fake provider that answers "echo: <prompt>".`,
+		Args: cobra.NoArgs,
+		RunE: e.runDev,
+	}
+	addWorkerFlags(cmd)
+	cmd.Flags().Lookup("worker-id").Usage = "the worker's id in leases and events (env PAL_WORKER_ID, default dev-<host>; --cluster's two workers add -1 and -2)"
+	addRESTFlags(cmd)
+	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
+	cmd.Flags().Bool("no-worker", false, "drive no runs in this process: leave them to pal worker processes")
+	cmd.Flags().Int("cluster", 0, "run NATS as a JetStream cluster of N node processes (N >= 3; client ports from PAL_NATS_URL's on) with PAL_REPLICAS=3, and two pal worker processes, to try failover")
+	return cmd
+}
+
+func (e *env) runDev(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	wc, err := e.workerConfig(cmd)
+	if err != nil {
+		return err
+	}
+	wc.egress = wc.egress.With(egress.Loopback...) // the tour calls local receivers
+	rc, err := e.restSettings(cmd, true)
+	if err != nil {
+		return err
+	}
+	retention, err := projections.ParseRetention(e.getenv("PAL_RETENTION"))
+	if err != nil {
+		return badInput("%v", err)
+	}
+	log, err := e.logger()
+	if err != nil {
+		return err
+	}
+	stopTracing, err := e.startTracing(ctx, "pal-dev", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
+	noWorker, _ := cmd.Flags().GetBool("no-worker")
+	clusterN, _ := cmd.Flags().GetInt("cluster")
+	if clusterN != 0 && clusterN < 3 {
+		return badInput("--cluster %d: a JetStream cluster needs 3 nodes or more", clusterN)
+	}
+	if clusterN > 0 {
+		wc.replicas = 3
+	}
+	host, port, err := listenAddr(wc.nats.url)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return badInput("creating %s: %v", dataDir, err)
+	}
+	_ = os.Chmod(dataDir, 0o755) // PostgreSQL's own user must be able to reach ./.pal/pg
+	// What an earlier pal dev wrote is stale now: remove it before anything
+	// can fail, so no command reads it while this one starts.
+	envPath := filepath.Join(dataDir, devEnvName)
+	if err := os.Remove(envPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return badInput("removing the stale %s: %v", envPath, err)
+	}
+	if err := devSigningKey(dataDir, &wc, &rc, log); err != nil {
+		return err
+	}
+	storeDir := filepath.Join(dataDir, "nats")
+	if err := os.MkdirAll(storeDir, 0o755); err != nil {
+		return badInput("creating %s: %v", storeDir, err)
+	}
+
+	// NATS with JetStream, in this process, with PAL's roles: one nkey
+	// user per role, its seed kept in the data directory.
+	keys, err := natsauth.LoadOrCreate(dataDir)
+	if err != nil {
+		return badInput("the NATS credentials in %s: %v", dataDir, err)
+	}
+	var conn func(role natsauth.Role) (*nats.Conn, error)
+	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
+	var cluster *devCluster
+	if clusterN > 0 {
+		cluster, err = startDevCluster(ctx, clusterN, dataDir, host, port, wc.durability == DurabilityStrict, log)
+		if err != nil {
+			return withCode(ExitUnavailable, fmt.Errorf("starting the NATS cluster: %w (is another pal dev or NATS server running on ports %d-%d? set PAL_NATS_URL=nats://127.0.0.1:4333 to use others)", err, port, port+clusterN-1))
+		}
+		defer cluster.stop()
+		natsURL = cluster.URL()
+		conn = func(role natsauth.Role) (*nats.Conn, error) { return cluster.connect(keys, role, log) }
+	} else {
+		srv, err := server.NewServer(&server.Options{
+			ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
+			NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict, Nkeys: keys.Users(),
+		})
+		if err != nil {
+			return badInput("configuring the embedded NATS server: %v", err)
+		}
+		go srv.Start()
+		defer func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			return withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", host, port))
+		}
+		// Each part connects with its own role, as it would as its own process.
+		conn = func(role natsauth.Role) (*nats.Conn, error) {
+			nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+					log.Error("NATS error", "role", role, "err", err)
+				}))
+			if err != nil {
+				return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
+			}
+			return nc, nil
+		}
+	}
+	workerNC, err := conn(natsauth.Worker)
+	if err != nil {
+		return err
+	}
+	defer workerNC.Close()
+	if cluster != nil {
+		// JetStream answers once the nodes have elected a meta leader.
+		if err := waitFor(ctx, log, "the NATS cluster's JetStream", func() error {
+			js, err := jetstream.New(workerNC)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err = js.AccountInfo(actx)
+			return err
+		}); err != nil {
+			return shutdownOr(ctx, err)
+		}
+	}
+
+	// PostgreSQL: DATABASE_URL, or a local cluster under the data dir.
+	dbURL, pgNote := e.getenv("DATABASE_URL"), "DATABASE_URL"
+	if dbURL == "" {
+		pg, err := pgcluster.Dev(ctx, filepath.Join(dataDir, "pg"), log)
+		if err != nil {
+			return withCode(ExitUnavailable, fmt.Errorf("starting the local PostgreSQL: %w", err))
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := pg.Stop(sctx, pgcluster.StopFast); err != nil {
+				log.Warn("stopping the local PostgreSQL", "err", err)
+			}
+		}()
+		db := pgcluster.DevDatabase
+		if cluster != nil {
+			// The cluster's JetStream (.pal/nats-<i>) is not the single
+			// server's (.pal/nats): a projection of one would be past the
+			// end of the other, so each projects into its own database.
+			db = devClusterDatabase
+			if err := pg.CreateDatabase(ctx, db); err != nil {
+				return withCode(ExitUnavailable, fmt.Errorf("the local PostgreSQL: %w", err))
+			}
+		}
+		dbURL, pgNote = pg.DSN(db), "local, data in "+pg.DataDir()
+	}
+	pool, err := connectPGDurable(ctx, dbURL, log)
+	if err != nil {
+		return shutdownOr(ctx, err)
+	}
+	defer pool.Close()
+	if err := waitFor(ctx, log, "applying the migrations", func() error {
+		_, err := projections.Migrate(ctx, pool)
+		return err
+	}); err != nil {
+		return shutdownOr(ctx, err)
+	}
+
+	providers, llmNote, llmVars, closeFake, err := e.devProviders()
+	if err != nil {
+		return err
+	}
+	defer closeFake()
+	if wc.id == "" {
+		hostname, _ := os.Hostname()
+		wc.id = "dev-" + sanitizeID(hostname)
+	}
+
+	// The write side (unless --no-worker), the projector and the REST API.
+	stopCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	}
+	workerNote := fmt.Sprintf("%s   (durability %s, lease TTL %s)", wc.id, wc.durability, wc.leaseTTL)
+	workerEnv := func(id string) []string {
+		env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
+			"PAL_NATS_CREDS=" + filepath.Join(dataDir, natsauth.SeedFile(natsauth.Worker)),
+			"PAL_REPLICAS=" + strconv.Itoa(wc.replicas), "PAL_DURABILITY=" + wc.durability,
+			"PAL_LEASE_TTL=" + wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + wc.egress.String(),
+			"PAL_BLOB_THRESHOLD=" + strconv.Itoa(wc.blobThreshold)}
+		for k, v := range llmVars {
+			env = append(env, k+"="+v)
+		}
+		return env
+	}
+	switch {
+	case cluster != nil && !noWorker:
+		// Two worker processes, so one can be killed to watch the other
+		// take its runs.
+		if err := devSetup(ctx, workerNC, wc); err != nil {
+			return err
+		}
+		for _, id := range []string{wc.id + "-1", wc.id + "-2"} {
+			if err := cluster.startWorker(id, workerEnv(id)); err != nil {
+				return err
+			}
+		}
+		workerNote = fmt.Sprintf("%s   (durability %s, lease TTL %s, logs in %s/<worker>.log)",
+			cluster.pids(cluster.workers), wc.durability, wc.leaseTTL, dataDir)
+	case noWorker:
+		if err := devSetup(ctx, workerNC, wc); err != nil {
+			return err
+		}
+		workerNote = fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", wc.durability, wc.leaseTTL)
+	default:
+		ws, err := e.startWriteSide(ctx, wc, workerNC, providers, pool, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := stopCtx()
+			defer cancel()
+			_ = ws.stop(sctx)
+		}()
+	}
+	projNC, err := conn(natsauth.Projector)
+	if err != nil {
+		return err
+	}
+	defer projNC.Close()
+	projStore, err := devStore(ctx, projNC, wc)
+	if err != nil {
+		return err
+	}
+	proj := projections.New(pool, projStore, projections.Config{Logger: log, Retention: retention})
+	if err := proj.Start(ctx); err != nil {
+		return withCode(ExitUnavailable, err)
+	}
+	defer func() {
+		sctx, cancel := stopCtx()
+		defer cancel()
+		_ = proj.Stop(sctx)
+	}()
+	apiNC, err := conn(natsauth.API)
+	if err != nil {
+		return err
+	}
+	defer apiNC.Close()
+	apiStore, err := devStore(ctx, apiNC, wc)
+	if err != nil {
+		return err
+	}
+	rest, err := startREST(ctx, rc, apiStore, apiNC, pool, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := stopCtx()
+		defer cancel()
+		_ = rest.Stop(sctx)
+	}()
+
+	abs, _ := filepath.Abs(dataDir)
+	vars := map[string]string{
+		"PAL_NATS_URL": natsURL,
+		// A second pal worker, and the pal commands, act as the worker.
+		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
+		"DATABASE_URL":   dbURL,
+		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
+		"PAL_DURABILITY": wc.durability,
+		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
+		"PAL_REPLICAS":   strconv.Itoa(wc.replicas),
+		// The pal worker processes beside pal dev --no-worker call the
+		// tour's local receivers too.
+		egress.EnvAllow: wc.egress.String(),
+	}
+	if v := e.getenv(receipt.EnvSigningKey); v != "" {
+		vars[receipt.EnvSigningKey] = v
+	} else {
+		vars[receipt.EnvSigningKey] = filepath.Join(abs, devKeyName)
+	}
+	if len(rc.tokens) > 0 {
+		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = rc.tokensEnv(), rc.tokens[0].Secret
+	}
+	maps.Copy(vars, llmVars)
+	if err := writeDevEnv(envPath, devEnvKeys, vars); err != nil {
+		return fmt.Errorf("writing %s: %w", envPath, err)
+	}
+	defer os.Remove(envPath)
+
+	fmt.Fprintf(e.stderr, `
+PAL dev is running.
+  NATS       %s   (JetStream store: %s; roles on, nkey seeds %s/nats-<role>.nk)
+  Postgres   %s   (%s)
+  worker     %s
+  LLM        %s
+`, natsURL, natsStoreNote(abs, cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+	if cluster != nil {
+		fmt.Fprintf(e.stderr, "  cluster    %s   (PAL_REPLICAS=3; kill -9 one to watch a failover: pal dev starts it again after 2 s)\n",
+			cluster.pids(cluster.nodes))
+	}
+	printREST(e.stderr, rest, rc)
+	settingsNote, tryNote := devEnvNotes(abs)
+	fmt.Fprintf(e.stderr, `  settings   %s   (%s)
+
+Try it (%s):
+  pal run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait
+  pal run events <run_id>
+  pal run list
+  %s
+  nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
+
+Press Ctrl-C to stop.
+`, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(natsURL, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
+	<-ctx.Done()
+	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
+	return nil
+}
+
+// devEnvNotes say who reads dev.env in the data directory abs: the pal
+// commands run here when it is the default ./.pal, else only those whose
+// PAL_DATA_DIR names it.
+func devEnvNotes(abs string) (settings, try string) {
+	if def, err := filepath.Abs(defaultDataDir); err == nil && def == abs {
+		return "pal commands run here use them", "in another terminal, in this directory"
+	}
+	q := shellQuote(abs)
+	return "pal commands use them with PAL_DATA_DIR=" + q + " set",
+		"in another terminal, in this directory, after export PAL_DATA_DIR=" + q
+}
+
+// natsStoreNote says where the JetStream store is: one directory, or one
+// per cluster node.
+func natsStoreNote(abs string, cluster *devCluster) string {
+	if cluster == nil {
+		return filepath.Join(abs, "nats")
+	}
+	return filepath.Join(abs, "nats-<node>")
+}
+
+// devClusterDatabase is the database pal dev --cluster projects into in
+// its local PostgreSQL, beside pgcluster.DevDatabase of the single server.
+const devClusterDatabase = "pal_cluster"
+
+// devEnvKeys are the variables pal dev writes to dev.env, in order.
+var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+
+// devSetup sets up PAL's streams as a worker with wc would, for pal dev
+// --no-worker (the workers come later). nc is the worker role's.
+func devSetup(ctx context.Context, nc *nats.Conn, wc workerConfig) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}); err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("setting up PAL's streams: %w", err))
+	}
+	return nil
+}
+
+// natsContextLine is the nats CLI command that saves, and selects, a
+// context for the client role, so the README's nats commands work as
+// they are written.
+func natsContextLine(natsURL, seedPath string) string {
+	return fmt.Sprintf("nats context save pal-dev --server %s --nkey %s --select", natsURL, shellQuote(seedPath))
+}
+
+// devStore opens the event store on nc (set up already), for the
+// projector's and the API's connections.
+func devStore(ctx context.Context, nc *nats.Conn, wc workerConfig) (*eventstore.Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict), eventstore.WithBlobThreshold(wc.blobThreshold))
+	if err != nil {
+		return nil, withCode(ExitUnavailable, err)
+	}
+	return store, nil
+}
+
+// redactDSN hides a password in a connection string.
+func redactDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// devProviders returns real providers when API keys are set, else the
+// built-in fake provider and the variables that point a worker at it.
+func (e *env) devProviders() (provider.Registry, string, map[string]string, func(), error) {
+	if e.getenv("OPENAI_API_KEY") != "" || e.getenv("ANTHROPIC_API_KEY") != "" {
+		return e.providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
+	}
+	fake, err := providertest.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, nil, fmt.Errorf("starting the fake LLM provider: %w", err)
+	}
+	fake.Dedup(true)
+	vars := map[string]string{
+		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
+		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",
+	}
+	note := fmt.Sprintf("built-in fake provider at %s (set OPENAI_API_KEY or ANTHROPIC_API_KEY for real calls)", fake.URL())
+	return providersOf(func(k string) string { return vars[k] }), note, vars, fake.Close, nil
+}
+
+// listenAddr turns PAL_NATS_URL into the embedded server's listen address;
+// pal dev listens on loopback only.
+func listenAddr(raw string) (string, int, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "", 0, badInput("PAL_NATS_URL=%q: not a URL like nats://127.0.0.1:4222", raw)
+	}
+	host, p := u.Hostname(), u.Port()
+	if p == "" {
+		p = "4222"
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, badInput("PAL_NATS_URL=%q: bad port", raw)
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return "", 0, badInput("PAL_NATS_URL=%q: pal dev listens on loopback only (use 127.0.0.1)", raw)
+	}
+	return host, port, nil
+}
+
+func sanitizeID(s string) string {
+	out := make([]rune, 0, len(s))
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			out = append(out, r)
+		default:
+			out = append(out, '-')
+		}
+	}
+	if len(out) == 0 {
+		return "local"
+	}
+	return string(out)
+}
+
+// devKeyName is the receipt signing key pal dev makes in its data
+// directory (the public key is next to it, pal.pub).
+const devKeyName = "pal.key"
+
+// devSigningKey gives pal dev a receipt signing key when PAL_SIGNING_KEY
+// names none: dataDir/pal.key, made on the first start and kept.
+func devSigningKey(dataDir string, wc *workerConfig, rc *restConfig, log *slog.Logger) error {
+	if wc.keys != nil {
+		return nil
+	}
+	path := filepath.Join(dataDir, devKeyName)
+	k, err := receipt.LoadKey(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if k, err = receipt.WriteKey(path); err == nil {
+			log.Info("made a receipt signing key", "key", path, "public_key", receipt.PublicPath(path), "key_id", k.ID)
+		}
+	}
+	if err != nil {
+		return badInput("the receipt signing key %s: %v", path, err)
+	}
+	wc.keys = &receipt.Keys{Current: k}
+	rc.keys = wc.keys
+	return nil
+}

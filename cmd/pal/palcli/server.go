@@ -1,0 +1,279 @@
+package palcli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/receipt"
+	"github.com/palrun/pal/runs"
+)
+
+func (e *env) serverCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Serve the REST API and the NATS service pal",
+		Long: `pal server serves PAL's REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080):
+
+  POST /v1/runs                 start a run
+  GET  /v1/runs                 list runs (needs DATABASE_URL)
+  GET  /v1/runs/{id}            a run, folded from its journal
+  GET  /v1/runs/{id}/events     the journal as server-sent events
+  POST /v1/runs/{id}/approve    decide an approval step
+  POST /v1/runs/{id}/cancel     cancel a run
+  GET  /healthz, GET /readyz    liveness and readiness (no token)
+  GET  /metrics                 Prometheus metrics (scope read; no token
+                                with PAL_METRICS_OPEN=1)
+
+and registers the NATS micro service pal (pal.api.runs.*). It drives no
+runs: start pal worker for that.
+
+Every /v1 request needs 'Authorization: Bearer <token>' with a token from
+PAL_API_TOKENS: comma-separated tokens, each [name=]token[:scope+scope] (the
+name, default "api", is who starts, approves or cancels; scopes read, start,
+approve, cancel, admin; without scopes all but admin, which a token needs to
+name another approver or canceller). Without tokens pal server still
+serves, but every /v1 request answers 401 (health checks still answer);
+--insecure-no-auth serves the API to anyone instead.
+
+DATABASE_URL is optional: with it GET /v1/runs lists runs from the Postgres
+projection and /readyz checks Postgres too.`,
+		Args: cobra.NoArgs,
+		RunE: e.runServer,
+	}
+	addRESTFlags(cmd)
+	addDatabaseFlag(cmd)
+	return cmd
+}
+
+// addRESTFlags adds the REST API's flags (pal server, pal dev).
+func addRESTFlags(cmd *cobra.Command) {
+	cmd.Flags().String("http-addr", "", "REST API listen address (env PAL_HTTP_ADDR, default "+api.DefaultAddr+")")
+	cmd.Flags().Bool("insecure-no-auth", false, "serve the REST API without authentication when PAL_API_TOKENS is unset (anyone who can reach the address controls your runs)")
+}
+
+// restConfig is a validated REST API configuration.
+type restConfig struct {
+	addr     string
+	tokens   []api.Token
+	insecure bool
+	// generated is a token made up because PAL_API_TOKENS was unset
+	// (pal dev); print it.
+	generated string
+	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
+	// given, so every /v1 request is refused.
+	noTokens bool
+	// keys are the receipt signing keys GET /v1/keys serves.
+	keys *receipt.Keys
+	// metricsOpen: PAL_METRICS_OPEN=1, /metrics needs no token.
+	metricsOpen bool
+	// anomalies are the PAL_ANOMALY_* defaults the runs it starts record.
+	anomalies map[string]event.AnomalyRule
+}
+
+// restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
+// --insecure-no-auth. With generate set (pal dev) and no tokens, it makes
+// up a token; without it (pal server) and without --insecure-no-auth it
+// serves but refuses every /v1 request.
+func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
+	var rc restConfig
+	var err error
+	if rc.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+		return rc, badInput("%v", err)
+	}
+	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
+	host, port, err := net.SplitHostPort(rc.addr)
+	if err != nil || port == "" {
+		return rc, badInput("PAL_HTTP_ADDR=%q: want host:port, e.g. %s", rc.addr, api.DefaultAddr)
+	}
+	if host != "" && host != "localhost" && net.ParseIP(host) == nil {
+		return rc, badInput("PAL_HTTP_ADDR=%q: the host must be an IP address or localhost", rc.addr)
+	}
+	if rc.metricsOpen, err = e.metricsOpen(); err != nil {
+		return rc, err
+	}
+	if rc.tokens, err = api.ParseTokens(e.getenv("PAL_API_TOKENS")); err != nil {
+		return rc, badInput("PAL_API_TOKENS: %v", err)
+	}
+	if rc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
+		return rc, badInput("%v", err)
+	}
+	rc.insecure, _ = cmd.Flags().GetBool("insecure-no-auth")
+	if len(rc.tokens) > 0 {
+		rc.insecure = false
+		return rc, nil
+	}
+	switch {
+	case rc.insecure:
+	case generate:
+		tok, err := api.GenerateToken()
+		if err != nil {
+			return rc, err
+		}
+		// pal dev's own token may do everything, naming an approver too.
+		rc.tokens, rc.generated = []api.Token{{Name: "dev", Secret: tok, Scopes: api.ScopeAdmin}}, tok
+	default:
+		// No tokens: serve, but refuse every /v1 request (401). Health
+		// checks still answer.
+		rc.noTokens = true
+	}
+	return rc, nil
+}
+
+// tokensEnv writes rc's tokens as PAL_API_TOKENS, scopes included.
+func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
+
+// startREST serves the REST API on rc.addr over store; pool, when not nil,
+// is the Postgres projection (GET /v1/runs and /readyz).
+func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
+	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys,
+		MetricsOpen: rc.metricsOpen, Client: runs.New(store, runs.WithConn(nc), runs.WithAnomalyDefaults(rc.anomalies))}
+	if pool != nil {
+		hc.Runs = projections.NewReader(pool)
+		hc.Ready = func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return &api.NotReadyError{What: "Postgres", Err: err}
+			}
+			return nil
+		}
+	}
+	srv := api.NewServer(rc.addr, api.NewHandler(hc), log)
+	if err := srv.Start(ctx); err != nil {
+		return nil, withCode(ExitUnavailable, fmt.Errorf("serving the REST API: %w (set PAL_HTTP_ADDR to another address)", err))
+	}
+	return srv, nil
+}
+
+// printREST tells people where the REST API is and how to call it.
+func printREST(w io.Writer, srv *api.Server, rc restConfig) {
+	u := srv.URL()
+	fmt.Fprintf(w, "  REST     %s/v1/runs   (events: %s/v1/runs/<run_id>/events; health: %s/healthz, %s/readyz)\n", u, u, u, u)
+	fmt.Fprintf(w, "  web UI   %s/   (log in with an API token; runs at %s/runs/<run_id>)\n", u, u)
+	switch {
+	case rc.generated != "":
+		fmt.Fprintf(w, "  token    %s   (scope admin; generated because PAL_API_TOKENS is unset)\n", rc.generated)
+		fmt.Fprintf(w, "           curl -H 'Authorization: Bearer %s' %s/v1/runs\n", rc.generated, u)
+	case rc.insecure:
+		fmt.Fprintf(w, "  token    none: authentication is OFF (--insecure-no-auth)\n")
+	default:
+		names := make([]string, len(rc.tokens))
+		for i, t := range rc.tokens {
+			names[i] = t.Name
+		}
+		fmt.Fprintf(w, "  tokens   %s (from PAL_API_TOKENS)\n", strings.Join(names, ", "))
+	}
+}
+
+func (e *env) runServer(cmd *cobra.Command, _ []string) error {
+	ctx := cmd.Context()
+	rc, err := e.restSettings(cmd, false)
+	if err != nil {
+		return err
+	}
+	log, err := e.logger()
+	if err != nil {
+		return err
+	}
+	dbURL := e.stringSetting(cmd, "database-url", "DATABASE_URL", "")
+	if dbURL != "" {
+		if _, err := pgConfig(dbURL); err != nil {
+			return err
+		}
+	}
+	if rc.insecure {
+		log.Warn("serving the REST API WITHOUT AUTHENTICATION (--insecure-no-auth): anyone who can reach it can start and cancel runs", "addr", rc.addr)
+	}
+	if rc.noTokens {
+		log.Warn("PAL_API_TOKENS is not set: every /v1 request will be refused (401). Set PAL_API_TOKENS=name=token " +
+			"(e.g. PAL_API_TOKENS=ci=$(openssl rand -hex 32)), or pass --insecure-no-auth to serve the API to anyone who can reach it")
+	}
+	natsAt, err := e.natsTarget(cmd)
+	if err != nil {
+		return err
+	}
+	nc, err := connectDurable(natsAt, "pal-server", log)
+	if err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
+	}
+	defer nc.Close()
+	store, err := openStoreWait(ctx, nc, eventstore.Config{}, log)
+	if err != nil {
+		return shutdownOr(ctx, err)
+	}
+	var pool *pgxpool.Pool
+	if dbURL != "" {
+		cfg, _ := pgConfig(dbURL)
+		// The pool connects lazily: the API serves runs from NATS while
+		// Postgres is down, and /readyz says so.
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return badInput("DATABASE_URL: %v", err)
+		}
+		defer pool.Close()
+	}
+	client, err := e.runsClient(store)
+	if err != nil {
+		return withCode(ExitBadInput, err)
+	}
+	// A run whose journal retention removed reads from its rows.
+	var svcOpts []api.ServiceOption
+	if pool != nil {
+		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
+	}
+	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
+	if err != nil {
+		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
+	}
+	defer func() { _ = svc.Stop() }()
+	srv, err := startREST(ctx, rc, store, nc, pool, log)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(rc.tokens))
+	for i, t := range rc.tokens {
+		names[i] = t.Name
+	}
+	log.Info("server ready", "url", srv.URL(), "nats", natsAt.String(), "auth", !rc.insecure, "tokens", strings.Join(names, ","),
+		"postgres", pool != nil)
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return srv.Stop(sctx)
+}
+
+// openStoreWait opens the event store for a long-running process, waiting
+// while NATS or JetStream is unavailable, and creating PAL's streams with
+// cfg if this is the first use of the server (workers adjust them to their
+// settings).
+func openStoreWait(ctx context.Context, nc *nats.Conn, cfg eventstore.Config, log *slog.Logger) (*eventstore.Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var store *eventstore.Store
+	err = waitFor(ctx, log, "waiting for NATS JetStream", func() (err error) {
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		store, err = eventstore.Open(octx, js)
+		if err != nil && eventstore.IsMissing(err) {
+			if err = eventstore.Setup(octx, js, cfg); err == nil {
+				store, err = eventstore.Open(octx, js)
+			}
+		}
+		return natsReason(nc, err)
+	})
+	return store, err
+}

@@ -1,0 +1,340 @@
+package palcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/connector"
+	"github.com/palrun/pal/connector/email"
+	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/provider/anthropic"
+	"github.com/palrun/pal/provider/openai"
+	"github.com/palrun/pal/receipt"
+	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
+)
+
+func (e *env) workerCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Drive runs from the work queue",
+		Long: `pal worker takes runs from the PAL_WORK queue and drives them, journaling
+every step to PAL_EVENTS. Run as many as you like; each run is driven by
+one worker at a time (a lease in PAL_LEASES). On SIGTERM a worker hands its
+runs to the others at once.
+
+Workers also carry out the durable commands of PAL_CMDS and answer the NATS
+service pal, and run the recovery sweep every PAL_RECOVERY_INTERVAL
+(default 30s): runs in flight (the PAL_INFLIGHT index, and with
+DATABASE_URL the runs the projection shows running or queued) with no
+live lease and no pending work are queued again.
+
+With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
+/metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
+exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			wc, err := e.workerConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log, err := e.logger()
+			if err != nil {
+				return err
+			}
+			for _, w := range providerWarnings(e.getenv) {
+				log.Warn(w)
+			}
+			return e.runWorkerWith(cmd.Context(), wc, nil, e.providersFromEnv(), e.getenv("DATABASE_URL"))
+		},
+	}
+	addWorkerFlags(cmd)
+	return cmd
+}
+
+func addWorkerFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.String("worker-id", "", "worker id in leases and events (env PAL_WORKER_ID, default host-pid)")
+	f.String("lease-ttl", "", "lease time-to-live, whole seconds (env PAL_LEASE_TTL, default 3s)")
+	f.Int("concurrency", 0, "runs driven at once (env PAL_WORKER_CONCURRENCY, default 64)")
+	f.String("durability", "", "process or strict (env PAL_DURABILITY, default process)")
+	f.Int("replicas", 0, "stream replicas: 1 on one server, 3 in a cluster (env PAL_REPLICAS, default 1)")
+}
+
+// workerConfig is a validated worker configuration.
+type workerConfig struct {
+	nats        natsTarget
+	id          string
+	leaseTTL    time.Duration
+	concurrency int
+	durability  string
+	replicas    int
+	egress      *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL     string         // PAL_SMTP_URL, for the email connector
+	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
+	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
+	retryAfterMax time.Duration
+	// providerConcurrency limits model calls in flight
+	// (PAL_PROVIDER_CONCURRENCY).
+	providerConcurrency map[string]int
+	// blobThreshold is the size above which a step value goes to
+	// PAL_BLOBS (PAL_BLOB_THRESHOLD).
+	blobThreshold int
+}
+
+func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
+	var wc workerConfig
+	var err error
+	if wc.nats, err = e.natsTarget(cmd); err != nil {
+		return wc, err
+	}
+	if wc.id, err = e.workerID(cmd); err != nil {
+		return wc, err
+	}
+	if wc.leaseTTL, err = e.leaseTTL(cmd); err != nil {
+		return wc, err
+	}
+	if wc.concurrency, err = e.intSetting(cmd, "concurrency", "PAL_WORKER_CONCURRENCY", 64, 1); err != nil {
+		return wc, err
+	}
+	if wc.blobThreshold, err = e.intSetting(cmd, "blob-threshold", "PAL_BLOB_THRESHOLD", eventstore.DefaultBlobThreshold, eventstore.MinBlobThreshold); err != nil {
+		return wc, err
+	}
+	if wc.durability, err = e.durability(cmd); err != nil {
+		return wc, err
+	}
+	if wc.replicas, err = e.replicas(cmd); err != nil {
+		return wc, err
+	}
+	if wc.egress, err = egress.Parse(e.getenv(egress.EnvAllow)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	// Unset is fine (email steps then fail with the reason); a wrong value
+	// is refused at start rather than at the first email.
+	if wc.smtpURL = e.getenv(email.EnvURL); wc.smtpURL != "" {
+		if _, err := email.ParseURL(wc.smtpURL); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
+	}
+	if wc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.retryAfterMax, err = e.durationSetting(cmd, "", workers.EnvRetryAfterMax, workers.DefaultRetryAfterMax, time.Millisecond); err != nil {
+		return wc, err
+	}
+	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	if path := e.getenv(provider.EnvPrices); path != "" {
+		// Prices change: a file of one's own overrides the embedded table.
+		if err := provider.LoadPrices(path); err != nil {
+			return wc, withCode(ExitBadInput, err)
+		}
+	}
+	return wc, nil
+}
+
+// providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
+// (the environment, then pal dev's dev.env).
+func (e *env) providersFromEnv() provider.Registry { return providersOf(e.getenv) }
+
+// providersOf builds the LLM providers from OPENAI_API_KEY, OPENAI_BASE_URL,
+// ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL as getenv gives them.
+func providersOf(getenv func(string) string) provider.Registry {
+	return provider.Registry{
+		"openai":    openai.New(openai.Config{APIKey: getenv("OPENAI_API_KEY"), BaseURL: getenv("OPENAI_BASE_URL")}),
+		"anthropic": anthropic.New(anthropic.Config{APIKey: getenv("ANTHROPIC_API_KEY"), BaseURL: getenv("ANTHROPIC_BASE_URL")}),
+	}
+}
+
+// providerWarnings names each provider that would call its public API
+// without an API key: every LLM step for it would fail, so a worker says
+// so when it starts rather than at the first step. A base URL of one's own
+// (a local server) may well need no key.
+func providerWarnings(getenv func(string) string) []string {
+	var out []string
+	for _, p := range []struct{ name, prefix string }{{"openai", "OPENAI"}, {"anthropic", "ANTHROPIC"}} {
+		if getenv(p.prefix+"_API_KEY") == "" && getenv(p.prefix+"_BASE_URL") == "" {
+			out = append(out, fmt.Sprintf("%s_API_KEY and %s_BASE_URL are unset: every %s step will fail against the public API. "+
+				"Set them, or run this worker in the directory of a running pal dev (it reads .pal/dev.env, the fake provider's address)",
+				p.prefix, p.prefix, p.name))
+		}
+	}
+	return out
+}
+
+func connectors(wc workerConfig) connector.Registry {
+	wh := webhook.New(webhook.WithEgress(wc.egress))
+	em := email.New(wc.smtpURL, email.WithEgress(wc.egress))
+	return connector.Registry{wh.Kind(): wh, em.Kind(): em}
+}
+
+// writeSide is a running worker with its command processor, NATS service
+// and (with Postgres) recovery sweep.
+type writeSide struct {
+	store *eventstore.Store
+	stop  func(ctx context.Context) error
+}
+
+// startWriteSide starts a worker, the durable command processor, the NATS
+// service pal and, when pool is not nil, the recovery sweep. nc, when given,
+// is used instead of dialling wc.nats (pal dev passes an in-process
+// connection).
+func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool, log *slog.Logger) (*writeSide, error) {
+	var err error
+	var closeNC func()
+	if nc == nil {
+		nc, err = connectDurable(wc.nats, "pal-worker", log)
+		if err != nil {
+			return nil, withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.nats, err))
+		}
+		closeNC = nc.Close
+	}
+	fail := func(err error) (*writeSide, error) {
+		if closeNC != nil {
+			closeNC()
+		}
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
+	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
+		return fail(withCode(ExitUnavailable, err))
+	}
+	// A try that gets no answer (the server or the stream's leader died
+	// mid-request) is retried after this long; the retry is resolved by the
+	// lost-ack check. Short, since on a cluster the new leader is there
+	// within about a second (natsraft.Fast): 500 ms at the default TTL.
+	reqTimeout := min(max(wc.leaseTTL/6, 500*time.Millisecond), 5*time.Second)
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
+		eventstore.WithRequestTimeout(reqTimeout), eventstore.WithBlobThreshold(wc.blobThreshold))
+	if err != nil {
+		return fail(withCode(ExitUnavailable, err))
+	}
+	leases, err := eventstore.OpenLeases(ctx, js, wc.leaseTTL)
+	if err != nil {
+		return fail(withCode(ExitUnavailable, err))
+	}
+	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	if err != nil {
+		return fail(withCode(ExitBadInput, err))
+	}
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+		AnomalyDefaults: anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
+	var receipts *receipt.Store
+	if wc.keys != nil {
+		if receipts, err = receipt.Open(ctx, js, store); err != nil {
+			return fail(withCode(ExitUnavailable, err))
+		}
+		wcfg.Receipts, wcfg.SigningKey = receipts, wc.keys.Current
+	} else {
+		log.Info("run receipts off: set PAL_SIGNING_KEY to a PEM Ed25519 private key file to sign them")
+	}
+	w := workers.New(wcfg, store, leases, providers, connectors(wc))
+	if err := w.Start(ctx); err != nil {
+		return fail(err)
+	}
+	client, err := e.runsClient(store)
+	if err != nil {
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitBadInput, err))
+	}
+	cmds := runs.NewCommandProcessor(client, log)
+	if err := cmds.Start(ctx); err != nil {
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitUnavailable, err))
+	}
+	// A run whose journal retention removed reads from its rows.
+	var svcOpts []api.ServiceOption
+	if pool != nil {
+		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
+	}
+	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
+	if err != nil {
+		_ = cmds.Stop(context.WithoutCancel(ctx))
+		_ = w.Stop(context.WithoutCancel(ctx))
+		return fail(withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err)))
+	}
+	var sweep *workers.Sweeper
+	interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
+	if warn != "" {
+		log.Warn(warn)
+	}
+	// The sweep reads the runs in flight from NATS (PAL_INFLIGHT), and
+	// with Postgres the runs table too.
+	var src workers.OrphanSource = workers.NewInflightSource(store)
+	if pool != nil {
+		src = workers.Sources(src, projections.NewReader(pool))
+	}
+	sweep = workers.NewSweeper(store, leases, src, interval, log)
+	if receipts != nil && pool != nil {
+		// Missing receipts are found in the run_receipts table.
+		sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
+	}
+	if err := sweep.Start(ctx); err != nil {
+		return fail(err)
+	}
+	log.Info("worker ready", "id", w.ID(), "nats", wc.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
+		"egress_allow", wc.egress.String())
+	return &writeSide{store: store, stop: func(sctx context.Context) error {
+		_ = svc.Stop()
+		var errs []error
+		if sweep != nil {
+			errs = append(errs, sweep.Stop(sctx))
+		}
+		errs = append(errs, cmds.Stop(sctx), w.Stop(sctx))
+		if closeNC != nil {
+			closeNC()
+		}
+		return errors.Join(errs...)
+	}}, nil
+}
+
+// runWorkerWith runs the write side until ctx ends.
+func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, dbURL string) error {
+	log, err := e.logger()
+	if err != nil {
+		return err
+	}
+	stopTracing, err := e.startTracing(ctx, "pal-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	stopMetrics, err := e.startMetrics(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	var pool *pgxpool.Pool
+	if dbURL != "" {
+		if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
+			return shutdownOr(ctx, err)
+		}
+		defer pool.Close()
+	}
+	ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return ws.stop(sctx)
+}

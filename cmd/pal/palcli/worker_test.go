@@ -1,0 +1,49 @@
+package palcli_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/paltest/testenv"
+)
+
+// A bad PAL_EGRESS_ALLOW stops pal worker at start, naming the variable,
+// before it connects to anything.
+func TestWorkerRefusesBadEgressAllow(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	for _, cmd := range []string{"worker", "dev"} {
+		r := runPal(t, bin, []string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_EGRESS_ALLOW=127.0.0.1/32,10.0.0.0/33", "PAL_DATA_DIR=" + t.TempDir()}, cmd)
+		require.Equal(t, 2, r.code, "%s", r)
+		require.Contains(t, r.stderr, `PAL_EGRESS_ALLOW: "10.0.0.0/33" is not a CIDR`, cmd)
+	}
+}
+
+// A bad setting names where it came from: the flag when the value came
+// from the flag, the variable when it came from the environment.
+func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		msg  string
+	}{
+		{nil, []string{"--durability", "foo"}, `--durability "foo": want "process" or "strict"`},
+		{[]string{"PAL_DURABILITY=foo"}, nil, `PAL_DURABILITY="foo": want "process" or "strict"`},
+		{[]string{"PAL_DURABILITY=strict"}, []string{"--durability", "foo"}, `--durability "foo": want`},
+		{nil, []string{"--lease-ttl", "1500ms"}, `--lease-ttl "1500ms": leases expire in whole seconds`},
+		{[]string{"PAL_LEASE_TTL=1500ms"}, nil, `PAL_LEASE_TTL="1500ms": leases expire in whole seconds`},
+		{nil, []string{"--lease-ttl", "soon"}, `--lease-ttl "soon": not a duration`},
+		{[]string{"PAL_LEASE_TTL=500ms"}, nil, `PAL_LEASE_TTL="500ms": must be at least 1s`},
+		{nil, []string{"--worker-id", "a.b"}, `--worker-id "a.b": use letters, digits`},
+		{[]string{"PAL_WORKER_ID=a.b"}, nil, `PAL_WORKER_ID="a.b": use letters, digits`},
+		{nil, []string{"--concurrency", "0"}, `--concurrency "0": want a whole number ≥ 1`},
+	} {
+		env := append([]string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_DATA_DIR=" + t.TempDir()}, tc.env...)
+		r := runPal(t, bin, env, append([]string{"worker"}, tc.args...)...)
+		require.Equal(t, 2, r.code, "%v %v\n%s", tc.env, tc.args, r)
+		require.Contains(t, r.stderr, tc.msg, "%v %v", tc.env, tc.args)
+	}
+}
