@@ -78,7 +78,7 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 
 	// In the directory, without a single variable: start (hello.json calls
 	// both providers), list from Postgres.
-	hello, err := filepath.Abs("../../examples/hello.json")
+	hello, err := filepath.Abs("../../../examples/hello.json")
 	require.NoError(t, err)
 	r := runPalIn(t, bin, dir, nil, "run", "start", "--workflow", hello, "--input", `{"text":"from dev.env"}`, "--wait", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
