@@ -26,20 +26,12 @@ func (e *env) serverCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Serve the REST API and the NATS service pal",
-		Long: `pal server serves PAL's REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080):
+		Long: `pal server serves PAL's REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080),
+each route with the scope a token needs:
 
-  POST /v1/runs                 start a run
-  GET  /v1/runs                 list runs (needs DATABASE_URL)
-  GET  /v1/runs/{id}            a run, folded from its journal
-  GET  /v1/runs/{id}/events     the journal as server-sent events
-  POST /v1/runs/{id}/approve    decide an approval step
-  POST /v1/runs/{id}/cancel     cancel a run
-  GET  /healthz, GET /readyz    liveness and readiness (no token)
-  GET  /metrics                 Prometheus metrics (scope read; no token
-                                with PAL_METRICS_OPEN=1)
-
-and registers the NATS micro service pal (pal.api.runs.*). It drives no
-runs: start pal worker for that.
+` + api.FormatRoutes(api.Routes(), "  ") + `
+It serves the web UI on the same address and registers the NATS micro
+service pal (pal.api.runs.*). It drives no runs: start pal worker for that.
 
 Every /v1 request needs 'Authorization: Bearer <token>' with a token from
 PAL_API_TOKENS: comma-separated tokens, each [name=]token[:scope+scope] (the
@@ -47,7 +39,8 @@ name, default "api", is who starts, approves or cancels; scopes read, start,
 approve, cancel, admin; without scopes all but admin, which a token needs to
 name another approver or canceller). Without tokens pal server still
 serves, but every /v1 request answers 401 (health checks still answer);
---insecure-no-auth serves the API to anyone instead.
+--insecure-no-auth serves the API to anyone instead. With
+PAL_METRICS_OPEN=1 /metrics needs no token.
 
 DATABASE_URL is optional: with it GET /v1/runs lists runs from the Postgres
 projection and /readyz checks Postgres too.`,
