@@ -179,7 +179,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	}
 
 	// The write side (unless --no-worker), the projector and the REST API.
-	workerNote, err := e.startDevWorkers(ctx, &st, s, d, n, workerNC, pool, providers, dbURL, llmVars)
+	workerNote, err := startDevWorkers(ctx, &st, s, d, n, workerNC, pool, providers, dbURL, llmVars)
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
 // this process, two pal worker processes beside a cluster, or nothing
 // (--no-worker, once PAL's streams are set up). It returns what the
 // banner says of them.
-func (e *env) startDevWorkers(ctx context.Context, st *service.Stack, s *settings, d devConfig, n *devNATS, workerNC *nats.Conn,
+func startDevWorkers(ctx context.Context, st *service.Stack, s *settings, d devConfig, n *devNATS, workerNC *nats.Conn,
 	pool *pgxpool.Pool, providers provider.Registry, dbURL string, llmVars map[string]string) (string, error) {
 	switch {
 	case n.cluster != nil && !d.noWorker:
@@ -251,7 +251,7 @@ func (e *env) startDevWorkers(ctx context.Context, st *service.Stack, s *setting
 		}
 		return fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", d.wc.durability, d.wc.leaseTTL), nil
 	default:
-		if err := e.startWriteSide(ctx, st, s, d.wc, workerNC, providers, pool); err != nil {
+		if err := startWriteSide(ctx, st, s, d.wc, workerNC, providers, pool); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("%s   (durability %s, lease TTL %s)", d.wc.id, d.wc.durability, d.wc.leaseTTL), nil

@@ -86,6 +86,10 @@ type workerConfig struct {
 	// blobThreshold is the size above which a step value goes to
 	// PAL_BLOBS (PAL_BLOB_THRESHOLD).
 	blobThreshold int
+	// recovery is the sweep's interval (PAL_RECOVERY_INTERVAL), and
+	// recoveryWarn why it is the default when a value was given.
+	recovery     time.Duration
+	recoveryWarn string
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -128,6 +132,7 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
+	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	if path := e.getenv(provider.EnvPrices); path != "" {
 		// Prices change: a file of one's own overrides the embedded table.
 		if err := provider.LoadPrices(path); err != nil {
@@ -177,7 +182,7 @@ func connectors(wc workerConfig) connector.Registry {
 // PAL_INFLIGHT, and with pool the projection's too). nc, when given, is
 // used instead of dialling s.nats (pal dev passes an in-process
 // connection).
-func (e *env) startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool) error {
+func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool) error {
 	log := s.log
 	if nc == nil {
 		var err error
@@ -229,9 +234,8 @@ func (e *env) startWriteSide(ctx context.Context, st *service.Stack, s *settings
 	if err := st.Start(ctx, "the NATS service", natsService(nc, client, pool, log)); err != nil {
 		return err
 	}
-	interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
-	if warn != "" {
-		log.Warn(warn)
+	if wc.recoveryWarn != "" {
+		log.Warn(wc.recoveryWarn)
 	}
 	// The sweep reads the runs in flight from NATS (PAL_INFLIGHT), and
 	// with Postgres the runs table too.
@@ -239,7 +243,7 @@ func (e *env) startWriteSide(ctx context.Context, st *service.Stack, s *settings
 	if pool != nil {
 		src = workers.Sources(src, projections.NewReader(pool))
 	}
-	sweep := workers.NewSweeper(store, leases, src, interval, log)
+	sweep := workers.NewSweeper(store, leases, src, wc.recovery, log)
 	if receipts != nil && pool != nil {
 		// Missing receipts are found in the run_receipts table.
 		sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
@@ -269,7 +273,7 @@ func (e *env) runWorker(ctx context.Context, s *settings, wc workerConfig, provi
 		}
 		st.Started("the Postgres pool", service.Closer(pool.Close))
 	}
-	if err := e.startWriteSide(ctx, &st, s, wc, nil, providers, pool); err != nil {
+	if err := startWriteSide(ctx, &st, s, wc, nil, providers, pool); err != nil {
 		return err
 	}
 	<-ctx.Done()
