@@ -23,6 +23,9 @@ const (
 	// codeJournalRemoved: the event feed of a run whose journal retention
 	// removed (§13.1); its rows still read.
 	codeJournalRemoved = "journal_removed"
+	// codeForbidden: what the request's token may not do
+	// (*forbiddenError, or a route's scope it lacks).
+	codeForbidden = "forbidden"
 )
 
 // transportCode is how one answer code goes out on each transport.
@@ -40,6 +43,7 @@ var answerCodes = map[string]transportCode{
 	runs.CodeConflict:    {http.StatusConflict, codes.FailedPrecondition},
 	runs.CodeLeaseHeld:   {http.StatusConflict, codes.FailedPrecondition},
 	codeJournalRemoved:   {http.StatusGone, codes.FailedPrecondition},
+	codeForbidden:        {http.StatusForbidden, codes.PermissionDenied},
 	codeTooLarge:         {http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
 	runs.CodeInternal:    {http.StatusInternalServerError, codes.Internal},
 	runs.CodeUnavailable: {http.StatusServiceUnavailable, codes.Unavailable},
@@ -55,15 +59,18 @@ func transportOf(code string) (string, transportCode) {
 }
 
 // answerCode classifies err as runs.Classify does, and the API's own
-// errors (journalRemovedError, *http.MaxBytesError) too.
+// errors (journalRemovedError, *http.MaxBytesError, *forbiddenError) too.
 func answerCode(err error) (code, field string) {
 	var jr *journalRemovedError
 	var mbe *http.MaxBytesError
+	var fe *forbiddenError
 	switch {
 	case errors.As(err, &jr):
 		return codeJournalRemoved, ""
 	case errors.As(err, &mbe):
 		return codeTooLarge, ""
+	case errors.As(err, &fe):
+		return codeForbidden, fe.field
 	}
 	code, field, _ = runs.Classify(err)
 	code, _ = transportOf(code)

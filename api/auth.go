@@ -17,14 +17,14 @@ const DefaultTokenName = "api"
 // Scopes is what a token may do, a set of Scope bits.
 type Scopes uint8
 
-// The scopes of PAL_API_TOKENS. Each /v1 route needs one (NewHandler);
-// ScopeAdmin implies all of them and also lets a request name another
-// approver or canceller than the token's own name.
+// The scopes of PAL_API_TOKENS. Each /v1 route needs one (Routes lists
+// which); ScopeAdmin implies all of them and also lets a request name
+// another approver or canceller than the token's own name.
 const (
-	ScopeRead    Scopes = 1 << iota // GET /v1/runs, /v1/runs/{id}, /v1/runs/{id}/events
-	ScopeStart                      // POST /v1/runs
-	ScopeApprove                    // POST /v1/runs/{id}/approve
-	ScopeCancel                     // POST /v1/runs/{id}/cancel
+	ScopeRead    Scopes = 1 << iota // reading: every GET /v1 route
+	ScopeStart                      // making runs: start, resume, fork, retry
+	ScopeApprove                    // a run's inputs: approve, budget, signals
+	ScopeCancel                     // cancel
 	ScopeAdmin                      // all of the above, and speaking for others
 
 	// DefaultScopes is what a token written without scopes gets: every
@@ -294,30 +294,11 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 func need(s Scopes, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if who := principalOf(r.Context()); !who.scopes.Has(s) {
-			writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("token %s lacks scope %s", who.name, s), "")
+			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token %s lacks scope %s", who.name, s), "")
 			return
 		}
 		next(w, r)
 	}
-}
-
-// actingAs returns the name a request acts as when its body names one
-// (approver, by): the token's own name when the body leaves it out or
-// repeats it. Naming anyone else needs scope admin; without it the
-// request is refused with 403 and field, and nothing is written.
-func actingAs(w http.ResponseWriter, r *http.Request, field, named string) (string, bool) {
-	who := principalOf(r.Context())
-	if named == "" || named == who.name {
-		return who.name, true
-	}
-	if who.scopes.Has(ScopeAdmin) {
-		return named, true
-	}
-	// The named value is not quoted: it is the client's, of any size.
-	writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf(
-		"token %s lacks scope %s, which naming another %s needs (leave %s out, or set it to %s)",
-		who.name, ScopeAdmin, field, field, who.name), field)
-	return "", false
 }
 
 func unauthorized(w http.ResponseWriter, extra, detail string) {

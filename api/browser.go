@@ -186,7 +186,7 @@ func (h *handler) fromSession(w http.ResponseWriter, r *http.Request) (ctx conte
 		return nil, false, false
 	}
 	if changes(r.Method) && !csrfOK(r, sess) {
-		writeError(w, http.StatusForbidden, "forbidden", "a request made with a browser session needs the session's CSRF token in the "+CSRFHeader+" header", "")
+		writeError(w, http.StatusForbidden, codeForbidden, "a request made with a browser session needs the session's CSRF token in the "+CSRFHeader+" header", "")
 		return nil, true, true
 	}
 	return context.WithValue(r.Context(), principalKey{}, sess.who), false, true
@@ -343,7 +343,7 @@ func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if ok && !csrfOK(r, sess) {
-		writeError(w, http.StatusForbidden, "forbidden", "logging out needs the session's CSRF token", "")
+		writeError(w, http.StatusForbidden, codeForbidden, "logging out needs the session's CSRF token", "")
 		return
 	}
 	h.sessions.end(r)

@@ -134,12 +134,7 @@ func TestBrowserRunsList(t *testing.T) {
 	b := setup(t, withRuns(projections.NewReader(pool)))
 	b.Worker(t, "w1")
 	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	require.NoError(t, p.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, p.Stop(sctx))
-	})
+	b.Serve(t, "the projector", p)
 	ai := b.Start(t, seqWorkflow(2), `{"topic":"a"}`)
 	echo := b.Start(t, echoWorkflow, `{"x":1}`)
 	b.WaitEnd(t, ai)

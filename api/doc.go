@@ -3,17 +3,33 @@
 // with server-sent events (NewHandler, served by Server; pal server and
 // pal dev run both).
 //
-// REST endpoints (all under /v1 need "Authorization: Bearer <token>" of
-// a token with the scope named last):
+// The REST routes (Routes, the one list: NewHandler serves these, pal
+// server --help prints them, and a test holds this copy to them). Every
+// /v1 route, and /metrics, needs "Authorization: Bearer <token>" of a
+// token with the scope named (or a web UI session standing for one):
 //
-//	POST /v1/runs                  start a run: 201 {"run_id","created":true},
-//	                               200 {"run_id","created":false} for a duplicate    start
-//	GET  /v1/runs                  list runs from the Postgres projection            read
-//	GET  /v1/runs/{id}             the run folded from its journal (runs.RunView)    read
-//	GET  /v1/runs/{id}/events      the journal as server-sent events                 read
-//	POST /v1/runs/{id}/approve     200 {"ok":true,"run_id"}                          approve
-//	POST /v1/runs/{id}/cancel      200 {"ok":true,"run_id"}                          cancel
-//	GET  /healthz, GET /readyz     no token
+//	POST /v1/runs                      start    start a run: 201 created, 200 for a duplicate idempotency key
+//	GET  /v1/runs                      read     list runs, newest first (the Postgres projection)
+//	GET  /v1/runs/{id}                 read     a run, folded from its journal (runs.RunView)
+//	GET  /v1/runs/{id}/events          read     the journal as server-sent events
+//	GET  /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI
+//	GET  /v1/runs/{id}/receipt         read     the run's signed receipt (PAL_RECEIPTS)
+//	GET  /v1/keys                      read     the receipt signing public keys
+//	POST /v1/runs/{id}/approve         approve  decide an approval step
+//	POST /v1/runs/{id}/budget          approve  raise a run's budget
+//	POST /v1/runs/{id}/signals/{name}  approve  send a signal; the body is its payload
+//	POST /v1/runs/{id}/cancel          cancel   cancel a run
+//	POST /v1/runs/{id}/resume          start    drive a run now (force: scope admin)
+//	POST /v1/runs/{id}/fork            start    a new run from a step of this one
+//	POST /v1/runs/{id}/retry           start    a new run from its first failed step
+//	GET  /metrics                      read     Prometheus metrics (no token with PAL_METRICS_OPEN)
+//	GET  /healthz                      none     the process is up
+//	GET  /readyz                       none     NATS (and Postgres, when configured) reachable
+//
+// The body-carrying routes decode straight into the runs command structs
+// (one generic route, commandRoute): the run id is the path's, reply_to is
+// refused (the answer is the HTTP response), and who starts, approves,
+// cancels or sends is the token's name.
 //
 // Invariants:
 //

@@ -100,12 +100,7 @@ func setup(t testing.TB, opts ...bundleOpt) *bundle {
 		cfg.handler(&hc)
 	}
 	b.srv = api.NewServer("127.0.0.1:0", api.NewHandler(hc), paltest.Logger(t))
-	require.NoError(t, b.srv.Start(context.Background()))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, b.srv.Stop(sctx))
-	})
+	b.Serve(t, "the REST API", b.srv)
 	b.url = b.srv.URL()
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	b.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}

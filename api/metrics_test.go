@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -65,8 +64,7 @@ func TestMetricsOpen(t *testing.T) {
 	st := paltest.New(t)
 	srv := api.NewServer("127.0.0.1:0", api.NewHandler(api.HandlerConfig{Store: st.Store, Tokens: []api.Token{{Name: "ci", Secret: testToken}},
 		MetricsOpen: true, Logger: paltest.Logger(t)}), paltest.Logger(t))
-	require.NoError(t, srv.Start(context.Background()))
-	t.Cleanup(func() { _ = srv.Stop(context.WithoutCancel(context.Background())) })
+	st.Serve(t, "the REST API", srv)
 	m := testenv.Scrape(t, srv.URL()+"/metrics", nil)
 	_, ok := m.Value("pal_runs_started_total")
 	require.True(t, ok)

@@ -20,12 +20,10 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
-	"github.com/palrun/pal/workflow"
 )
 
 // MaxBodyBytes bounds a request body; a larger one is refused with 413.
@@ -105,21 +103,8 @@ type handler struct {
 	sessions *sessionStore
 }
 
-// NewHandler returns PAL's REST API:
-//
-//	POST /v1/runs                  start a run (201 created, 200 duplicate)   scope start
-//	GET  /v1/runs                  list runs (Postgres projection)            scope read
-//	GET  /v1/runs/{id}             a run, folded from its journal             scope read
-//	GET  /v1/runs/{id}/events      the journal as server-sent events          scope read
-//	POST /v1/runs/{id}/approve     decide an approval step                    scope approve
-//	POST /v1/runs/{id}/cancel      cancel a run                               scope cancel
-//	GET  /v1/runs/{id}/receipt     the run's signed receipt (KV PAL_RECEIPTS) scope read
-//	GET  /v1/keys                  the receipt signing public keys            scope read
-//	GET  /v1/runs/{id}/waterfall   a run's timeline, for the web UI           scope read
-//	POST /v1/runs/{id}/budget      raise a run's budget                       scope approve
-//	GET  /healthz                  the process is up (no token)
-//	GET  /readyz                   NATS (and Ready) reachable (no token)
-//	GET  /metrics                  Prometheus metrics        scope read, or none with MetricsOpen
+// NewHandler returns PAL's REST API: the routes Routes lists, and the
+// web UI's pages (browser.go).
 //
 // On the same address, HTTP/2 requests with content type application/grpc
 // go to the gRPC service pal.v1.RunService (StreamRunEvents, GetRun; see
@@ -128,13 +113,13 @@ type handler struct {
 //
 // Every /v1 request needs "Authorization: Bearer <token>" of a token with
 // the route's scope, or a web UI session cookie standing for one (see
-// browser.go; the UI's pages are served on the same address). The token's name is who starts, approves or cancels;
-// a body naming another approver or canceller needs scope admin. Bodies
-// are JSON, at most MaxBodyBytes; errors are {"error": code, "detail":
-// message} with code one of bad_input (400), unauthorized (401),
-// forbidden (403), not_found (404), method_not_allowed (405), conflict
-// (409), journal_removed (410), too_large (413; 431 for headers over
-// MaxHeaderBytes), unavailable (503).
+// browser.go; the UI's pages are served on the same address). The token's
+// name is who starts, approves or cancels; a body naming another approver
+// or canceller needs scope admin. Bodies are JSON, at most MaxBodyBytes;
+// errors are {"error": code, "detail": message} with code one of
+// bad_input (400), unauthorized (401), forbidden (403), not_found (404),
+// method_not_allowed (405), conflict (409), journal_removed (410),
+// too_large (413; 431 for headers over MaxHeaderBytes), unavailable (503).
 func NewHandler(cfg HandlerConfig) http.Handler {
 	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
 	if h.log == nil {
@@ -153,37 +138,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	}
 	h.feeds = newFeeds(cfg.Store, h.log)
 	h.sessions = newSessionStore(cfg.SessionTTL)
-	v1 := http.NewServeMux()
-	v1.HandleFunc("POST /v1/runs", need(ScopeStart, h.startRun))
-	v1.HandleFunc("GET /v1/runs", need(ScopeRead, h.listRuns))
-	v1.HandleFunc("GET /v1/runs/{id}", need(ScopeRead, h.getRun))
-	v1.HandleFunc("GET /v1/runs/{id}/events", need(ScopeRead, h.streamEvents))
-	v1.HandleFunc("POST /v1/runs/{id}/approve", need(ScopeApprove, h.approve))
-	v1.HandleFunc("POST /v1/runs/{id}/cancel", need(ScopeCancel, h.cancel))
-	// Signed receipts.
-	v1.HandleFunc("GET /v1/runs/{id}/receipt", need(ScopeRead, h.getReceipt))
-	v1.HandleFunc("GET /v1/keys", need(ScopeRead, h.listKeys))
-	// The web UI's timeline of a run, and its pages (browser.go).
-	v1.HandleFunc("GET /v1/runs/{id}/waterfall", need(ScopeRead, h.getWaterfall))
-	v1.HandleFunc("POST /v1/runs/{id}/budget", need(ScopeApprove, h.raiseBudget))
-	h.operateRoutes(v1) // signals, resume, fork, retry (operate.go)
-
-	open := http.NewServeMux()
-	open.HandleFunc("GET /healthz", h.healthz)
-	open.HandleFunc("GET /readyz", h.readyz)
-	probes := jsonFallbacks(open)
-	root := http.NewServeMux()
-	root.Handle("/healthz", probes)
-	root.Handle("/readyz", probes)
-	// Observability: the process's Prometheus metrics (internal/telemetry).
-	if cfg.MetricsOpen {
-		root.Handle("GET /metrics", telemetry.Handler())
-	} else {
-		v1.Handle("GET /metrics", need(ScopeRead, telemetry.Handler().ServeHTTP))
-	}
-	root.Handle("/", h.requireToken(jsonFallbacks(v1)))
-	h.browserRoutes(root)
-	return withHeaderBound(withGRPC(newGRPCServer(h), root))
+	return withHeaderBound(withGRPC(newGRPCServer(h), h.mux()))
 }
 
 // MaxHeaderBytes bounds a request's headers (the request line and every
@@ -355,67 +310,6 @@ func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), 30*time.Second)
 }
 
-// startBody is POST /v1/runs: the durable start command without reply_to.
-type startBody struct {
-	LLM            *runs.LLMSpec   `json:"llm,omitempty"`
-	Workflow       json.RawMessage `json:"workflow"`
-	Input          json.RawMessage `json:"input,omitempty"`
-	RunID          string          `json:"run_id,omitempty"`
-	IdempotencyKey string          `json:"idempotency_key,omitempty"`
-	// Budget narrows the workflow's policy.budget; a widening one is
-	// refused with 400.
-	Budget *workflow.Budget `json:"budget,omitempty"`
-}
-
-// StartAnswer is the answer to POST /v1/runs.
-type StartAnswer struct {
-	RunID string `json:"run_id"`
-	// Created is false when an earlier request with the same idempotency
-	// key created the run.
-	Created bool `json:"created"`
-}
-
-// OKAnswer is the answer to approve and cancel.
-type OKAnswer struct {
-	OK    bool   `json:"ok"`
-	RunID string `json:"run_id"`
-}
-
-func (h *handler) startRun(w http.ResponseWriter, r *http.Request) {
-	body, _, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	var b startBody
-	if err := runs.DecodeStrict(body, &b); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	key := b.IdempotencyKey
-	if key == "" {
-		key = strings.TrimSpace(r.Header.Get("Idempotency-Key"))
-	}
-	ctx, cancel := requestContext(r)
-	defer cancel()
-	res, err := h.client.Start(ctx, runs.StartCommand{RunID: b.RunID, Workflow: b.Workflow, LLM: b.LLM,
-		Input: b.Input, IdempotencyKey: key, Budget: b.Budget, By: identity(r.Context())})
-	if err != nil && res.RunID == "" {
-		h.fail(w, r, err)
-		return
-	}
-	if err != nil {
-		// Created but not queued: the recovery sweep queues it.
-		h.log.Warn("run created but not queued", "run_id", res.RunID, "err", err)
-	}
-	status := http.StatusOK
-	if res.Created {
-		status = http.StatusCreated
-		w.Header().Set("Location", "/v1/runs/"+res.RunID)
-	}
-	writeJSON(w, status, StartAnswer{RunID: res.RunID, Created: res.Created})
-}
-
 func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	id, err := pathRunID(r)
 	if err != nil {
@@ -430,143 +324,6 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-// approveBody is POST /v1/runs/{id}/approve: the durable approve command
-// without reply_to; run_id may be left out (it is in the path), and so
-// may approver (the token's name; another needs scope admin).
-type approveBody struct {
-	RunID    string `json:"run_id,omitempty"`
-	StepID   string `json:"step_id"`
-	Decision string `json:"decision"`
-	Approved *bool  `json:"approved,omitempty"`
-	Approver string `json:"approver,omitempty"`
-	Comment  string `json:"comment,omitempty"`
-}
-
-func (b *approveBody) bodyRun() string { return b.RunID }
-
-func (h *handler) approve(w http.ResponseWriter, r *http.Request) {
-	var b approveBody
-	id, ok := h.readRunBody(w, r, &b, false)
-	if !ok {
-		return
-	}
-	if b.Approver, ok = actingAs(w, r, "approver", b.Approver); !ok {
-		return
-	}
-	ctx, cancel := requestContext(r)
-	defer cancel()
-	err := h.client.Approve(ctx, runs.ApproveCommand{RunID: id, StepID: b.StepID, Decision: b.Decision,
-		Approved: b.Approved, Approver: b.Approver, Comment: b.Comment})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
-}
-
-// cancelBody is POST /v1/runs/{id}/cancel: the durable cancel command
-// without reply_to. The body may be empty; by is the token's name
-// (another needs scope admin).
-type cancelBody struct {
-	RunID  string `json:"run_id,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	By     string `json:"by,omitempty"`
-}
-
-func (b *cancelBody) bodyRun() string { return b.RunID }
-
-func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
-	var b cancelBody
-	id, ok := h.readRunBody(w, r, &b, true)
-	if !ok {
-		return
-	}
-	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
-		return
-	}
-	ctx, cancel := requestContext(r)
-	defer cancel()
-	if err := h.client.Cancel(ctx, runs.CancelCommand{RunID: id, Reason: b.Reason, By: b.By}); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
-}
-
-// budgetBody is POST /v1/runs/{id}/budget: the durable budget command
-// without reply_to; by is the token's name (another needs scope admin).
-type budgetBody struct {
-	RunID     string  `json:"run_id,omitempty"`
-	AddUSD    float64 `json:"add_usd,omitempty"`
-	AddTokens int64   `json:"add_tokens,omitempty"`
-	AddSteps  int64   `json:"add_steps,omitempty"`
-	AddMs     int64   `json:"add_ms,omitempty"`
-	By        string  `json:"by,omitempty"`
-}
-
-func (b *budgetBody) bodyRun() string { return b.RunID }
-
-func (h *handler) raiseBudget(w http.ResponseWriter, r *http.Request) {
-	var b budgetBody
-	id, ok := h.readRunBody(w, r, &b, false)
-	if !ok {
-		return
-	}
-	if b.By, ok = actingAs(w, r, "by", b.By); !ok {
-		return
-	}
-	ctx, cancel := requestContext(r)
-	defer cancel()
-	err := h.client.RaiseBudget(ctx, runs.BudgetCommand{RunID: id, AddUSD: b.AddUSD, AddTokens: b.AddTokens,
-		AddSteps: b.AddSteps, AddMs: b.AddMs, By: b.By})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, OKAnswer{OK: true, RunID: id})
-}
-
-// sameRun refuses a body whose run_id differs from the path's.
-func sameRun(pathID, bodyID string) error {
-	if bodyID != "" && bodyID != pathID {
-		return &runs.InputError{Field: "run_id", Msg: fmt.Sprintf("%q does not match the run id in the path (%s); leave it out", bodyID, pathID)}
-	}
-	return nil
-}
-
-// runBody is a POST /v1/runs/{id}/… body: it may repeat the run id, and
-// the path's is the one that counts.
-type runBody interface{ bodyRun() string }
-
-// readRunBody reads the body of a POST /v1/runs/{id}/… route into b: the
-// path's run id checked, the body (at most MaxBodyBytes) decoded strictly,
-// and a run_id in it other than the path's refused. An empty body leaves
-// b as it is when optional, and is refused otherwise. On false the error
-// is answered already.
-func (h *handler) readRunBody(w http.ResponseWriter, r *http.Request, b runBody, optional bool) (string, bool) {
-	id, err := pathRunID(r)
-	if err != nil {
-		h.fail(w, r, err)
-		return "", false
-	}
-	body, empty, err := readBody(w, r)
-	if err != nil {
-		h.fail(w, r, err)
-		return "", false
-	}
-	if !empty || !optional {
-		if err := runs.DecodeStrict(body, b); err != nil {
-			h.fail(w, r, err)
-			return "", false
-		}
-	}
-	if err := sameRun(id, b.bodyRun()); err != nil {
-		h.fail(w, r, err)
-		return "", false
-	}
-	return id, true
 }
 
 // maxWorkflowFilter bounds GET /v1/runs?workflow=.

@@ -294,12 +294,7 @@ func TestListRuns(t *testing.T) {
 	require.NoError(t, err)
 	b := setup(t, withWorker(), withRuns(projections.NewReader(pool)))
 	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	require.NoError(t, p.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, p.Stop(sctx))
-	})
+	b.Serve(t, "the projector", p)
 
 	var ids []string
 	for i := range 3 {

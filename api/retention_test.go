@@ -34,12 +34,7 @@ func TestRemovedJournalOnEveryPath(t *testing.T) {
 	reader := projections.NewReader(pool)
 	b := setup(t, withWorker(), withRuns(reader))
 	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t), Retention: projections.MinRetention})
-	require.NoError(t, p.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, p.Stop(sctx))
-	})
+	b.Serve(t, "the projector", p)
 	svc, err := api.StartService(ctx, b.NC, b.Runs, paltest.Logger(t), api.WithRunReader(reader))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })

@@ -9,7 +9,10 @@
 // Invariants: everything a Stack starts stops when the test ends, and unless
 // NoJournalCheck is given the journal is checked then (gapless, one terminal
 // event per run, schema-valid), so a test cannot pass while leaving a
-// broken journal behind.
+// broken journal behind. The services a test starts on it (Stack.Serve:
+// its workers, and a projector, an HTTP API, … of its own) stop in
+// reverse order when that test ends, on one service.Stack, as a pal
+// process's parts do.
 //
 // Package-specific setup (a database, an HTTP API, the pal binary) stays
 // with the tests that need it; a test bundle embeds or holds a *Stack.
@@ -22,6 +25,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +40,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
@@ -59,6 +64,10 @@ type Stack struct {
 	Hook *connectortest.Receiver
 	// TTL is the lease TTL given to eventstore.Setup and OpenLeases.
 	TTL time.Duration
+
+	mu sync.Mutex
+	// services are what each test started with Serve.
+	services map[testing.TB]*service.Stack
 }
 
 type config struct {
@@ -185,13 +194,35 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)
 	}
-	require.NoError(tb, w.Start(context.Background()))
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(tb, w.Stop(ctx))
-	})
+	s.Serve(tb, "worker "+id, w)
 	return w
+}
+
+// Serve starts svc for tb: the services tb started stop when it ends, the
+// last started first, within 10 s, and a stop that fails fails the test.
+// A start that fails fails the test once the services tb started before
+// it have stopped.
+func (s *Stack) Serve(tb testing.TB, name string, svc service.Service) {
+	tb.Helper()
+	s.mu.Lock()
+	st := s.services[tb]
+	if st == nil {
+		st = &service.Stack{}
+		if s.services == nil {
+			s.services = map[testing.TB]*service.Stack{}
+		}
+		s.services[tb] = st
+		tb.Cleanup(func() {
+			s.mu.Lock()
+			delete(s.services, tb)
+			s.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(tb, st.Stop(ctx))
+		})
+	}
+	s.mu.Unlock()
+	require.NoError(tb, st.Start(context.Background(), name, svc))
 }
 
 // Start starts a run of workflow wf with input (JSON texts), written by

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/workers"
@@ -75,4 +76,26 @@ func TestAppendRaw(t *testing.T) {
 	require.Equal(t, "test", end.WorkerID)
 	require.Equal(t, uint64(2), end.Seq)
 	require.Len(t, s.Events(t, runID), 2)
+}
+
+// TestServe: what a test starts with Serve stops when that test ends, the
+// last started first, before what its parent test started.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	s := paltest.New(t)
+	var log []string
+	part := func(name string) service.Service {
+		return service.Func{
+			OnStart: func(context.Context) error { log = append(log, "start "+name); return nil },
+			OnStop:  func(context.Context) error { log = append(log, "stop "+name); return nil },
+		}
+	}
+	// Registered first, so it runs after the stack's own cleanup.
+	t.Cleanup(func() { require.Equal(t, "stop outer", log[len(log)-1]) })
+	s.Serve(t, "outer", part("outer"))
+	t.Run("inner", func(t *testing.T) {
+		s.Serve(t, "a", part("a"))
+		s.Serve(t, "b", part("b"))
+	})
+	require.Equal(t, []string{"start outer", "start a", "start b", "stop b", "stop a"}, log)
 }

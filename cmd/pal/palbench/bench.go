@@ -28,6 +28,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
@@ -55,80 +56,81 @@ type Options struct {
 
 // Env is a running benchmark environment: a JetStream server and a worker.
 type Env struct {
-	srv    *server.Server
-	nc     *nats.Conn
-	Store  *eventstore.Store
-	worker *workers.Worker
-	dir    string
-	ownDir bool
+	Store *eventstore.Store
+	// client starts the runs.
+	client *runs.Client
 	subNC  *nats.Conn
+	// parts are what Start started, stopped in reverse by Close.
+	parts service.Stack
 }
 
-// Start brings up the server and a worker with an "echo" tool.
-func Start(ctx context.Context, o Options) (*Env, error) {
-	e := &Env{dir: o.Dir}
-	if e.dir == "" {
-		d, err := os.MkdirTemp("", "pal-bench-*")
-		if err != nil {
-			return nil, err
-		}
-		e.dir, e.ownDir = d, true
-	}
-	connect := o.Connect
-	if connect == nil {
-		srv, err := startServer(e.dir, o.Strict)
+// Start brings up the server and a worker with an "echo" tool. When it
+// fails, what it started is stopped again.
+func Start(ctx context.Context, o Options) (_ *Env, err error) {
+	e := &Env{}
+	defer func() {
 		if err != nil {
 			e.Close()
+		}
+	}()
+	dir := o.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "pal-bench-*"); err != nil {
 			return nil, err
 		}
-		e.srv = srv
+		e.parts.Started("the temporary store "+dir, func(context.Context) error { return os.RemoveAll(dir) })
+	}
+	connect := o.Connect
+	var srv *server.Server
+	if connect == nil {
+		if srv, err = startServer(dir, o.Strict); err != nil {
+			return nil, err
+		}
+		e.parts.Started("the NATS server", service.Closer(func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}))
 		connect = func() (*nats.Conn, error) { return nats.Connect(srv.ClientURL()) }
 	}
-	var err error
-	if o.InProcess && e.srv != nil {
-		e.nc, err = nats.Connect("", nats.InProcessServer(e.srv))
+	var nc *nats.Conn
+	if o.InProcess && srv != nil {
+		nc, err = nats.Connect("", nats.InProcessServer(srv))
 	} else {
-		e.nc, err = connect()
+		nc, err = connect()
 	}
 	if err != nil {
-		e.Close()
 		return nil, err
 	}
-	js, err := jetstream.New(e.nc)
+	e.parts.Started("the worker's NATS connection", service.Closer(nc.Close))
+	js, err := jetstream.New(nc)
 	if err != nil {
-		e.Close()
 		return nil, err
 	}
 	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: o.Replicas}); err != nil {
-		e.Close()
 		return nil, err
 	}
 	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithPacking(o.Strict)); err != nil {
-		e.Close()
 		return nil, err
 	}
 	leases, err := eventstore.OpenLeases(ctx, js, eventstore.DefaultLeaseTTL)
 	if err != nil {
-		e.Close()
 		return nil, err
 	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	e.worker = workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, store(e), leases, nil, nil)
-	if err := e.worker.Start(ctx); err != nil {
-		e.Close()
+	w := workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, e.Store, leases, nil, nil)
+	if err := e.parts.Start(ctx, "the worker", w); err != nil {
 		return nil, err
 	}
 	if e.subNC, err = connect(); err != nil {
-		e.Close()
 		return nil, err
 	}
+	e.parts.Started("the watcher's NATS connection", service.Closer(e.subNC.Close))
+	e.client = runs.New(e.Store)
 	return e, nil
 }
-
-func store(e *Env) *eventstore.Store { return e.Store }
 
 // startServer starts an embedded JetStream server on a free loopback port,
 // storing in dir; strict syncs every write.
@@ -147,26 +149,12 @@ func startServer(dir string, strict bool) (*server.Server, error) {
 	return srv, nil
 }
 
-// Close stops the worker and the server and removes a temp store.
+// Close stops what Start started, in reverse: the watcher's connection,
+// the worker, its connection, the server, and removes a temporary store.
 func (e *Env) Close() {
-	if e.worker != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = e.worker.Stop(ctx)
-		cancel()
-	}
-	if e.subNC != nil {
-		e.subNC.Close()
-	}
-	if e.nc != nil {
-		e.nc.Close()
-	}
-	if e.srv != nil {
-		e.srv.Shutdown()
-		e.srv.WaitForShutdown()
-	}
-	if e.ownDir {
-		_ = os.RemoveAll(e.dir)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = e.parts.Stop(ctx)
 }
 
 // Workflow returns a sequential workflow of n echo tool steps.
@@ -236,7 +224,6 @@ func (r Result) Percentile(q float64) time.Duration {
 // waits for all of them to end; every run must succeed.
 func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 	wf := Workflow(steps)
-	client := runs.New(e.Store)
 	done := make(chan string, n)
 	stop, err := e.onEnd(eventstore.EventsPrefix, func(runID string, _ event.Kind) { done <- runID })
 	if err != nil {
@@ -251,7 +238,7 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+			res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
 			if err != nil {
 				errs <- err
 				return
@@ -315,11 +302,10 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 // end, start and notification included.
 func (e *Env) Latencies(ctx context.Context, n, steps int) ([]time.Duration, error) {
 	wf := Workflow(steps)
-	client := runs.New(e.Store)
 	out := make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
-		res, err := client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+		res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
 		if err != nil {
 			return out, err
 		}
@@ -361,7 +347,6 @@ func Median(ds []time.Duration) time.Duration {
 // it, as a watching client sees it.
 func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Duration) (Result, error) {
 	wf := Workflow(steps)
-	client := runs.New(e.Store)
 	var (
 		mu      sync.Mutex
 		waiting = make(map[string]chan event.Kind, n)
@@ -393,7 +378,7 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 				mu.Lock()
 				waiting[id] = ch
 				mu.Unlock()
-				_, err := client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench"})
+				_, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench"})
 				if err == nil {
 					select {
 					case end := <-ch:

@@ -16,14 +16,16 @@ import (
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/runs"
 )
 
 // natsTarget is where, and as whom, a process connects to NATS: the URL
 // (PAL_NATS_URL, which may carry user:password) and the credentials of
 // PAL_NATS_CREDS (a creds file or an nkey seed file).
 type natsTarget struct {
-	url  string
-	auth []nats.Option
+	url   string
+	creds string // PAL_NATS_CREDS, the path
+	auth  []nats.Option
 }
 
 // String is the URL without its password, for logs and errors.
@@ -31,8 +33,8 @@ func (t natsTarget) String() string { return redact.URL(t.url) }
 
 // natsTarget reads PAL_NATS_URL and PAL_NATS_CREDS.
 func (e *env) natsTarget(cmd *cobra.Command) (natsTarget, error) {
-	t := natsTarget{url: e.natsURL(cmd)}
-	if path := e.getenv("PAL_NATS_CREDS"); path != "" {
+	t := natsTarget{url: e.natsURL(cmd), creds: e.getenv("PAL_NATS_CREDS")}
+	if path := t.creds; path != "" {
 		opt, err := natsauth.CredsOption(path)
 		if err != nil {
 			return t, badInput("PAL_NATS_CREDS=%s: %v", path, err)
@@ -83,14 +85,10 @@ func (e *env) explain(err error) error {
 // code 4 when NATS is unreachable. A permissions violation closes the
 // connection at once, so the request NATS dropped fails now rather than
 // at its timeout, and explain reports the violation.
-func (e *env) connectNow(cmd *cobra.Command, name string) (*nats.Conn, error) {
-	t, err := e.natsTarget(cmd)
-	if err != nil {
-		return nil, err
-	}
+func (e *env) connectNow(t natsTarget, name string) (*nats.Conn, error) {
 	who := "the user of PAL_NATS_URL (" + t.String() + ")"
-	if path := e.getenv("PAL_NATS_CREDS"); path != "" {
-		who = "the credentials in PAL_NATS_CREDS (" + path + ")"
+	if t.creds != "" {
+		who = "the credentials in PAL_NATS_CREDS (" + t.creds + ")"
 	}
 	onError := nats.ErrorHandler(func(c *nats.Conn, _ *nats.Subscription, err error) {
 		if !errors.Is(err, nats.ErrPermissionViolation) {
@@ -121,19 +119,20 @@ func refusedLogin(err error) bool {
 		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
-// storeNow connects for a one-shot command and opens the event store. The
-// caller closes the connection.
-func (e *env) storeNow(cmd *cobra.Command) (*eventstore.Store, *nats.Conn, error) {
-	nc, err := e.connectNow(cmd, "pal-cli")
+// connectClient connects a one-shot command (pal run …) and returns the
+// front door over the event store (client.Store() for the journal
+// itself), the one every such command uses; close closes the connection.
+func (e *env) connectClient(ctx context.Context, s *settings) (client *runs.Client, close func(), err error) {
+	nc, err := e.connectNow(s.nats, "pal-cli")
 	if err != nil {
 		return nil, nil, err
 	}
-	store, err := openStore(cmd.Context(), nc)
+	store, err := openStore(ctx, nc)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
-	return store, nc, nil
+	return s.client(store), nc.Close, nil
 }
 
 // connectDurable connects for a long-running process: it keeps trying

@@ -14,15 +14,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/pgcluster"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
@@ -62,7 +65,7 @@ variables.
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
 built-in fake provider that answers "echo: <prompt>".`,
 		Args: cobra.NoArgs,
-		RunE: e.runDev,
+		RunE: e.withSettings(e.runDev),
 	}
 	addWorkerFlags(cmd)
 	cmd.Flags().Lookup("worker-id").Usage = "the worker's id in leases and events (env PAL_WORKER_ID, default dev-<host>; --cluster's two workers add -1 and -2)"
@@ -73,298 +76,202 @@ built-in fake provider that answers "echo: <prompt>".`,
 	return cmd
 }
 
-func (e *env) runDev(cmd *cobra.Command, _ []string) error {
+// devConfig is pal dev's configuration: a worker's and the REST API's,
+// and its own flags.
+type devConfig struct {
+	wc        workerConfig
+	rc        restConfig
+	retention time.Duration
+	dataDir   string
+	// dbURL is DATABASE_URL; empty, pal dev runs a local PostgreSQL.
+	dbURL    string
+	noWorker bool
+	// cluster is the number of NATS nodes (--cluster), 0 for one server in
+	// this process.
+	cluster int
+	// host and port are where NATS listens (PAL_NATS_URL's).
+	host string
+	port int
+}
+
+// devConfigOf reads pal dev's flags and settings; nothing is started.
+func (e *env) devConfigOf(cmd *cobra.Command, s *settings) (devConfig, error) {
+	var d devConfig
+	var err error
+	if d.wc, err = e.workerConfig(cmd); err != nil {
+		return d, err
+	}
+	d.wc.egress = d.wc.egress.With(egress.Loopback...) // the tour calls local receivers
+	if d.rc, err = e.restSettings(cmd, true); err != nil {
+		return d, err
+	}
+	if d.retention, err = projections.ParseRetention(e.getenv("PAL_RETENTION")); err != nil {
+		return d, badInput("%v", err)
+	}
+	d.dataDir = e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
+	d.dbURL = e.getenv("DATABASE_URL")
+	d.noWorker, _ = cmd.Flags().GetBool("no-worker")
+	d.cluster, _ = cmd.Flags().GetInt("cluster")
+	if d.cluster != 0 && d.cluster < 3 {
+		return d, badInput("--cluster %d: a JetStream cluster needs 3 nodes or more", d.cluster)
+	}
+	if d.cluster > 0 {
+		d.wc.replicas = 3
+	}
+	if d.host, d.port, err = listenAddr(s.nats.url); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	ctx := cmd.Context()
-	wc, err := e.workerConfig(cmd)
+	d, err := e.devConfigOf(cmd, s)
 	if err != nil {
 		return err
 	}
-	wc.egress = wc.egress.With(egress.Loopback...) // the tour calls local receivers
-	rc, err := e.restSettings(cmd, true)
-	if err != nil {
+	log := s.log
+	var st service.Stack
+	defer stopStack(ctx, &st, &err)
+	if err := e.startTracing(ctx, &st, "pal-dev", log); err != nil {
 		return err
 	}
-	retention, err := projections.ParseRetention(e.getenv("PAL_RETENTION"))
-	if err != nil {
-		return badInput("%v", err)
+	if err := os.MkdirAll(d.dataDir, 0o755); err != nil {
+		return badInput("creating %s: %v", d.dataDir, err)
 	}
-	log, err := e.logger()
-	if err != nil {
-		return err
-	}
-	stopTracing, err := e.startTracing(ctx, "pal-dev", log)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
-	dataDir := e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
-	noWorker, _ := cmd.Flags().GetBool("no-worker")
-	clusterN, _ := cmd.Flags().GetInt("cluster")
-	if clusterN != 0 && clusterN < 3 {
-		return badInput("--cluster %d: a JetStream cluster needs 3 nodes or more", clusterN)
-	}
-	if clusterN > 0 {
-		wc.replicas = 3
-	}
-	host, port, err := listenAddr(wc.nats.url)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return badInput("creating %s: %v", dataDir, err)
-	}
-	_ = os.Chmod(dataDir, 0o755) // PostgreSQL's own user must be able to reach ./.pal/pg
+	_ = os.Chmod(d.dataDir, 0o755) // PostgreSQL's own user must be able to reach ./.pal/pg
 	// What an earlier pal dev wrote is stale now: remove it before anything
 	// can fail, so no command reads it while this one starts.
-	envPath := filepath.Join(dataDir, devEnvName)
+	envPath := filepath.Join(d.dataDir, devEnvName)
 	if err := os.Remove(envPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return badInput("removing the stale %s: %v", envPath, err)
 	}
-	if err := devSigningKey(dataDir, &wc, &rc, log); err != nil {
+	if err := devSigningKey(d.dataDir, &d.wc, log); err != nil {
 		return err
 	}
-	storeDir := filepath.Join(dataDir, "nats")
-	if err := os.MkdirAll(storeDir, 0o755); err != nil {
-		return badInput("creating %s: %v", storeDir, err)
-	}
+	d.rc.keys = d.wc.keys
 
-	// NATS with JetStream, in this process, with PAL's roles: one nkey
-	// user per role, its seed kept in the data directory.
-	keys, err := natsauth.LoadOrCreate(dataDir)
-	if err != nil {
-		return badInput("the NATS credentials in %s: %v", dataDir, err)
-	}
-	var conn func(role natsauth.Role) (*nats.Conn, error)
-	natsURL := fmt.Sprintf("nats://%s:%d", host, port)
-	var cluster *devCluster
-	if clusterN > 0 {
-		cluster, err = startDevCluster(ctx, clusterN, dataDir, host, port, wc.durability == DurabilityStrict, log)
-		if err != nil {
-			return withCode(ExitUnavailable, fmt.Errorf("starting the NATS cluster: %w (is another pal dev or NATS server running on ports %d-%d? set PAL_NATS_URL=nats://127.0.0.1:4333 to use others)", err, port, port+clusterN-1))
-		}
-		defer cluster.stop()
-		natsURL = cluster.URL()
-		conn = func(role natsauth.Role) (*nats.Conn, error) { return cluster.connect(keys, role, log) }
-	} else {
-		srv, err := server.NewServer(&server.Options{
-			ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: host, Port: port,
-			NoSigs: true, NoLog: true, SyncAlways: wc.durability == DurabilityStrict, Nkeys: keys.Users(),
-		})
-		if err != nil {
-			return badInput("configuring the embedded NATS server: %v", err)
-		}
-		go srv.Start()
-		defer func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			return withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", host, port))
-		}
-		// Each part connects with its own role, as it would as its own process.
-		conn = func(role natsauth.Role) (*nats.Conn, error) {
-			nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
-				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-					log.Error("NATS error", "role", role, "err", err)
-				}))
-			if err != nil {
-				return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
-			}
-			return nc, nil
-		}
-	}
-	workerNC, err := conn(natsauth.Worker)
+	n, err := startDevNATS(ctx, &st, d, log)
 	if err != nil {
 		return err
 	}
-	defer workerNC.Close()
-	if cluster != nil {
-		// JetStream answers once the nodes have elected a meta leader.
-		if err := waitFor(ctx, log, "the NATS cluster's JetStream", func() error {
-			js, err := jetstream.New(workerNC)
-			if err != nil {
-				return err
-			}
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err = js.AccountInfo(actx)
-			return err
-		}); err != nil {
+	workerNC, err := n.connect(&st, natsauth.Worker)
+	if err != nil {
+		return err
+	}
+	if n.cluster != nil {
+		if err := waitJetStream(ctx, workerNC, log); err != nil {
 			return shutdownOr(ctx, err)
 		}
 	}
-
-	// PostgreSQL: DATABASE_URL, or a local cluster under the data dir.
-	dbURL, pgNote := e.getenv("DATABASE_URL"), "DATABASE_URL"
-	if dbURL == "" {
-		pg, err := pgcluster.Dev(ctx, filepath.Join(dataDir, "pg"), log)
-		if err != nil {
-			return withCode(ExitUnavailable, fmt.Errorf("starting the local PostgreSQL: %w", err))
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if err := pg.Stop(sctx, pgcluster.StopFast); err != nil {
-				log.Warn("stopping the local PostgreSQL", "err", err)
-			}
-		}()
-		db := pgcluster.DevDatabase
-		if cluster != nil {
-			// The cluster's JetStream (.pal/nats-<i>) is not the single
-			// server's (.pal/nats): a projection of one would be past the
-			// end of the other, so each projects into its own database.
-			db = devClusterDatabase
-			if err := pg.CreateDatabase(ctx, db); err != nil {
-				return withCode(ExitUnavailable, fmt.Errorf("the local PostgreSQL: %w", err))
-			}
-		}
-		dbURL, pgNote = pg.DSN(db), "local, data in "+pg.DataDir()
-	}
-	pool, err := connectPGDurable(ctx, dbURL, log)
+	dbURL, pgNote, pool, err := startDevPostgres(ctx, &st, d, n.cluster != nil, log)
 	if err != nil {
-		return shutdownOr(ctx, err)
-	}
-	defer pool.Close()
-	if err := waitFor(ctx, log, "applying the migrations", func() error {
-		_, err := projections.Migrate(ctx, pool)
 		return err
-	}); err != nil {
-		return shutdownOr(ctx, err)
 	}
-
 	providers, llmNote, llmVars, closeFake, err := e.devProviders()
 	if err != nil {
 		return err
 	}
-	defer closeFake()
-	if wc.id == "" {
+	st.Started("the fake LLM provider", service.Closer(closeFake))
+	if d.wc.id == "" {
 		hostname, _ := os.Hostname()
-		wc.id = "dev-" + sanitizeID(hostname)
+		d.wc.id = "dev-" + sanitizeID(hostname)
 	}
 
 	// The write side (unless --no-worker), the projector and the REST API.
-	stopCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	}
-	workerNote := fmt.Sprintf("%s   (durability %s, lease TTL %s)", wc.id, wc.durability, wc.leaseTTL)
-	workerEnv := func(id string) []string {
-		env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
-			"PAL_NATS_CREDS=" + filepath.Join(dataDir, natsauth.SeedFile(natsauth.Worker)),
-			"PAL_REPLICAS=" + strconv.Itoa(wc.replicas), "PAL_DURABILITY=" + wc.durability,
-			"PAL_LEASE_TTL=" + wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + wc.egress.String(),
-			"PAL_BLOB_THRESHOLD=" + strconv.Itoa(wc.blobThreshold)}
-		for k, v := range llmVars {
-			env = append(env, k+"="+v)
-		}
-		return env
-	}
-	switch {
-	case cluster != nil && !noWorker:
-		// Two worker processes, so one can be killed to watch the other
-		// take its runs.
-		if err := devSetup(ctx, workerNC, wc); err != nil {
-			return err
-		}
-		for _, id := range []string{wc.id + "-1", wc.id + "-2"} {
-			if err := cluster.startWorker(id, workerEnv(id)); err != nil {
-				return err
-			}
-		}
-		workerNote = fmt.Sprintf("%s   (durability %s, lease TTL %s, logs in %s/<worker>.log)",
-			cluster.pids(cluster.workers), wc.durability, wc.leaseTTL, dataDir)
-	case noWorker:
-		if err := devSetup(ctx, workerNC, wc); err != nil {
-			return err
-		}
-		workerNote = fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", wc.durability, wc.leaseTTL)
-	default:
-		ws, err := e.startWriteSide(ctx, wc, workerNC, providers, pool, log)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			sctx, cancel := stopCtx()
-			defer cancel()
-			_ = ws.stop(sctx)
-		}()
-	}
-	projNC, err := conn(natsauth.Projector)
+	workerNote, err := startDevWorkers(ctx, &st, s, d, n, workerNC, pool, providers, dbURL, llmVars)
 	if err != nil {
 		return err
 	}
-	defer projNC.Close()
-	projStore, err := devStore(ctx, projNC, wc)
+	projNC, err := n.connect(&st, natsauth.Projector)
 	if err != nil {
 		return err
 	}
-	proj := projections.New(pool, projStore, projections.Config{Logger: log, Retention: retention})
-	if err := proj.Start(ctx); err != nil {
+	projStore, err := devStore(ctx, projNC, d.wc)
+	if err != nil {
+		return err
+	}
+	proj := projections.New(pool, projStore, projections.Config{Logger: log, Retention: d.retention})
+	if err := st.Start(ctx, "the projector", proj); err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	defer func() {
-		sctx, cancel := stopCtx()
-		defer cancel()
-		_ = proj.Stop(sctx)
-	}()
-	apiNC, err := conn(natsauth.API)
+	apiNC, err := n.connect(&st, natsauth.API)
 	if err != nil {
 		return err
 	}
-	defer apiNC.Close()
-	apiStore, err := devStore(ctx, apiNC, wc)
+	apiStore, err := devStore(ctx, apiNC, d.wc)
 	if err != nil {
 		return err
 	}
-	rest, err := startREST(ctx, rc, apiStore, apiNC, pool, log)
+	rest, err := startREST(ctx, &st, d.rc, s.client(apiStore), pool, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := stopCtx()
-		defer cancel()
-		_ = rest.Stop(sctx)
-	}()
 
-	abs, _ := filepath.Abs(dataDir)
-	vars := map[string]string{
-		"PAL_NATS_URL": natsURL,
-		// A second pal worker, and the pal commands, act as the worker.
-		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
-		"DATABASE_URL":   dbURL,
-		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
-		"PAL_DURABILITY": wc.durability,
-		"PAL_LEASE_TTL":  wc.leaseTTL.String(),
-		"PAL_REPLICAS":   strconv.Itoa(wc.replicas),
-		// The pal worker processes beside pal dev --no-worker call the
-		// tour's local receivers too.
-		egress.EnvAllow: wc.egress.String(),
-	}
-	if v := e.getenv(receipt.EnvSigningKey); v != "" {
-		vars[receipt.EnvSigningKey] = v
-	} else {
-		vars[receipt.EnvSigningKey] = filepath.Join(abs, devKeyName)
-	}
-	if len(rc.tokens) > 0 {
-		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = rc.tokensEnv(), rc.tokens[0].Secret
-	}
-	maps.Copy(vars, llmVars)
-	if err := writeDevEnv(envPath, devEnvKeys, vars); err != nil {
+	abs, _ := filepath.Abs(d.dataDir)
+	if err := writeDevEnv(envPath, devEnvKeys, e.devVars(d, abs, n.url, dbURL, rest, llmVars)); err != nil {
 		return fmt.Errorf("writing %s: %w", envPath, err)
 	}
-	defer os.Remove(envPath)
+	st.Started(envPath, func(context.Context) error {
+		if err := os.Remove(envPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
 
+	e.printDev(d, abs, n, dbURL, pgNote, workerNote, llmNote, rest)
+	<-ctx.Done()
+	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
+	return nil
+}
+
+// startDevWorkers starts what drives pal dev's runs: the write side in
+// this process, two pal worker processes beside a cluster, or nothing
+// (--no-worker, once PAL's streams are set up). It returns what the
+// banner says of them.
+func startDevWorkers(ctx context.Context, st *service.Stack, s *settings, d devConfig, n *devNATS, workerNC *nats.Conn,
+	pool *pgxpool.Pool, providers provider.Registry, dbURL string, llmVars map[string]string) (string, error) {
+	switch {
+	case n.cluster != nil && !d.noWorker:
+		// Two worker processes, so one can be killed to watch the other
+		// take its runs.
+		if err := devSetup(ctx, workerNC, d.wc); err != nil {
+			return "", err
+		}
+		for _, id := range []string{d.wc.id + "-1", d.wc.id + "-2"} {
+			if err := n.cluster.startWorker(id, devWorkerEnv(d, n.url, dbURL, id, llmVars)); err != nil {
+				return "", err
+			}
+		}
+		return fmt.Sprintf("%s   (durability %s, lease TTL %s, logs in %s/<worker>.log)",
+			n.cluster.pids(n.cluster.workers), d.wc.durability, d.wc.leaseTTL, d.dataDir), nil
+	case d.noWorker:
+		if err := devSetup(ctx, workerNC, d.wc); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("none (--no-worker): start pal worker here to drive runs (durability %s, lease TTL %s)", d.wc.durability, d.wc.leaseTTL), nil
+	default:
+		if err := startWriteSide(ctx, st, s, d.wc, workerNC, providers, pool); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s   (durability %s, lease TTL %s)", d.wc.id, d.wc.durability, d.wc.leaseTTL), nil
+	}
+}
+
+// printDev prints pal dev's banner: where everything is and what to try.
+func (e *env) printDev(d devConfig, abs string, n *devNATS, dbURL, pgNote, workerNote, llmNote string, rest *api.Server) {
 	fmt.Fprintf(e.stderr, `
 PAL dev is running.
   NATS       %s   (JetStream store: %s; roles on, nkey seeds %s/nats-<role>.nk)
   Postgres   %s   (%s)
   worker     %s
   LLM        %s
-`, natsURL, natsStoreNote(abs, cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
-	if cluster != nil {
+`, n.url, natsStoreNote(abs, n.cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+	if n.cluster != nil {
 		fmt.Fprintf(e.stderr, "  cluster    %s   (PAL_REPLICAS=3; kill -9 one to watch a failover: pal dev starts it again after 2 s)\n",
-			cluster.pids(cluster.nodes))
+			n.cluster.pids(n.cluster.nodes))
 	}
-	printREST(e.stderr, rest, rc)
+	printREST(e.stderr, rest, d.rc)
 	settingsNote, tryNote := devEnvNotes(abs)
 	fmt.Fprintf(e.stderr, `  settings   %s   (%s)
 
@@ -376,10 +283,168 @@ Try it (%s):
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 
 Press Ctrl-C to stop.
-`, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(natsURL, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
-	<-ctx.Done()
-	fmt.Fprintln(e.stderr, "PAL dev is stopping…")
-	return nil
+`, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(n.url, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
+}
+
+// devNATS is pal dev's NATS: one server in this process, or a cluster of
+// node processes.
+type devNATS struct {
+	url     string
+	cluster *devCluster // nil: one server in this process
+	// dial connects as role.
+	dial func(role natsauth.Role) (*nats.Conn, error)
+}
+
+// connect connects as role, the connection closed when st stops.
+func (n *devNATS) connect(st *service.Stack, role natsauth.Role) (*nats.Conn, error) {
+	nc, err := n.dial(role)
+	if err != nil {
+		return nil, err
+	}
+	st.Started("the "+string(role)+" role's NATS connection", service.Closer(nc.Close))
+	return nc, nil
+}
+
+// startDevNATS starts pal dev's NATS on st, with PAL's roles: one nkey
+// user per role, its seed kept in the data directory.
+func startDevNATS(ctx context.Context, st *service.Stack, d devConfig, log *slog.Logger) (*devNATS, error) {
+	storeDir := filepath.Join(d.dataDir, "nats")
+	if err := os.MkdirAll(storeDir, 0o755); err != nil {
+		return nil, badInput("creating %s: %v", storeDir, err)
+	}
+	keys, err := natsauth.LoadOrCreate(d.dataDir)
+	if err != nil {
+		return nil, badInput("the NATS credentials in %s: %v", d.dataDir, err)
+	}
+	strict := d.wc.durability == DurabilityStrict
+	if d.cluster > 0 {
+		cluster, err := startDevCluster(ctx, d.cluster, d.dataDir, d.host, d.port, strict, log)
+		if err != nil {
+			return nil, withCode(ExitUnavailable, fmt.Errorf("starting the NATS cluster: %w (is another pal dev or NATS server running on ports %d-%d? set PAL_NATS_URL=nats://127.0.0.1:4333 to use others)", err, d.port, d.port+d.cluster-1))
+		}
+		st.Started("the NATS cluster", service.Closer(cluster.stop))
+		return &devNATS{url: cluster.URL(), cluster: cluster,
+			dial: func(role natsauth.Role) (*nats.Conn, error) { return cluster.connect(keys, role, log) }}, nil
+	}
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: d.host, Port: d.port,
+		NoSigs: true, NoLog: true, SyncAlways: strict, Nkeys: keys.Users(),
+	})
+	if err != nil {
+		return nil, badInput("configuring the embedded NATS server: %v", err)
+	}
+	go srv.Start()
+	st.Started("the embedded NATS server", service.Closer(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}))
+	if !srv.ReadyForConnections(10 * time.Second) {
+		return nil, withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", d.host, d.port))
+	}
+	// Each part connects with its own role, as it would as its own process.
+	return &devNATS{url: fmt.Sprintf("nats://%s:%d", d.host, d.port), dial: func(role natsauth.Role) (*nats.Conn, error) {
+		nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				log.Error("NATS error", "role", role, "err", err)
+			}))
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the embedded NATS server as %s: %w", role, err)
+		}
+		return nc, nil
+	}}, nil
+}
+
+// waitJetStream waits until JetStream answers on nc: a cluster's, once
+// its nodes have elected a meta leader.
+func waitJetStream(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
+	return waitFor(ctx, log, "the NATS cluster's JetStream", func() error {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err = js.AccountInfo(actx)
+		return err
+	})
+}
+
+// startDevPostgres returns pal dev's Postgres, migrated: DATABASE_URL, or
+// a local cluster under the data directory started on st. The pool closes
+// when st stops.
+func startDevPostgres(ctx context.Context, st *service.Stack, d devConfig, cluster bool, log *slog.Logger) (dbURL, note string, pool *pgxpool.Pool, err error) {
+	dbURL, note = d.dbURL, "DATABASE_URL"
+	if dbURL == "" {
+		pg, err := pgcluster.Dev(ctx, filepath.Join(d.dataDir, "pg"), log)
+		if err != nil {
+			return "", "", nil, withCode(ExitUnavailable, fmt.Errorf("starting the local PostgreSQL: %w", err))
+		}
+		st.Started("the local PostgreSQL", func(ctx context.Context) error { return pg.Stop(ctx, pgcluster.StopFast) })
+		db := pgcluster.DevDatabase
+		if cluster {
+			// The cluster's JetStream (.pal/nats-<i>) is not the single
+			// server's (.pal/nats): a projection of one would be past the
+			// end of the other, so each projects into its own database.
+			db = devClusterDatabase
+			if err := pg.CreateDatabase(ctx, db); err != nil {
+				return "", "", nil, withCode(ExitUnavailable, fmt.Errorf("the local PostgreSQL: %w", err))
+			}
+		}
+		dbURL, note = pg.DSN(db), "local, data in "+pg.DataDir()
+	}
+	if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
+		return "", "", nil, shutdownOr(ctx, err)
+	}
+	st.Started("the Postgres pool", service.Closer(pool.Close))
+	if err := waitFor(ctx, log, "applying the migrations", func() error {
+		_, err := projections.Migrate(ctx, pool)
+		return err
+	}); err != nil {
+		return "", "", nil, shutdownOr(ctx, err)
+	}
+	return dbURL, note, pool, nil
+}
+
+// devWorkerEnv is the environment of a pal worker process of pal dev
+// --cluster, id its worker id.
+func devWorkerEnv(d devConfig, natsURL, dbURL, id string, llmVars map[string]string) []string {
+	env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
+		"PAL_NATS_CREDS=" + filepath.Join(d.dataDir, natsauth.SeedFile(natsauth.Worker)),
+		"PAL_REPLICAS=" + strconv.Itoa(d.wc.replicas), "PAL_DURABILITY=" + d.wc.durability,
+		"PAL_LEASE_TTL=" + d.wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + d.wc.egress.String(),
+		"PAL_BLOB_THRESHOLD=" + strconv.Itoa(d.wc.blobThreshold)}
+	for k, v := range llmVars {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// devVars are what pal dev writes to dev.env: how the other pal commands
+// run here reach it. abs is the data directory's absolute path.
+func (e *env) devVars(d devConfig, abs, natsURL, dbURL string, rest *api.Server, llmVars map[string]string) map[string]string {
+	vars := map[string]string{
+		"PAL_NATS_URL": natsURL,
+		// A second pal worker, and the pal commands, act as the worker.
+		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
+		"DATABASE_URL":   dbURL,
+		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
+		"PAL_DURABILITY": d.wc.durability,
+		"PAL_LEASE_TTL":  d.wc.leaseTTL.String(),
+		"PAL_REPLICAS":   strconv.Itoa(d.wc.replicas),
+		// The pal worker processes beside pal dev --no-worker call the
+		// tour's local receivers too.
+		egress.EnvAllow: d.wc.egress.String(),
+	}
+	if v := e.getenv(receipt.EnvSigningKey); v != "" {
+		vars[receipt.EnvSigningKey] = v
+	} else {
+		vars[receipt.EnvSigningKey] = filepath.Join(abs, devKeyName)
+	}
+	if len(d.rc.tokens) > 0 {
+		vars["PAL_API_TOKENS"], vars["PAL_API_TOKEN"] = d.rc.tokensEnv(), d.rc.tokens[0].Secret
+	}
+	maps.Copy(vars, llmVars)
+	return vars
 }
 
 // devEnvNotes say who reads dev.env in the data directory abs: the pal
@@ -522,7 +587,7 @@ const devKeyName = "pal.key"
 
 // devSigningKey gives pal dev a receipt signing key when PAL_SIGNING_KEY
 // names none: dataDir/pal.key, made on the first start and kept.
-func devSigningKey(dataDir string, wc *workerConfig, rc *restConfig, log *slog.Logger) error {
+func devSigningKey(dataDir string, wc *workerConfig, log *slog.Logger) error {
 	if wc.keys != nil {
 		return nil
 	}
@@ -537,6 +602,5 @@ func devSigningKey(dataDir string, wc *workerConfig, rc *restConfig, log *slog.L
 		return badInput("the receipt signing key %s: %v", path, err)
 	}
 	wc.keys = &receipt.Keys{Current: k}
-	rc.keys = wc.keys
 	return nil
 }

@@ -2,12 +2,25 @@
 // pal bench. cmd/pal/main.go only calls Main. The commands, settings and
 // wire formats are in docs/architecture.md §9 and §14.
 //
-// Invariant: a setting is taken from its flag, else its environment
-// variable, else its default, and an invalid value fails the command before
-// anything is started, with a message naming the variable (only
-// PAL_RECOVERY_INTERVAL falls back to its default instead, so the recovery
-// sweep cannot be turned off). Every error leaves through one of the exit
-// codes below.
+// Invariants:
+//
+//   - A setting is taken from its flag, else its environment variable,
+//     else its default, and an invalid value fails the command before
+//     anything is started, with a message naming the variable (only
+//     PAL_RECOVERY_INTERVAL falls back to its default instead, so the
+//     recovery sweep cannot be turned off).
+//   - A command that connects to NATS parses the settings every part of
+//     the process shares once (settings: NATS, the log, PAL_ANOMALY_*,
+//     PAL_REPLY_PREFIX) and passes them down. Every runs.Client of the
+//     process is built from them in one place (settings.client): a one-shot
+//     pal run command's, pal server's REST API and NATS service's, a
+//     worker's command processor's, so a command journals the same rules
+//     whichever door it came in by.
+//   - A long-running command (pal dev, pal worker, pal server, pal
+//     projector) starts its parts in order on one service.Stack and stops
+//     them in reverse, when it ends and as soon as one fails to start: a
+//     process that cannot come up leaves nothing running.
+//   - Every error leaves through one of the exit codes below.
 //
 // Exit codes (scripts may rely on them):
 //

@@ -2,34 +2,36 @@ package palcli
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/internal/telemetry"
 )
 
 // startTracing turns OpenTelemetry traces on when the OTEL_* variables
-// ask for them (OTEL_EXPORTER_OTLP_ENDPOINT); stop flushes the spans
-// still buffered. With them unset it does nothing.
-func (e *env) startTracing(ctx context.Context, service string, log *slog.Logger) (stop func(), err error) {
-	shutdown, err := telemetry.SetupTracing(ctx, service, e.getenv)
+// ask for them (OTEL_EXPORTER_OTLP_ENDPOINT), for name; stopping st
+// flushes the spans still buffered. With them unset it does nothing.
+func (e *env) startTracing(ctx context.Context, st *service.Stack, name string, log *slog.Logger) error {
+	shutdown, err := telemetry.SetupTracing(ctx, name, e.getenv)
 	if err != nil {
-		return nil, badInput("%v", err)
+		return badInput("%v", err)
 	}
 	if telemetry.TracingEnabled(e.getenv) {
-		log.Info("tracing on", "service", service, "otlp_endpoint", firstSet(e.getenv, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+		log.Info("tracing on", "service", name, "otlp_endpoint", firstSet(e.getenv, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
 	}
-	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	st.Started("tracing", func(ctx context.Context) error {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if err := shutdown(sctx); err != nil {
 			log.Warn("flushing spans", "err", err)
 		}
-	}, nil
+		return nil
+	})
+	return nil
 }
 
 func firstSet(getenv func(string) string, names ...string) string {
@@ -55,28 +57,24 @@ func (e *env) metricsOpen() (bool, error) {
 }
 
 // startMetrics serves GET /metrics, without a token, on PAL_METRICS_ADDR
-// (pal worker, pal projector); unset, it serves nothing. The address
-// must name its host: bind it to loopback or a network only Prometheus
-// reaches.
-func (e *env) startMetrics(ctx context.Context, log *slog.Logger) (stop func(), err error) {
+// (pal worker, pal projector), on st; unset, it serves nothing. The
+// address must name its host: bind it to loopback or a network only
+// Prometheus reaches.
+func (e *env) startMetrics(ctx context.Context, st *service.Stack, log *slog.Logger) error {
 	addr := e.getenv("PAL_METRICS_ADDR")
 	if addr == "" {
-		return func() {}, nil
+		return nil
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" || (host != "localhost" && net.ParseIP(host) == nil) {
-		return nil, badInput("PAL_METRICS_ADDR=%q: want host:port with an IP address or localhost, e.g. 127.0.0.1:9464", addr)
+		return badInput("PAL_METRICS_ADDR=%q: want host:port with an IP address or localhost, e.g. 127.0.0.1:9464", addr)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", telemetry.Handler())
 	srv := api.NewServer(addr, mux, log)
-	if err := srv.Start(ctx); err != nil {
-		return nil, withCode(ExitUnavailable, fmt.Errorf("serving metrics on PAL_METRICS_ADDR=%s: %w", addr, err))
+	if err := st.Start(ctx, "metrics on PAL_METRICS_ADDR="+addr, srv); err != nil {
+		return withCode(ExitUnavailable, err)
 	}
 	log.Info("metrics served", "url", srv.URL()+"/metrics")
-	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Stop(sctx)
-	}, nil
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 )
 
@@ -198,7 +199,7 @@ nats stream backup PAL_EVENTS. Unset, journals are kept forever.
 With PAL_METRICS_ADDR (host:port) it serves Prometheus metrics at /metrics
 there, without a token: its lag and its consumer's pending count.`,
 		Args: cobra.NoArgs,
-		RunE: e.runProjector,
+		RunE: e.withSettings(e.runProjector),
 	}
 	addDatabaseFlag(cmd)
 	cmd.Flags().Int("replicas", 0, "stream replicas if the projector creates PAL's streams (env PAL_REPLICAS, default 1)")
@@ -206,16 +207,13 @@ there, without a token: its lag and its consumer's pending count.`,
 	return cmd
 }
 
-func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
+func (e *env) runProjector(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	ctx := cmd.Context()
 	url, err := e.databaseURL(cmd)
 	if err != nil {
 		return err
 	}
-	log, err := e.logger()
-	if err != nil {
-		return err
-	}
+	log := s.log
 	replicas, err := e.replicas(cmd)
 	if err != nil {
 		return err
@@ -228,22 +226,17 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badInput("%v", err)
 	}
-	natsAt, err := e.natsTarget(cmd)
-	if err != nil {
-		return err
-	}
+	var st service.Stack
+	defer stopStack(ctx, &st, &err)
 	// Served while Postgres and NATS are awaited too.
-	stopMetrics, err := e.startMetrics(ctx, log)
-	if err != nil {
+	if err := e.startMetrics(ctx, &st, log); err != nil {
 		return err
 	}
-	defer stopMetrics()
-
 	pool, err := connectPGDurable(ctx, url, log)
 	if err != nil {
 		return shutdownOr(ctx, err)
 	}
-	defer pool.Close()
+	st.Started("the Postgres pool", service.Closer(pool.Close))
 	var res projections.MigrateResult
 	err = waitFor(ctx, log, "applying the migrations", func() (err error) {
 		res, err = projections.Migrate(ctx, pool)
@@ -256,18 +249,18 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		log.Info("migration applied", "name", m.Name, "took", m.Duration)
 	}
 
-	nc, err := connectDurable(natsAt, "pal-projector", log)
+	nc, err := connectDurable(s.nats, "pal-projector", log)
 	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
+		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", s.nats, err))
 	}
-	defer nc.Close()
+	st.Started("the NATS connection", service.Closer(nc.Close))
 	store, err := openStoreWait(ctx, nc, eventstore.Config{Replicas: replicas}, log)
 	if err != nil {
 		return shutdownOr(ctx, withCode(ExitUnavailable, err))
 	}
 
 	p := projections.New(pool, store, projections.Config{BatchSize: batch, Logger: log, Retention: retention})
-	if err := p.Start(ctx); err != nil {
+	if err := st.Start(ctx, "the projector", p); err != nil {
 		var ahead *projections.CheckpointAheadError
 		if errors.As(err, &ahead) {
 			return badInput("%v", err)
@@ -275,11 +268,9 @@ func (e *env) runProjector(cmd *cobra.Command, _ []string) error {
 		return shutdownOr(ctx, withCode(ExitUnavailable, err))
 	}
 	cfg, _ := pgConfig(url)
-	log.Info("projector ready", "checkpoint", p.Stats().Checkpoint, "nats", natsAt.String(), "database", pgWhere(cfg))
+	log.Info("projector ready", "checkpoint", p.Stats().Checkpoint, "nats", s.nats.String(), "database", pgWhere(cfg))
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return p.Stop(sctx)
+	return nil
 }
 
 // shutdownOr returns nil when ctx ended (SIGTERM while waiting), else err.
@@ -305,24 +296,21 @@ and sets the projector's checkpoint. A running pal projector may stay up: it
 waits for the swap and carries on. Readers see the old tables or the new
 ones, never a mix. Progress goes to stderr, the summary to stdout.`,
 		Args: cobra.NoArgs,
-		RunE: e.runRebuild,
+		RunE: e.withSettings(e.runRebuild),
 	}
 	addDatabaseFlag(rebuild)
 	cmd.AddCommand(rebuild)
 	return cmd
 }
 
-func (e *env) runRebuild(cmd *cobra.Command, _ []string) error {
+func (e *env) runRebuild(cmd *cobra.Command, _ []string, s *settings) error {
 	ctx := cmd.Context()
 	url, err := e.databaseURL(cmd)
 	if err != nil {
 		return err
 	}
-	log, err := e.logger()
-	if err != nil {
-		return err
-	}
-	nc, err := e.connectNow(cmd, "pal-projections-rebuild")
+	log := s.log
+	nc, err := e.connectNow(s.nats, "pal-projections-rebuild")
 	if err != nil {
 		return err
 	}

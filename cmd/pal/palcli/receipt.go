@@ -31,16 +31,17 @@ journal.
 Exit codes: 0 printed, 2 bad run id, 3 no receipt (unknown run, not ended,
 or not signed yet), 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: e.withSettings(func(cmd *cobra.Command, args []string, s *settings) error {
 			runID := args[0]
 			if err := event.ValidateRunID(runID); err != nil {
 				return withCode(ExitBadInput, err)
 			}
-			store, nc, err := e.storeNow(cmd)
+			client, closeNC, err := e.connectClient(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer closeNC()
+			store := client.Store()
 			rs, err := receipt.Open(cmd.Context(), store.JetStream(), store)
 			if err != nil {
 				return withCode(ExitUnavailable, err)
@@ -62,7 +63,7 @@ or not signed yet), 4 NATS unreachable.`,
 			}
 			_, err = e.stdout.Write(b)
 			return err
-		},
+		}),
 	}
 	cmd.Flags().StringP("output", "o", "", "write the receipt to FILE instead of stdout")
 	return cmd

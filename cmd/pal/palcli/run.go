@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
@@ -44,7 +43,7 @@ idempotency key named a run that existed already). With --wait it then
 follows the run and exits 0 when it succeeds, 1 when it fails or is
 cancelled; progress goes to stderr.`,
 		Args: cobra.NoArgs,
-		RunE: e.jsonErrors(e.runStart),
+		RunE: e.jsonErrors(e.withSettings(e.runStart)),
 	}
 	addJSONFlag(cmd, `print {"run_id":…,"created":…} instead of the bare run id`)
 	f := cmd.Flags()
@@ -92,7 +91,7 @@ func readFileLimited(path string) ([]byte, error) {
 	return readLimited(f, path)
 }
 
-func (e *env) runStart(cmd *cobra.Command, _ []string) error {
+func (e *env) runStart(cmd *cobra.Command, _ []string, s *settings) error {
 	ctx := cmd.Context()
 	wfPath, _ := cmd.Flags().GetString("workflow")
 	var wf []byte
@@ -127,17 +126,13 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 			return badInput("--budget: %v (want e.g. '{\"maxCostUsd\":1,\"maxSteps\":20}')", err)
 		}
 	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
-	if err != nil {
-		return badInput("%v", err)
-	}
 
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	res, err := runs.New(store, runs.WithAnomalyDefaults(anomalies)).Start(ctx, runs.StartCommand{
+	defer closeNC()
+	res, err := client.Start(ctx, runs.StartCommand{
 		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli"})
 	if err != nil {
 		if res.RunID == "" {
@@ -155,7 +150,7 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 	if wait, _ := cmd.Flags().GetBool("wait"); !wait {
 		return nil
 	}
-	return e.follow(ctx, store, res.RunID, func(ev event.Event) { e.progress(ev) })
+	return e.follow(ctx, client.Store(), res.RunID, func(ev event.Event) { e.progress(ev) })
 }
 
 // startOutput is what pal run start --json prints, the REST API's answer.
@@ -210,18 +205,19 @@ func (e *env) runEventsCmd() *cobra.Command {
 event per line. --json prints each envelope as one JSON line. --follow
 keeps printing new events until the run ends.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: e.withSettings(func(cmd *cobra.Command, args []string, s *settings) error {
 			runID := args[0]
 			if err := event.ValidateRunID(runID); err != nil {
 				return withCode(ExitBadInput, err)
 			}
 			asJSON, _ := cmd.Flags().GetBool("json")
 			followOn, _ := cmd.Flags().GetBool("follow")
-			store, nc, err := e.storeNow(cmd)
+			client, closeNC, err := e.connectClient(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer closeNC()
+			store := client.Store()
 			print := func(ev event.Event) {
 				if asJSON {
 					b, _ := json.Marshal(ev)
@@ -261,7 +257,7 @@ keeps printing new events until the run ends.`,
 				return nil
 			}
 			return err
-		},
+		}),
 	}
 	cmd.Flags().Bool("json", false, "print each event as one JSON line")
 	cmd.Flags().BoolP("follow", "f", false, "keep printing new events until the run ends")

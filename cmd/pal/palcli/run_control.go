@@ -25,7 +25,7 @@ nothing is written and the command says why.
 Exit codes: 0 recorded, 2 bad input or refused (the run has ended, the step
 is not waiting), 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runApprove),
+		RunE: e.jsonErrors(e.withSettings(e.runApprove)),
 	}
 	f := cmd.Flags()
 	f.String("step", "", "the step id of the approval step")
@@ -38,7 +38,7 @@ is not waiting), 3 unknown run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runApprove(cmd *cobra.Command, args []string) error {
+func (e *env) runApprove(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
 	runID := args[0]
 	step, _ := cmd.Flags().GetString("step")
@@ -56,12 +56,12 @@ func (e *env) runApprove(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	err = runs.New(store).Approve(ctx, c)
+	defer closeNC()
+	err = client.Approve(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ says how it ended.
 Exit codes: 0 cancelled, 2 bad run id or the run has already ended, 3 unknown
 run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runCancel),
+		RunE: e.jsonErrors(e.withSettings(e.runCancel)),
 	}
 	cmd.Flags().String("reason", "", "why (recorded in run_cancelled)")
 	cmd.Flags().String("by", "pal-cli", "who cancels (the worker_id of run_cancelled)")
@@ -98,7 +98,7 @@ run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runCancel(cmd *cobra.Command, args []string) error {
+func (e *env) runCancel(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
 	runID := args[0]
 	if err := event.ValidateRunID(runID); err != nil {
@@ -113,12 +113,12 @@ func (e *env) runCancel(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	if err := runs.New(store, runs.WithConn(nc)).Cancel(ctx, c); err != nil {
+	defer closeNC()
+	if err := client.Cancel(ctx, c); err != nil {
 		if errors.Is(err, runs.ErrRunFinished) {
 			err = fmt.Errorf("%w; nothing was written", err)
 		}
@@ -145,7 +145,7 @@ stopped at now fits; otherwise it pauses again.
 Exit codes: 0 raised, 2 bad input (nothing to add, a limit the run does not
 have) or the run has ended, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runBudget),
+		RunE: e.jsonErrors(e.withSettings(e.runBudget)),
 	}
 	f := cmd.Flags()
 	f.Float64("add-usd", 0, "add to maxCostUsd")
@@ -157,7 +157,7 @@ have) or the run has ended, 3 unknown run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runBudget(cmd *cobra.Command, args []string) error {
+func (e *env) runBudget(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
 	runID := args[0]
 	if err := event.ValidateRunID(runID); err != nil {
@@ -173,12 +173,12 @@ func (e *env) runBudget(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	if err := runs.New(store, runs.WithConn(nc)).RaiseBudget(ctx, c); err != nil {
+	defer closeNC()
+	if err := client.RaiseBudget(ctx, c); err != nil {
 		return err
 	}
 	if jsonFlag(cmd) {

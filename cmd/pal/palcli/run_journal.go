@@ -45,17 +45,18 @@ PAL_BLOBS, does not match its reference or is malformed (the seq and the
 sha256 are printed; the journal on stdout is complete), 2 bad run id or
 DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: e.withSettings(func(cmd *cobra.Command, args []string, s *settings) error {
 			runID := args[0]
 			if err := event.ValidateRunID(runID); err != nil {
 				return withCode(ExitBadInput, err)
 			}
 			blobsDir, _ := cmd.Flags().GetString("blobs")
-			store, nc, err := e.storeNow(cmd)
+			client, closeNC, err := e.connectClient(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
+			defer closeNC()
+			store := client.Store()
 			w := bufio.NewWriter(e.stdout)
 			var blobs event.BlobSet
 			var refErr error // the first malformed reference: reported once the rest is out
@@ -92,7 +93,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 				return err
 			}
 			return withCode(ExitRunFailed, refErr)
-		},
+		}),
 	}
 	cmd.Flags().String("blobs", "", "also write every blob the journal names to `DIR`/<sha256>")
 	return cmd

@@ -27,7 +27,7 @@ wait node for NAME, or that has ended, is refused and nothing is written.
 
 Exit codes: 0 sent, 2 bad input or refused, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(2),
-		RunE: e.jsonErrors(e.runSignal),
+		RunE: e.jsonErrors(e.withSettings(e.runSignal)),
 	}
 	cmd.Flags().String("payload", "null", "the payload as JSON, or @FILE")
 	cmd.Flags().String("by", "pal-cli", "who sends it (recorded in the journal)")
@@ -35,7 +35,7 @@ Exit codes: 0 sent, 2 bad input or refused, 3 unknown run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runSignal(cmd *cobra.Command, args []string) error {
+func (e *env) runSignal(cmd *cobra.Command, args []string, s *settings) error {
 	runID, name := args[0], args[1]
 	arg, _ := cmd.Flags().GetString("payload")
 	payload, err := readArg(arg, cmd.InOrStdin())
@@ -47,12 +47,12 @@ func (e *env) runSignal(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(cmd.Context(), s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	if err := runs.New(store).Signal(cmd.Context(), c); err != nil {
+	defer closeNC()
+	if err := client.Signal(cmd.Context(), c); err != nil {
 		return err
 	}
 	if jsonFlag(cmd) {
@@ -77,25 +77,25 @@ closed; pal run retry or pal run fork makes a new run.
 Exit codes: 0 queued, 2 refused (lease held, run ended), 3 unknown run,
 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runResume),
+		RunE: e.jsonErrors(e.withSettings(e.runResume)),
 	}
 	cmd.Flags().Bool("force", false, "break the lease of the worker holding the run")
 	addJSONFlag(cmd, `print {"ok": true, "run_id": "...", "broke"?: "worker"} as JSON`)
 	return cmd
 }
 
-func (e *env) runResume(cmd *cobra.Command, args []string) error {
+func (e *env) runResume(cmd *cobra.Command, args []string, s *settings) error {
 	force, _ := cmd.Flags().GetBool("force")
 	c := runs.ResumeCommand{RunID: args[0], Force: force}
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(cmd.Context(), s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	res, err := runs.New(store).Resume(cmd.Context(), c)
+	defer closeNC()
+	res, err := client.Resume(cmd.Context(), c)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ which steps are copied and which run again, and why.
 
 Exit codes: 0 started, 2 bad input, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runFork),
+		RunE: e.jsonErrors(e.withSettings(e.runFork)),
 	}
 	f := cmd.Flags()
 	f.String("from", "", "the step id to fork from")
@@ -140,7 +140,7 @@ Exit codes: 0 started, 2 bad input, 3 unknown run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runFork(cmd *cobra.Command, args []string) error {
+func (e *env) runFork(cmd *cobra.Command, args []string, s *settings) error {
 	from, _ := cmd.Flags().GetString("from")
 	newID, _ := cmd.Flags().GetString("run-id")
 	c := runs.ForkCommand{RunID: args[0], From: from, NewRunID: newID, By: "pal-cli"}
@@ -161,12 +161,12 @@ func (e *env) runFork(cmd *cobra.Command, args []string) error {
 	if err := c.Validate(); err != nil {
 		return withCode(ExitBadInput, err)
 	}
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(cmd.Context(), s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	res, err := runs.New(store).Fork(cmd.Context(), c)
+	defer closeNC()
+	res, err := client.Fork(cmd.Context(), c)
 	return e.printFork(cmd, res, err)
 }
 
@@ -182,24 +182,24 @@ again under the new run's keys.
 Exit codes: 0 started, 2 refused (the run succeeded or has not ended),
 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runRetry),
+		RunE: e.jsonErrors(e.withSettings(e.runRetry)),
 	}
 	cmd.Flags().String("run-id", "", "the new run's id (generated when empty)")
 	addJSONFlag(cmd, `print {"run_id","forked_from","copied","rerun"} as JSON`)
 	return cmd
 }
 
-func (e *env) runRetry(cmd *cobra.Command, args []string) error {
+func (e *env) runRetry(cmd *cobra.Command, args []string, s *settings) error {
 	if err := event.ValidateRunID(args[0]); err != nil {
 		return withCode(ExitBadInput, err)
 	}
 	newID, _ := cmd.Flags().GetString("run-id")
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(cmd.Context(), s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	res, err := runs.New(store).Retry(cmd.Context(), runs.RetryCommand{RunID: args[0], NewRunID: newID, By: "pal-cli"})
+	defer closeNC()
+	res, err := client.Retry(cmd.Context(), runs.RetryCommand{RunID: args[0], NewRunID: newID, By: "pal-cli"})
 	return e.printFork(cmd, res, err)
 }
 

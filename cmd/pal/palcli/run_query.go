@@ -57,7 +57,7 @@ waits shows its prompt, who may decide and the command that decides it.
 
 Exit codes: 0 found, 2 bad run id, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runGet),
+		RunE: e.jsonErrors(e.withSettings(e.runGet)),
 	}
 	addJSONFlag(cmd, "print the run as one JSON object")
 	addDatabaseFlag(cmd)
@@ -67,7 +67,7 @@ Exit codes: 0 found, 2 bad run id, 3 unknown run, 4 NATS unreachable.`,
 	return cmd
 }
 
-func (e *env) runGet(cmd *cobra.Command, args []string) error {
+func (e *env) runGet(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
 	runID := args[0]
 	if err := event.ValidateRunID(runID); err != nil {
@@ -92,12 +92,12 @@ func (e *env) runGet(cmd *cobra.Command, args []string) error {
 		}
 	}
 	if view == nil {
-		store, nc, err := e.storeNow(cmd)
+		client, closeNC, err := e.connectClient(ctx, s)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
-		if view, err = runs.New(store).Get(ctx, runID); err != nil {
+		defer closeNC()
+		if view, err = client.Get(ctx, runID); err != nil {
 			if errors.Is(err, eventstore.ErrRunNotFound) {
 				if e.stringSetting(cmd, "database-url", "DATABASE_URL", "") == "" || forceJournal {
 					// Retention (PAL_RETENTION) keeps a finished run's rows only.
@@ -400,24 +400,25 @@ in PAL_EVENTS).
 Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
 id, 3 unknown run, 4 NATS unreachable.`,
 		Args: cobra.ExactArgs(1),
-		RunE: e.jsonErrors(e.runWatch),
+		RunE: e.jsonErrors(e.withSettings(e.runWatch)),
 	}
 	addJSONFlag(cmd, "print every event as one JSON line")
 	return cmd
 }
 
-func (e *env) runWatch(cmd *cobra.Command, args []string) error {
+func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
 	runID := args[0]
 	if err := event.ValidateRunID(runID); err != nil {
 		return withCode(ExitBadInput, err)
 	}
 	asJSON := jsonFlag(cmd)
-	store, nc, err := e.storeNow(cmd)
+	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeNC()
+	store := client.Store()
 	evs, head, err := store.Read(ctx, runID)
 	if errors.Is(err, eventstore.ErrRunNotFound) {
 		return withCode(ExitNotFound, fmt.Errorf("run %s not found", runID))

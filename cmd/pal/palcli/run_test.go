@@ -206,12 +206,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	_, err := projections.Migrate(ctx, pool)
 	require.NoError(t, err)
 	p := projections.New(pool, b.Store, projections.Config{})
-	require.NoError(t, p.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, p.Stop(sctx))
-	})
+	b.Serve(t, "the projector", p)
 	var ids []string
 	for _, text := range []string{"one", "FAIL two", "three"} {
 		id := b.start(t, seqWorkflow(2), fmt.Sprintf(`{"text":%q}`, text))

@@ -15,9 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/api"
-	"github.com/palrun/pal/engine"
-	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
@@ -27,20 +26,12 @@ func (e *env) serverCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Serve the REST API and the NATS service pal",
-		Long: `pal server serves PAL's REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080):
+		Long: `pal server serves PAL's REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080),
+each route with the scope a token needs:
 
-  POST /v1/runs                 start a run
-  GET  /v1/runs                 list runs (needs DATABASE_URL)
-  GET  /v1/runs/{id}            a run, folded from its journal
-  GET  /v1/runs/{id}/events     the journal as server-sent events
-  POST /v1/runs/{id}/approve    decide an approval step
-  POST /v1/runs/{id}/cancel     cancel a run
-  GET  /healthz, GET /readyz    liveness and readiness (no token)
-  GET  /metrics                 Prometheus metrics (scope read; no token
-                                with PAL_METRICS_OPEN=1)
-
-and registers the NATS micro service pal (pal.api.runs.*). It drives no
-runs: start pal worker for that.
+` + api.FormatRoutes(api.Routes(), "  ") + `
+It serves the web UI on the same address and registers the NATS micro
+service pal (pal.api.runs.*). It drives no runs: start pal worker for that.
 
 Every /v1 request needs 'Authorization: Bearer <token>' with a token from
 PAL_API_TOKENS: comma-separated tokens, each [name=]token[:scope+scope] (the
@@ -48,12 +39,13 @@ name, default "api", is who starts, approves or cancels; scopes read, start,
 approve, cancel, admin; without scopes all but admin, which a token needs to
 name another approver or canceller). Without tokens pal server still
 serves, but every /v1 request answers 401 (health checks still answer);
---insecure-no-auth serves the API to anyone instead.
+--insecure-no-auth serves the API to anyone instead. With
+PAL_METRICS_OPEN=1 /metrics needs no token.
 
 DATABASE_URL is optional: with it GET /v1/runs lists runs from the Postgres
 projection and /readyz checks Postgres too.`,
 		Args: cobra.NoArgs,
-		RunE: e.runServer,
+		RunE: e.withSettings(e.runServer),
 	}
 	addRESTFlags(cmd)
 	addDatabaseFlag(cmd)
@@ -77,12 +69,11 @@ type restConfig struct {
 	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
 	// given, so every /v1 request is refused.
 	noTokens bool
-	// keys are the receipt signing keys GET /v1/keys serves.
+	// keys are the receipt signing keys GET /v1/keys serves (set by the
+	// command: PAL_SIGNING_KEY is the worker's too).
 	keys *receipt.Keys
 	// metricsOpen: PAL_METRICS_OPEN=1, /metrics needs no token.
 	metricsOpen bool
-	// anomalies are the PAL_ANOMALY_* defaults the runs it starts record.
-	anomalies map[string]event.AnomalyRule
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -92,9 +83,6 @@ type restConfig struct {
 func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
 	var rc restConfig
 	var err error
-	if rc.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
-		return rc, badInput("%v", err)
-	}
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
 	host, port, err := net.SplitHostPort(rc.addr)
 	if err != nil || port == "" {
@@ -108,9 +96,6 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	if rc.tokens, err = api.ParseTokens(e.getenv("PAL_API_TOKENS")); err != nil {
 		return rc, badInput("PAL_API_TOKENS: %v", err)
-	}
-	if rc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
-		return rc, badInput("%v", err)
 	}
 	rc.insecure, _ = cmd.Flags().GetBool("insecure-no-auth")
 	if len(rc.tokens) > 0 {
@@ -137,11 +122,12 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 // tokensEnv writes rc's tokens as PAL_API_TOKENS, scopes included.
 func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 
-// startREST serves the REST API on rc.addr over store; pool, when not nil,
-// is the Postgres projection (GET /v1/runs and /readyz).
-func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *nats.Conn, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
-	hc := api.HandlerConfig{Store: store, NC: nc, Tokens: rc.tokens, Insecure: rc.insecure, Logger: log, Keys: rc.keys,
-		MetricsOpen: rc.metricsOpen, Client: runs.New(store, runs.WithConn(nc), runs.WithAnomalyDefaults(rc.anomalies))}
+// restAPI is the REST API on rc.addr over client's store, not yet
+// started; pool, when not nil, is the Postgres projection (GET /v1/runs
+// and /readyz).
+func restAPI(rc restConfig, client *runs.Client, pool *pgxpool.Pool, log *slog.Logger) *api.Server {
+	hc := api.HandlerConfig{Store: client.Store(), NC: client.Conn(), Tokens: rc.tokens, Insecure: rc.insecure, Logger: log,
+		Keys: rc.keys, MetricsOpen: rc.metricsOpen, Client: client}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {
@@ -151,9 +137,14 @@ func startREST(ctx context.Context, rc restConfig, store *eventstore.Store, nc *
 			return nil
 		}
 	}
-	srv := api.NewServer(rc.addr, api.NewHandler(hc), log)
-	if err := srv.Start(ctx); err != nil {
-		return nil, withCode(ExitUnavailable, fmt.Errorf("serving the REST API: %w (set PAL_HTTP_ADDR to another address)", err))
+	return api.NewServer(rc.addr, api.NewHandler(hc), log)
+}
+
+// startREST starts the REST API on st.
+func startREST(ctx context.Context, st *service.Stack, rc restConfig, client *runs.Client, pool *pgxpool.Pool, log *slog.Logger) (*api.Server, error) {
+	srv := restAPI(rc, client, pool, log)
+	if err := st.Start(ctx, "the REST API", srv); err != nil {
+		return nil, withCode(ExitUnavailable, fmt.Errorf("%w (set PAL_HTTP_ADDR to another address)", err))
 	}
 	return srv, nil
 }
@@ -178,22 +169,23 @@ func printREST(w io.Writer, srv *api.Server, rc restConfig) {
 	}
 }
 
-func (e *env) runServer(cmd *cobra.Command, _ []string) error {
+func (e *env) runServer(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	ctx := cmd.Context()
 	rc, err := e.restSettings(cmd, false)
 	if err != nil {
 		return err
 	}
-	log, err := e.logger()
-	if err != nil {
-		return err
+	if rc.keys, err = receipt.LoadKeys(e.getenv); err != nil {
+		return badInput("%v", err)
 	}
 	dbURL := e.stringSetting(cmd, "database-url", "DATABASE_URL", "")
+	var pgCfg *pgxpool.Config
 	if dbURL != "" {
-		if _, err := pgConfig(dbURL); err != nil {
+		if pgCfg, err = pgConfig(dbURL); err != nil {
 			return err
 		}
 	}
+	log := s.log
 	if rc.insecure {
 		log.Warn("serving the REST API WITHOUT AUTHENTICATION (--insecure-no-auth): anyone who can reach it can start and cancel runs", "addr", rc.addr)
 	}
@@ -201,44 +193,32 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 		log.Warn("PAL_API_TOKENS is not set: every /v1 request will be refused (401). Set PAL_API_TOKENS=name=token " +
 			"(e.g. PAL_API_TOKENS=ci=$(openssl rand -hex 32)), or pass --insecure-no-auth to serve the API to anyone who can reach it")
 	}
-	natsAt, err := e.natsTarget(cmd)
+
+	var st service.Stack
+	defer stopStack(ctx, &st, &err)
+	nc, err := connectDurable(s.nats, "pal-server", log)
 	if err != nil {
-		return err
+		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", s.nats, err))
 	}
-	nc, err := connectDurable(natsAt, "pal-server", log)
-	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", natsAt, err))
-	}
-	defer nc.Close()
+	st.Started("the NATS connection", service.Closer(nc.Close))
 	store, err := openStoreWait(ctx, nc, eventstore.Config{}, log)
 	if err != nil {
 		return shutdownOr(ctx, err)
 	}
 	var pool *pgxpool.Pool
-	if dbURL != "" {
-		cfg, _ := pgConfig(dbURL)
+	if pgCfg != nil {
 		// The pool connects lazily: the API serves runs from NATS while
 		// Postgres is down, and /readyz says so.
-		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		if pool, err = pgxpool.NewWithConfig(ctx, pgCfg); err != nil {
 			return badInput("DATABASE_URL: %v", err)
 		}
-		defer pool.Close()
+		st.Started("the Postgres pool", service.Closer(pool.Close))
 	}
-	client, err := e.runsClient(store)
-	if err != nil {
-		return withCode(ExitBadInput, err)
+	client := s.client(store)
+	if err := st.Start(ctx, "the NATS service", natsService(nc, client, pool, log)); err != nil {
+		return err
 	}
-	// A run whose journal retention removed reads from its rows.
-	var svcOpts []api.ServiceOption
-	if pool != nil {
-		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
-	}
-	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
-	if err != nil {
-		return withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err))
-	}
-	defer func() { _ = svc.Stop() }()
-	srv, err := startREST(ctx, rc, store, nc, pool, log)
+	srv, err := startREST(ctx, &st, rc, client, pool, log)
 	if err != nil {
 		return err
 	}
@@ -246,12 +226,10 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 	for i, t := range rc.tokens {
 		names[i] = t.Name
 	}
-	log.Info("server ready", "url", srv.URL(), "nats", natsAt.String(), "auth", !rc.insecure, "tokens", strings.Join(names, ","),
+	log.Info("server ready", "url", srv.URL(), "nats", s.nats.String(), "auth", !rc.insecure, "tokens", strings.Join(names, ","),
 		"postgres", pool != nil)
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return srv.Stop(sctx)
+	return nil
 }
 
 // openStoreWait opens the event store for a long-running process, waiting

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/paltest/testenv"
 )
 
@@ -109,4 +110,13 @@ func TestServer(t *testing.T) {
 	require.Equal(t, 200, code, body)
 	require.NoError(t, srv.Term())
 	require.NoError(t, srv.Wait(ctx), srv.Output())
+}
+
+// TestServerHelpListsRoutes: pal server --help lists every route of the
+// REST API, from the one list the handler serves.
+func TestServerHelpListsRoutes(t *testing.T) {
+	t.Parallel()
+	r := runPal(t, testenv.PalBinary(t), nil, "server", "--help")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, api.FormatRoutes(api.Routes(), "  "))
 }

@@ -2,9 +2,7 @@ package palcli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,13 +10,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/anthropic"
@@ -47,20 +44,16 @@ With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
 /metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
 exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: e.withSettings(func(cmd *cobra.Command, _ []string, s *settings) error {
 			wc, err := e.workerConfig(cmd)
 			if err != nil {
 				return err
 			}
-			log, err := e.logger()
-			if err != nil {
-				return err
-			}
 			for _, w := range providerWarnings(e.getenv) {
-				log.Warn(w)
+				s.log.Warn(w)
 			}
-			return e.runWorkerWith(cmd.Context(), wc, nil, e.providersFromEnv(), e.getenv("DATABASE_URL"))
-		},
+			return e.runWorker(cmd.Context(), s, wc, e.providersFromEnv(), e.getenv("DATABASE_URL"))
+		}),
 	}
 	addWorkerFlags(cmd)
 	return cmd
@@ -77,7 +70,6 @@ func addWorkerFlags(cmd *cobra.Command) {
 
 // workerConfig is a validated worker configuration.
 type workerConfig struct {
-	nats        natsTarget
 	id          string
 	leaseTTL    time.Duration
 	concurrency int
@@ -94,14 +86,15 @@ type workerConfig struct {
 	// blobThreshold is the size above which a step value goes to
 	// PAL_BLOBS (PAL_BLOB_THRESHOLD).
 	blobThreshold int
+	// recovery is the sweep's interval (PAL_RECOVERY_INTERVAL), and
+	// recoveryWarn why it is the default when a value was given.
+	recovery     time.Duration
+	recoveryWarn string
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	var wc workerConfig
 	var err error
-	if wc.nats, err = e.natsTarget(cmd); err != nil {
-		return wc, err
-	}
 	if wc.id, err = e.workerID(cmd); err != nil {
 		return wc, err
 	}
@@ -139,6 +132,7 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
+	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	if path := e.getenv(provider.EnvPrices); path != "" {
 		// Prices change: a file of one's own overrides the embedded table.
 		if err := provider.LoadPrices(path); err != nil {
@@ -183,39 +177,26 @@ func connectors(wc workerConfig) connector.Registry {
 	return connector.Registry{wh.Kind(): wh, em.Kind(): em}
 }
 
-// writeSide is a running worker with its command processor, NATS service
-// and (with Postgres) recovery sweep.
-type writeSide struct {
-	store *eventstore.Store
-	stop  func(ctx context.Context) error
-}
-
-// startWriteSide starts a worker, the durable command processor, the NATS
-// service pal and, when pool is not nil, the recovery sweep. nc, when given,
-// is used instead of dialling wc.nats (pal dev passes an in-process
+// startWriteSide starts, on st, a worker, the durable command processor,
+// the NATS service pal and the recovery sweep (over the runs in flight of
+// PAL_INFLIGHT, and with pool the projection's too). nc, when given, is
+// used instead of dialling s.nats (pal dev passes an in-process
 // connection).
-func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool, log *slog.Logger) (*writeSide, error) {
-	var err error
-	var closeNC func()
+func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc workerConfig, nc *nats.Conn, providers provider.Registry, pool *pgxpool.Pool) error {
+	log := s.log
 	if nc == nil {
-		nc, err = connectDurable(wc.nats, "pal-worker", log)
-		if err != nil {
-			return nil, withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", wc.nats, err))
+		var err error
+		if nc, err = connectDurable(s.nats, "pal-worker", log); err != nil {
+			return withCode(ExitUnavailable, fmt.Errorf("connecting to NATS at %s: %w", s.nats, err))
 		}
-		closeNC = nc.Close
-	}
-	fail := func(err error) (*writeSide, error) {
-		if closeNC != nil {
-			closeNC()
-		}
-		return nil, err
+		st.Started("the NATS connection", service.Closer(nc.Close))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
-		return fail(withCode(ExitUnavailable, err))
+		return withCode(ExitUnavailable, err)
 	}
 	// A try that gets no answer (the server or the stream's leader died
 	// mid-request) is retried after this long; the retry is resolved by the
@@ -225,56 +206,36 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
 		eventstore.WithRequestTimeout(reqTimeout), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {
-		return fail(withCode(ExitUnavailable, err))
+		return withCode(ExitUnavailable, err)
 	}
 	leases, err := eventstore.OpenLeases(ctx, js, wc.leaseTTL)
 	if err != nil {
-		return fail(withCode(ExitUnavailable, err))
-	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
-	if err != nil {
-		return fail(withCode(ExitBadInput, err))
+		return withCode(ExitUnavailable, err)
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
-		AnomalyDefaults: anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
+		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
 	var receipts *receipt.Store
 	if wc.keys != nil {
 		if receipts, err = receipt.Open(ctx, js, store); err != nil {
-			return fail(withCode(ExitUnavailable, err))
+			return withCode(ExitUnavailable, err)
 		}
 		wcfg.Receipts, wcfg.SigningKey = receipts, wc.keys.Current
 	} else {
 		log.Info("run receipts off: set PAL_SIGNING_KEY to a PEM Ed25519 private key file to sign them")
 	}
 	w := workers.New(wcfg, store, leases, providers, connectors(wc))
-	if err := w.Start(ctx); err != nil {
-		return fail(err)
+	if err := st.Start(ctx, "the worker", w); err != nil {
+		return err
 	}
-	client, err := e.runsClient(store)
-	if err != nil {
-		_ = w.Stop(context.WithoutCancel(ctx))
-		return fail(withCode(ExitBadInput, err))
+	client := s.client(store)
+	if err := st.Start(ctx, "the command processor", runs.NewCommandProcessor(client, log)); err != nil {
+		return withCode(ExitUnavailable, err)
 	}
-	cmds := runs.NewCommandProcessor(client, log)
-	if err := cmds.Start(ctx); err != nil {
-		_ = w.Stop(context.WithoutCancel(ctx))
-		return fail(withCode(ExitUnavailable, err))
+	if err := st.Start(ctx, "the NATS service", natsService(nc, client, pool, log)); err != nil {
+		return err
 	}
-	// A run whose journal retention removed reads from its rows.
-	var svcOpts []api.ServiceOption
-	if pool != nil {
-		svcOpts = append(svcOpts, api.WithRunReader(projections.NewReader(pool)))
-	}
-	svc, err := api.StartService(ctx, nc, client, log, svcOpts...)
-	if err != nil {
-		_ = cmds.Stop(context.WithoutCancel(ctx))
-		_ = w.Stop(context.WithoutCancel(ctx))
-		return fail(withCode(ExitUnavailable, fmt.Errorf("registering the NATS service %q: %w", api.ServiceName, err)))
-	}
-	var sweep *workers.Sweeper
-	interval, warn := workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
-	if warn != "" {
-		log.Warn(warn)
+	if wc.recoveryWarn != "" {
+		log.Warn(wc.recoveryWarn)
 	}
 	// The sweep reads the runs in flight from NATS (PAL_INFLIGHT), and
 	// with Postgres the runs table too.
@@ -282,59 +243,39 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if pool != nil {
 		src = workers.Sources(src, projections.NewReader(pool))
 	}
-	sweep = workers.NewSweeper(store, leases, src, interval, log)
+	sweep := workers.NewSweeper(store, leases, src, wc.recovery, log)
 	if receipts != nil && pool != nil {
 		// Missing receipts are found in the run_receipts table.
 		sweep.WithReceipts(projections.NewReader(pool), receipts, wc.keys.Current)
 	}
-	if err := sweep.Start(ctx); err != nil {
-		return fail(err)
+	if err := st.Start(ctx, "the recovery sweep", sweep); err != nil {
+		return err
 	}
-	log.Info("worker ready", "id", w.ID(), "nats", wc.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
+	log.Info("worker ready", "id", w.ID(), "nats", s.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
 		"egress_allow", wc.egress.String())
-	return &writeSide{store: store, stop: func(sctx context.Context) error {
-		_ = svc.Stop()
-		var errs []error
-		if sweep != nil {
-			errs = append(errs, sweep.Stop(sctx))
-		}
-		errs = append(errs, cmds.Stop(sctx), w.Stop(sctx))
-		if closeNC != nil {
-			closeNC()
-		}
-		return errors.Join(errs...)
-	}}, nil
+	return nil
 }
 
-// runWorkerWith runs the write side until ctx ends.
-func (e *env) runWorkerWith(ctx context.Context, wc workerConfig, nc *nats.Conn, providers provider.Registry, dbURL string) error {
-	log, err := e.logger()
-	if err != nil {
+// runWorker runs the write side until ctx ends.
+func (e *env) runWorker(ctx context.Context, s *settings, wc workerConfig, providers provider.Registry, dbURL string) (err error) {
+	var st service.Stack
+	defer stopStack(ctx, &st, &err)
+	if err := e.startTracing(ctx, &st, "pal-worker", s.log); err != nil {
 		return err
 	}
-	stopTracing, err := e.startTracing(ctx, "pal-worker", log)
-	if err != nil {
+	if err := e.startMetrics(ctx, &st, s.log); err != nil {
 		return err
 	}
-	defer stopTracing()
-	stopMetrics, err := e.startMetrics(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
 	var pool *pgxpool.Pool
 	if dbURL != "" {
-		if pool, err = connectPGDurable(ctx, dbURL, log); err != nil {
+		if pool, err = connectPGDurable(ctx, dbURL, s.log); err != nil {
 			return shutdownOr(ctx, err)
 		}
-		defer pool.Close()
+		st.Started("the Postgres pool", service.Closer(pool.Close))
 	}
-	ws, err := e.startWriteSide(ctx, wc, nc, providers, pool, log)
-	if err != nil {
+	if err := startWriteSide(ctx, &st, s, wc, nil, providers, pool); err != nil {
 		return err
 	}
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	return ws.stop(sctx)
+	return nil
 }

@@ -2,6 +2,7 @@ package palcli
 
 import (
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -114,17 +115,60 @@ func (e *env) replicas(cmd *cobra.Command) (int, error) {
 	return e.intSetting(cmd, "replicas", "PAL_REPLICAS", 1, 1)
 }
 
-// runsClient is the front door over store, with the reply prefixes of
-// PAL_REPLY_PREFIX and the anomaly defaults of PAL_ANOMALY_*. Errors name
-// the variable.
-func (e *env) runsClient(store *eventstore.Store) (*runs.Client, error) {
-	prefixes, err := runs.ParseReplyPrefixes(e.getenv("PAL_REPLY_PREFIX"))
-	if err != nil {
+// settings are what every pal command that connects to NATS reads the
+// same way. A command parses them once, before it starts anything
+// (withSettings), and passes them down: every runs.Client of the process —
+// a one-shot pal run command's (connectClient), pal server's REST API and
+// NATS service's, a worker's command processor's — is built from them by
+// client, so a command journals the same rules whichever door it came in
+// by.
+type settings struct {
+	// nats is where NATS is and as whom to connect (--nats-url or
+	// PAL_NATS_URL, PAL_NATS_CREDS).
+	nats natsTarget
+	// log is the process logger (PAL_LOG_LEVEL).
+	log *slog.Logger
+	// anomalies are the PAL_ANOMALY_* rules the runs the process starts
+	// record under their workflow's own, and its workers' defaults.
+	anomalies map[string]event.AnomalyRule
+	// replyPrefixes are where command replies may go besides _INBOX.
+	// (PAL_REPLY_PREFIX).
+	replyPrefixes []string
+}
+
+// readSettings parses the settings; an invalid one is exit code 2, named.
+func (e *env) readSettings(cmd *cobra.Command) (*settings, error) {
+	s := &settings{}
+	var err error
+	if s.nats, err = e.natsTarget(cmd); err != nil {
 		return nil, err
 	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
-	if err != nil {
+	if s.log, err = e.logger(); err != nil {
 		return nil, err
 	}
-	return runs.New(store, runs.WithReplyPrefixes(prefixes...), runs.WithAnomalyDefaults(anomalies)), nil
+	if s.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+		return nil, withCode(ExitBadInput, err)
+	}
+	if s.replyPrefixes, err = runs.ParseReplyPrefixes(e.getenv("PAL_REPLY_PREFIX")); err != nil {
+		return nil, withCode(ExitBadInput, err)
+	}
+	return s, nil
+}
+
+// withSettings is the RunE of a command that connects to NATS: it reads
+// the settings once, then runs the command with them.
+func (e *env) withSettings(run func(cmd *cobra.Command, args []string, s *settings) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		s, err := e.readSettings(cmd)
+		if err != nil {
+			return err
+		}
+		return run(cmd, args, s)
+	}
+}
+
+// client is the front door over store, the one way the process builds
+// one.
+func (s *settings) client(store *eventstore.Store) *runs.Client {
+	return runs.New(store, runs.WithReplyPrefixes(s.replyPrefixes...), runs.WithAnomalyDefaults(s.anomalies))
 }
