@@ -47,9 +47,15 @@ proto: protoc-gen ## Regenerate the gRPC code under proto/pal/v1 from run.proto 
 
 # verify generates into a scratch directory and compares, so it changes
 # nothing in the tree. deploy/nats/roles.conf, generated too, is compared
-# by its own test (TestDeployRoles, in make test).
+# by its own test (TestDeployRoles, in make test). It also checks that
+# every §N cited anywhere is a heading of docs/architecture.md, which code
+# comments cite by section.
 .PHONY: verify
-verify: protoc-gen ## Check that what is generated is committed as generated: make proto and go mod tidy leave no diff
+verify: protoc-gen ## Check that make proto and go mod tidy leave no diff, and that every §N cited is a heading of docs/architecture.md
+	@bad=$$(git grep -noE '§([0-9]+(\.[0-9]+)*|[a-z][a-z_-]*)' | \
+	  awk -F: 'NR == FNR { head[$$0]; next } !($$3 in head) { print $$1 ":" $$2 ": " $$3 " is no heading of docs/architecture.md" }' \
+	    <(grep -oE '^#+ §[0-9]+(\.[0-9]+)*' docs/architecture.md | cut -d' ' -f2) -); \
+	  test -z "$$bad" || { echo "$$bad"; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit the result"; exit 1; }
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	  $(PROTOC) --go_out=$$tmp --go-grpc_out=$$tmp $(PROTO_FILES) && \
