@@ -26,18 +26,41 @@ test: ## Run the whole test suite with the race detector (needs PostgreSQL binar
 	$(GO) run ./internal/cmd/importcheck
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-# The protobuf generators make proto runs; protoc itself comes from Debian's
-# protobuf-compiler package (installed when missing).
+# The protobuf generators, pinned; protoc itself comes from Debian's
+# protobuf-compiler package (installed when missing), whose version the
+# committed code names.
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
+PROTO_FILES := proto/pal/v1/run.proto
+PROTOC = PATH=$(CURDIR)/bin:$$PATH protoc -I proto \
+	--go_opt=module=github.com/palrun/pal --go-grpc_opt=module=github.com/palrun/pal
 
-.PHONY: proto
-proto: ## Regenerate the gRPC code under proto/pal/v1 from run.proto (committed)
+.PHONY: protoc-gen
+protoc-gen: # protoc and the pinned generators in bin/ (for proto and verify)
 	@command -v protoc >/dev/null || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; $$s apt-get install -y -qq protobuf-compiler >/dev/null; }
 	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
-	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=. --go_opt=module=github.com/palrun/pal \
-	  --go-grpc_out=. --go-grpc_opt=module=github.com/palrun/pal proto/pal/v1/run.proto
+
+.PHONY: proto
+proto: protoc-gen ## Regenerate the gRPC code under proto/pal/v1 from run.proto (committed)
+	$(PROTOC) --go_out=. --go-grpc_out=. $(PROTO_FILES)
+
+# verify generates into a scratch directory and compares, so it changes
+# nothing in the tree. deploy/nats/roles.conf, generated too, is compared
+# by its own test (TestDeployRoles, in make test). It also checks that
+# every §N cited anywhere is a heading of docs/architecture.md, which code
+# comments cite by section.
+.PHONY: verify
+verify: protoc-gen ## Check that make proto and go mod tidy leave no diff, and that every §N cited is a heading of docs/architecture.md
+	@bad=$$(git grep -noE '§([0-9]+(\.[0-9]+)*|[a-z][a-z_-]*)' | \
+	  awk -F: 'NR == FNR { head[$$0]; next } !($$3 in head) { print $$1 ":" $$2 ": " $$3 " is no heading of docs/architecture.md" }' \
+	    <(grep -oE '^#+ §[0-9]+(\.[0-9]+)*' docs/architecture.md | cut -d' ' -f2) -); \
+	  test -z "$$bad" || { echo "$$bad"; exit 1; }
+	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit the result"; exit 1; }
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	  $(PROTOC) --go_out=$$tmp --go-grpc_out=$$tmp $(PROTO_FILES) && \
+	  diff -ru -x '*.proto' proto "$$tmp/proto" || { echo "verify: the code under proto/ is not what make proto generates: run make proto and commit the result"; exit 1; }
+	@echo "verify: go.mod, go.sum and proto/ are as generated"
 
 .PHONY: imports
 imports: ## Check the import rule: no import runs upward; api and runs do not depend on workers
@@ -52,14 +75,18 @@ e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built f
 	PAL=$(CURDIR)/$(BIN) NATS=$(CURDIR)/bin/nats bash e2e/replay.sh
 
 # Each fuzz target runs for FUZZTIME; the seed corpora (testdata/fuzz/)
-# also run with every go test.
+# also run with every go test. The targets are the Fuzz functions of the
+# test files, found with git grep (go test -list would build each test
+# binary once more just to list them), so a new one cannot be left out.
 FUZZTIME ?= 10s
-FUZZPKGS := ./workflow/
+FUZZPKGS := $(addprefix ./,$(sort $(dir $(shell git grep -l '^func Fuzz' -- '*_test.go'))))
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target briefly (FUZZTIME=10s each) over its seed corpus
+fuzz: ## Run every fuzz target in the tree briefly (FUZZTIME=10s each) beyond its seed corpus
+	@test -n "$(FUZZPKGS)" || { echo "fuzz: no fuzz targets found (git grep '^func Fuzz')"; exit 1; }
 	@set -e; for pkg in $(FUZZPKGS); do \
-	  for target in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	  targets=$$(git grep -h '^func Fuzz' -- ":(glob)$${pkg#./}*_test.go" | sed -E 's/^func (Fuzz[A-Za-z0-9_]*).*/\1/'); \
+	  for target in $$targets; do \
 	    echo "fuzz $$pkg $$target"; \
 	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg; \
 	  done; \

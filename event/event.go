@@ -46,7 +46,7 @@ const (
 	SubstepCompleted Kind = "substep_completed"
 )
 
-// Budget kinds (docs/architecture.md §budgets). BudgetRaised is an input
+// Budget kinds (docs/architecture.md §7.8). BudgetRaised is an input
 // from outside the run, like ApprovalReceived.
 const (
 	BudgetWarning  Kind = "budget_warning"

@@ -1,18 +1,34 @@
 // Package eventstore is PAL's write side on NATS JetStream: the streams,
-// the KV bucket and the consumers of docs/architecture.md §5, the fenced
+// KV buckets, object stores and consumers of docs/architecture.md §5, the fenced
 // journal append, reading and watching a run, the per-run lease, the work
 // queue and the timers.
 //
-// Layout (names are public interface):
+// Layout (names are public interface; Setup creates all of it, and
+// TestDocLayoutIsSetup compares this table with what Setup made):
 //
-//	PAL_EVENTS    stream  pal.events.<run_id>   the journal, one subject per run
-//	PAL_WORK      stream  pal.work.<run_id>     work queue, at most one pending per run
-//	PAL_CMDS      stream  pal.cmd.runs.>        durable commands
-//	PAL_TIMERS    stream  pal.timer.>           scheduled wake-ups (approval timeouts)
-//	PAL_LEASES    KV      <run_id> → owner      lease with a TTL; w.<token>: a worker's presence
-//	PAL_INFLIGHT  KV      <run_id>              the runs not yet ended, for the sweep
-//	pal.watch.<run_id>                          PAL_EVENTS' republished copies, for Watch
-//	pal.presence.<token>                        a worker answers probes while connected
+//	PAL_EVENTS     stream    pal.events.<run_id>            the journal, one subject per run
+//	PAL_WORK       stream    pal.work.<run_id> pal.workpin  work queue, at most one pending per run; the pin (work.go)
+//	PAL_CMDS       stream    pal.cmd.runs.>                 durable commands
+//	PAL_TIMERS     stream    pal.timer.>                    scheduled wake-ups (approval and wait timeouts)
+//	PAL_DEAD       stream    pal.dead.<source>              dead letters: messages whose handling kept failing
+//	PAL_BLOB_REFS  stream    pal.blobref.<sha256>.<run_id> pal.blobreclaim.<sha256>
+//	                                                        which runs name which PAL_BLOBS object; a release's mark
+//	PAL_LEASES     KV        <run_id> → owner               lease with a TTL; w.<token>: a worker's presence
+//	PAL_RECEIPTS   KV        <run_id> → receipt             signed run receipts, written once
+//	PAL_INFLIGHT   KV        <run_id>                       the runs not yet ended, for the sweep
+//	PAL_BLOBS      objects   <sha256>                       big step values, put once, content-addressed
+//	PAL_SNAPSHOTS  objects   <run_id>                       folded run states at a journal head: a cache
+//	pal-workers    consumer  PAL_WORK                       workers take runs to drive
+//	pal-timers     consumer  PAL_TIMERS                     workers take fired timers (pal.timer.fire.<run_id>)
+//	pal-commands   consumer  PAL_CMDS                       workers carry out durable commands
+//
+// The projector's consumer on PAL_EVENTS (pal-projector) is made by package
+// projections. Core NATS subjects, stored nowhere:
+//
+//	pal.watch.<run_id>       PAL_EVENTS' republished copies, for Watch
+//	pal.presence.<token>     a worker answers probes while connected
+//	pal.ctl.cancel.<run_id>  a cancel notice to the driving worker
+//	pal.cmd.rejected         refused durable commands, with the reason
 //
 // Invariants:
 //
