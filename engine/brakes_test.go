@@ -228,26 +228,6 @@ func TestChildBudgetDrawsFromParent(t *testing.T) {
 	require.Equal(t, int64(2), b.MaxSteps)
 }
 
-func TestParseAnomalySettings(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{"PAL_ANOMALY_RUNAWAY_LOOP": "threshold=3, action=pause", "PAL_ANOMALY_COST_SPIKE": "floor=2"}
-	got, err := engine.ParseAnomalySettings(func(k string) string { return env[k] })
-	require.NoError(t, err)
-	require.Equal(t, event.AnomalyRule{Threshold: 3, Action: event.ActionPause}, got[event.AnomalyRunawayLoop])
-	eff := engine.EffectiveAnomalies(got, nil)
-	require.Equal(t, event.AnomalyRule{Threshold: 3, Requests: 10, Action: event.ActionPause}, eff[event.AnomalyRunawayLoop])
-	require.Equal(t, 2.0, eff[event.AnomalyCostSpike].Floor)
-	for _, bad := range []string{"threshold", "action=stop", "threshold=-1", "nope=1", "threshold=NaN"} {
-		_, err := engine.ParseAnomalySettings(func(k string) string {
-			if k == "PAL_ANOMALY_RETRY_STORM" {
-				return bad
-			}
-			return ""
-		})
-		require.ErrorContains(t, err, "PAL_ANOMALY_RETRY_STORM", bad)
-	}
-}
-
 // A run replayed from its journal decides the same: each anomaly is
 // journaled once, however often Next is asked.
 func TestAnomalyJournaledOnce(t *testing.T) {

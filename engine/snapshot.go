@@ -140,12 +140,7 @@ func DecodeState(b []byte) (*RunState, error) {
 		st.loops[sid] = &loopMemo{overRaw: l.Over, withRaw: l.With, done: l.Done, results: l.Results,
 			items: decode(json.RawMessage(l.Over)), with: decode(json.RawMessage(l.With))}
 	}
-	if f := st.Created.ForkedFrom; f != nil && len(f.Copies) > 0 {
-		st.copies = make(map[string]*event.CopiedStep, len(f.Copies))
-		for i := range f.Copies {
-			st.copies[f.Copies[i].StepID] = &f.Copies[i]
-		}
-	}
+	st.indexCopies()
 	if len(st.Created.Workflow) > 0 {
 		st.Workflow, st.WorkflowErr = workflow.ParseCached(st.Created.Workflow)
 	}

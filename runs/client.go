@@ -30,9 +30,9 @@ type Client struct {
 	anomalies map[string]event.AnomalyRule
 }
 
-// WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*,
-// engine.ParseAnomalySettings) that the runs this client starts record
-// under their workflow's own (default: the built-in rules).
+// WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*, as
+// the CLI parses them) that the runs this client starts record under
+// their workflow's own (default: the built-in rules).
 func WithAnomalyDefaults(rules map[string]event.AnomalyRule) Option {
 	return func(c *Client) { c.anomalies = rules }
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
@@ -122,7 +121,7 @@ func (e *env) runsClient(store *eventstore.Store) (*runs.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	anomalies, err := parseAnomalySettings(e.getenv)
 	if err != nil {
 		return nil, err
 	}

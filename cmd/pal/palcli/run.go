@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
@@ -127,7 +126,7 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 			return badInput("--budget: %v (want e.g. '{\"maxCostUsd\":1,\"maxSteps\":20}')", err)
 		}
 	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	anomalies, err := parseAnomalySettings(e.getenv)
 	if err != nil {
 		return badInput("%v", err)
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/palrun/pal/api"
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/projections"
@@ -92,7 +91,7 @@ type restConfig struct {
 func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
 	var rc restConfig
 	var err error
-	if rc.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+	if rc.anomalies, err = parseAnomalySettings(e.getenv); err != nil {
 		return rc, badInput("%v", err)
 	}
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)

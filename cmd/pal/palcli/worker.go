@@ -16,7 +16,6 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/projections"
@@ -231,7 +230,7 @@ func (e *env) startWriteSide(ctx context.Context, wc workerConfig, nc *nats.Conn
 	if err != nil {
 		return fail(withCode(ExitUnavailable, err))
 	}
-	anomalies, err := engine.ParseAnomalySettings(e.getenv)
+	anomalies, err := parseAnomalySettings(e.getenv)
 	if err != nil {
 		return fail(withCode(ExitBadInput, err))
 	}
