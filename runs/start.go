@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -55,14 +54,13 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if runID == "" {
 		runID = event.NewRunID()
 	}
-	raw := cmd.Workflow
+	var wf *workflow.Workflow
+	var err error
 	if cmd.LLM != nil {
-		var err error
-		if raw, err = cmd.LLM.workflow(); err != nil {
-			return StartResult{}, err
-		}
+		wf, err = cmd.LLM.workflow()
+	} else {
+		wf, err = workflow.ParseCached(cmd.Workflow)
 	}
-	wf, err := workflow.ParseCached(raw)
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -187,32 +185,23 @@ type LLMSpec struct {
 
 // workflow makes the one-node workflow of a plain-LLM run: node "llm" (an
 // ai-step) or, with tools, node "agent".
-func (s *LLMSpec) workflow() (json.RawMessage, error) {
-	type node struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
-		Data any    `json:"data,omitempty"`
-	}
-	type edge struct {
-		From string `json:"from"`
-		To   string `json:"to"`
-	}
-	var n node
+func (s *LLMSpec) workflow() (*workflow.Workflow, error) {
+	var id string
+	var d workflow.NodeData
 	if len(s.Tools) > 0 || s.MaxTurns > 0 {
 		if len(s.Messages) > 0 {
 			return nil, &InputError{Field: "llm.messages", Msg: "an agent run (with tools) takes a prompt, not messages"}
 		}
-		n = node{ID: "agent", Type: workflow.TypeAgent, Data: workflow.AgentData{Provider: s.Provider, Model: s.Model,
-			Prompt: s.Prompt, System: s.System, Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens,
-			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+		id, d = "agent", workflow.AgentData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+			Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens, Temperature: s.Temperature,
+			TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	} else {
-		n = node{ID: "llm", Type: workflow.TypeAIStep, Data: workflow.AIStepData{Provider: s.Provider, Model: s.Model,
-			Prompt: s.Prompt, System: s.System, Messages: s.Messages, MaxTokens: s.MaxTokens,
-			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+		id, d = "llm", workflow.AIStepData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+			Messages: s.Messages, MaxTokens: s.MaxTokens, Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	}
-	return json.Marshal(struct {
-		Name  string `json:"name"`
-		Nodes []node `json:"nodes"`
-		Edges []edge `json:"edges"`
-	}{Name: n.ID, Nodes: []node{{ID: "start", Type: workflow.TypeTrigger}, n}, Edges: []edge{{From: "start", To: n.ID}}})
+	n, err := workflow.NewNode(id, d)
+	if err != nil {
+		return nil, &InputError{Field: "llm", Msg: err.Error()}
+	}
+	return workflow.Build(id, []workflow.Node{workflow.TriggerNode("start"), n}, []workflow.Edge{{From: "start", To: id}})
 }
