@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/provider"
 )
 
 // The brakes' Next side: before Next walks the graph (brakesBefore) and
@@ -116,7 +115,7 @@ func (st *RunState) brakesAt(p StepPlan, now time.Time) Action {
 	var needTokens, needCost float64
 	priced := true
 	if p.Exec == ExecLLM {
-		needTokens, needCost, priced = EstimateCall(p.Call())
+		needTokens, needCost, priced = EstimateCall(p.Call(), st.Prices())
 	}
 	if b.MaxTokens > 0 && float64(sp.Tokens)+needTokens > float64(b.MaxTokens) || b.MaxTokens > 0 && sp.Tokens >= b.MaxTokens {
 		return exceeded(event.LimitTokens, float64(sp.Tokens), float64(b.MaxTokens), needTokens)
@@ -156,9 +155,10 @@ func (st *RunState) anomalyTypeSeen(typ string) bool {
 // EstimateCall is the worst case of an LLM step with the rendered input
 // (an AIInput): its input tokens estimated as a quarter of the bytes of
 // the request, plus its maxTokens (DefaultOutputTokens when unset), and
-// what that costs at the model's price. priced is false for a model the
-// price table does not know: only token, step and time limits hold it.
-func EstimateCall(input json.RawMessage) (tokens, costUSD float64, priced bool) {
+// what that costs at the model's price in prices (the run's, RunState.Prices).
+// priced is false for a model prices do not know: only token, step and
+// time limits hold it.
+func EstimateCall(input json.RawMessage, prices event.Prices) (tokens, costUSD float64, priced bool) {
 	var in AIInput
 	_ = json.Unmarshal(input, &in)
 	inTok := math.Ceil(float64(len(input)) / 4)
@@ -166,9 +166,9 @@ func EstimateCall(input json.RawMessage) (tokens, costUSD float64, priced bool) 
 	if outTok <= 0 {
 		outTok = DefaultOutputTokens
 	}
-	pin, pout, ok := provider.PriceOf(in.Model)
+	p, ok := prices.Of(in.Model)
 	if !ok {
 		return inTok + outTok, 0, false
 	}
-	return inTok + outTok, (inTok*pin + outTok*pout) / 1e6, true
+	return inTok + outTok, (inTok*p.InputPerMTok + outTok*p.OutputPerMTok) / 1e6, true
 }

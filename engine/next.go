@@ -226,39 +226,6 @@ func waitTimedOut(s *Step) bool {
 	return json.Unmarshal(s.Output, &out) == nil && out.TimedOut && out.Signal != ""
 }
 
-// Chain returns the run ids from the root run down to this run, from the
-// journal (run_created's trigger_meta.chain).
-func Chain(st *RunState) []string {
-	var out []string
-	if raw, ok := st.Created.TriggerMeta["chain"].([]any); ok {
-		for _, v := range raw {
-			if s, ok := v.(string); ok {
-				out = append(out, s)
-			}
-		}
-	}
-	return append(out, st.RunID)
-}
-
-// ChildTriggerMeta is the trigger_meta of the child run that step stepID
-// of st starts: its parent, and the chain that Chain reads back in the
-// child.
-func ChildTriggerMeta(st *RunState, stepID string) map[string]any {
-	return map[string]any{"parent_run_id": st.RunID, "parent_step_id": stepID, "chain": Chain(st)}
-}
-
-func chainString(st *RunState) string {
-	c := Chain(st)
-	s := ""
-	for i, id := range c {
-		if i > 0 {
-			s += " → "
-		}
-		s += id
-	}
-	return s
-}
-
 // scopeEnv is the environment of one scope: input, and the outputs of the
 // completed steps of wf in the loop iterations scope, by node id.
 func scopeEnv(st *RunState, wf *workflow.Workflow, scope []Iteration, input any) workflow.Env {

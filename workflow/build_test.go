@@ -39,3 +39,20 @@ func TestBuild(t *testing.T) {
 		Tools: []workflow.AgentTool{{Name: "t", Parameters: json.RawMessage(`{not json`)}}})
 	require.ErrorContains(t, err, `node "use"`)
 }
+
+// TestModels: every model a run can call, nested workflows and judges
+// included.
+func TestModels(t *testing.T) {
+	t.Parallel()
+	wf, err := workflow.Parse([]byte(`{"name":"m","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"ai-step","data":{"provider":"openai","model":"GPT-4o","prompt":"x",
+		  "confidence":{"min":0.5,"source":"judge","judge":{"provider":"anthropic","model":"claude-haiku-4-5","prompt":"rate"}}}},
+		{"id":"each","type":"loop","data":{"over":"{{input.items}}","body":{"name":"b","nodes":[{"id":"start","type":"trigger"},
+		  {"id":"ask","type":"agent","data":{"provider":"openai","model":"gpt-4.1","prompt":"y"}}],"edges":[{"from":"start","to":"ask"}]}}},
+		{"id":"sub","type":"subagent","data":{"workflow":{"name":"c","nodes":[{"id":"start","type":"trigger"},
+		  {"id":"z","type":"ai-step","data":{"provider":"openai","model":"gpt-4o","prompt":"z"}}],"edges":[{"from":"start","to":"z"}]}}},
+		{"id":"t","type":"tool","data":{"tool":"echo"}}],
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"each"},{"from":"each","to":"sub"},{"from":"sub","to":"t"}]}`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"claude-haiku-4-5", "gpt-4.1", "gpt-4o"}, wf.Models())
+}
