@@ -72,13 +72,12 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if writer == "" {
 		writer = "pal"
 	}
-	var base *event.Budget
-	if wf.Policy != nil {
-		base = engine.BudgetOf(wf.Policy.Budget)
-	}
-	// The effective budget is journaled: replays and workers read it
-	// from run_created, never from the request or the settings again.
-	budget, err := engine.NarrowBudget(base, engine.BudgetOf(cmd.Budget))
+	// What is decided at creation is journaled: the effective budget,
+	// anomaly rules and prices. Replays and workers read them from
+	// run_created, never from the request or a process's settings again.
+	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: input, Budget: engine.BudgetOf(cmd.Budget),
+		Anomalies: c.anomalies, Prices: c.prices, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
+		ForkedFrom: cmd.forkedFrom, By: writer})
 	if err != nil {
 		var we *engine.WideningError
 		if errors.As(err, &we) {
@@ -86,12 +85,6 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 		}
 		return StartResult{}, err
 	}
-	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
-		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
-		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
-		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf),
-		ForkedFrom: cmd.forkedFrom})
-	ev.WorkerID = writer
 	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
 	// The work message goes out beside run_created, not after its ack: a
 	// worker that takes it before the journal shows run_created waits
