@@ -130,6 +130,9 @@ func (e *env) runStart(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badInput("%v", err)
 	}
+	if err := e.loadPrices(); err != nil {
+		return err
+	}
 
 	store, nc, err := e.storeNow(cmd)
 	if err != nil {

@@ -183,6 +183,9 @@ func (e *env) runServer(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	if err := e.loadPrices(); err != nil {
+		return err
+	}
 	log, err := e.logger()
 	if err != nil {
 		return err

@@ -138,13 +138,8 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
-	if path := e.getenv(provider.EnvPrices); path != "" {
-		// Prices change: a file of one's own overrides the embedded table.
-		if err := provider.LoadPrices(path); err != nil {
-			return wc, withCode(ExitBadInput, err)
-		}
-	}
-	return wc, nil
+	// Prices change: a file of one's own overrides the embedded table.
+	return wc, e.loadPrices()
 }
 
 // providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
