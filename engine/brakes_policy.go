@@ -15,12 +15,12 @@ import (
 // seen; Next turns that into an action before it dispatches the next
 // step (a Note to journal, a Park, a Fail), so a stopped run makes no
 // further call, and what it decided is journaled once and read back on
-// every replay.
-
-// The brakes' policy: the rules a run is held to, as journaled in its
-// run_created (DefaultAnomalies overlaid by the settings and the
-// workflow, EffectiveAnomalies; the budget narrowed by the start request,
-// NarrowBudget, or by what a parent has left, ChildBudget).
+// every replay. The fold's side is brakes_fold.go, Next's brakes_next.go;
+// this file is their policy: the rules a run is held to, decided when it
+// is created and journaled in its run_created (DefaultAnomalies overlaid
+// by the settings and the workflow, EffectiveAnomalies; the budget
+// narrowed by the start request, NarrowBudget, or by what a parent has
+// left, ChildBudget).
 
 // DefaultWarnAt is a budget's warnAt when it sets none.
 const DefaultWarnAt = 0.8
