@@ -243,7 +243,7 @@ type RunState struct {
 	UpdatedAt time.Time
 	EndedAt   time.Time
 
-	// The brakes (brakes.go). Budget is the effective budget: run_created's
+	// The brakes (brakes_fold.go). Budget is the effective budget: run_created's
 	// plus every budget_raised; nil when the run has none. StepsStarted
 	// counts the acting steps started (what maxSteps limits). Warned
 	// holds the limits warned of; Exceeded the budget_exceeded not yet
