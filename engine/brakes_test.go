@@ -23,6 +23,7 @@ const (
 	runRetryStorm   = "run_01JNB6W2G8Z4K0S1C5V7X9D3B4"
 	runSpikes       = "run_01JNB6W2G8Z4K0S1C5V7X9D3B5"
 	runSpikesPaused = "run_01JNB6W2G8Z4K0S1C5V7X9D3B6"
+	runPrices       = "run_01JNB6W2G8Z4K0S1C5V7X9D3B7"
 )
 
 func brakeScenarios() []scenario {
@@ -34,6 +35,7 @@ func brakeScenarios() []scenario {
 		{name: "anomaly_retry_storm", build: buildRetryStorm},
 		{name: "anomaly_spikes_paused", build: buildSpikesPaused},
 		{name: "anomaly_spikes_approved", build: buildSpikes},
+		{name: "budget_journaled_prices", build: buildBudgetJournaledPrices},
 	}
 }
 
@@ -48,22 +50,32 @@ func withPolicy(t testing.TB, wfJSON, policy string) string {
 	return string(b)
 }
 
-// newStarted starts a run as runs.Client.Start does: run_created carries
-// the effective budget (narrowed by req) and anomaly rules.
+// newStarted starts a run as runs.Client.Start did before run_created
+// journaled prices: the brakes' first histories, which the legacy prices
+// price.
 func newStarted(t testing.TB, runID, wfJSON, input string, req *event.Budget) *history {
+	t.Helper()
+	return newStartedPriced(t, runID, wfJSON, input, req, nil)
+}
+
+// newStartedPriced starts a run as runs.Client.Start does
+// (engine.RunCreated): run_created carries the effective budget (narrowed
+// by req), anomaly rules and, unless table is nil, the prices of the
+// workflow's models in table, the creating process's.
+func newStartedPriced(t testing.TB, runID, wfJSON, input string, req *event.Budget, table event.Prices) *history {
 	t.Helper()
 	wf, err := workflow.Parse([]byte(wfJSON))
 	require.NoError(t, err)
-	var base *event.Budget
-	if wf.Policy != nil {
-		base = engine.BudgetOf(wf.Policy.Budget)
-	}
-	b, err := engine.NarrowBudget(base, req)
+	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: json.RawMessage(input), Budget: req,
+		Prices: table, TriggerMeta: map[string]any{"source": "api"}, By: "pal"})
 	require.NoError(t, err)
-	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: "pal"}
-	h.append(event.RunCreated, "", 0, event.RunCreatedData{Workflow: wf.Raw(), WorkflowHash: wf.Hash(),
-		WorkflowName: wf.Name, Input: json.RawMessage(input), TriggerMeta: map[string]any{"source": "api"},
-		Budget: b, Anomalies: engine.EffectiveAnomalies(nil, wf)})
+	var d event.RunCreatedData
+	require.NoError(t, ev.DecodeData(&d))
+	if table == nil {
+		d.Prices = nil
+	}
+	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: ev.WorkerID}
+	h.append(event.RunCreated, "", 0, d)
 	return h
 }
 
@@ -228,26 +240,6 @@ func TestChildBudgetDrawsFromParent(t *testing.T) {
 	require.Equal(t, int64(2), b.MaxSteps)
 }
 
-func TestParseAnomalySettings(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{"PAL_ANOMALY_RUNAWAY_LOOP": "threshold=3, action=pause", "PAL_ANOMALY_COST_SPIKE": "floor=2"}
-	got, err := engine.ParseAnomalySettings(func(k string) string { return env[k] })
-	require.NoError(t, err)
-	require.Equal(t, event.AnomalyRule{Threshold: 3, Action: event.ActionPause}, got[event.AnomalyRunawayLoop])
-	eff := engine.EffectiveAnomalies(got, nil)
-	require.Equal(t, event.AnomalyRule{Threshold: 3, Requests: 10, Action: event.ActionPause}, eff[event.AnomalyRunawayLoop])
-	require.Equal(t, 2.0, eff[event.AnomalyCostSpike].Floor)
-	for _, bad := range []string{"threshold", "action=stop", "threshold=-1", "nope=1", "threshold=NaN"} {
-		_, err := engine.ParseAnomalySettings(func(k string) string {
-			if k == "PAL_ANOMALY_RETRY_STORM" {
-				return bad
-			}
-			return ""
-		})
-		require.ErrorContains(t, err, "PAL_ANOMALY_RETRY_STORM", bad)
-	}
-}
-
 // A run replayed from its journal decides the same: each anomaly is
 // journaled once, however often Next is asked.
 func TestAnomalyJournaledOnce(t *testing.T) {
@@ -317,8 +309,12 @@ func TestTokenAndTimeLimits(t *testing.T) {
 	require.Equal(t, event.LimitDuration, n.Data.(event.BudgetExceededData).Limit)
 
 	// A model without a price is held only to the other limits.
-	tokens, cost, priced := engine.EstimateCall(json.RawMessage(`{"model":"no-such-model","maxTokens":10,"messages":[]}`))
+	call := json.RawMessage(`{"model":"no-such-model","maxTokens":10,"messages":[]}`)
+	tokens, cost, priced := engine.EstimateCall(call, event.Prices{"gpt-4o": {InputPerMTok: 1, OutputPerMTok: 1}})
 	require.False(t, priced)
 	require.Zero(t, cost)
 	require.Greater(t, tokens, 10.0)
+	tokens, cost, priced = engine.EstimateCall(call, event.Prices{"no-such-model": {InputPerMTok: 1e6, OutputPerMTok: 1e6}})
+	require.True(t, priced)
+	require.Equal(t, tokens, cost, "a dollar a token")
 }

@@ -7,16 +7,28 @@
 //
 // What crosses between the engine and the worker is typed: the step inputs
 // the engine renders and the outputs the worker journals are the types of
-// contract.go, and step ids are StepID values (stepid.go), built by its
-// constructors and read back by ParseStepID.
+// contract.go, the actions Next returns are the types of action.go (Done,
+// RunStep, Complete, Fail, Note, Park), and step ids are StepID values
+// (stepid.go), built by its constructors and read back by ParseStepID.
+//
+// # Fold
 //
 // The fold is strict: seq must be gapless from 1 and run_created must come
 // first. It does not verify the journal's hash chain or writers: that is
 // event.Chain's, applied by every reader of NATS before it folds (golden
 // histories are fold tests and carry no prev); FoldRead folds what such a
-// reader got, a corrupt journal as failed with code journal_corrupt. Every step transition is a journal event, so the state is only a
-// cache of the journal: replaying the same events always gives the same
-// state (golden histories in testdata check this).
+// reader got, a corrupt journal as failed with code journal_corrupt. Every
+// step transition is a journal event, so the state is only a cache of the
+// journal: replaying the same events always gives the same state (golden
+// histories in testdata check this).
+//
+// Apply dispatches each event to the handler of its kind (the table in
+// fold.go, one line a kind); the handlers live by group: the run's life
+// (fold_run.go), its steps (fold_step.go), what a step did beside its
+// outcome (fold_effect.go), the inputs (fold_input.go), the confidence
+// gates (fold_gate.go) and the brakes (brakes_fold.go).
+//
+// # Next
 //
 // Next walks the workflow graph from the trigger in topological order. A
 // node runs when every node with an edge into it is resolved (completed, or
@@ -24,11 +36,45 @@
 // its incoming edges fired; nodes run one at a time, first in declaration
 // order. A completed step is never run again: its journaled output is
 // reused. When nothing is left to run the run succeeds with the output of
-// the last completed step.
+// the last completed step. planStep plans a step by its node's type
+// (plan.go, with one wait plan, waitFor, for approvals and waits); a loop
+// and an agent plan their own steps (loop.go, agent.go).
+//
+// The brakes (a budget, anomaly detection) are three parts: what the fold
+// keeps (brakes_fold.go), what Next makes of it before it walks the graph
+// and before it lets an acting step go (brakes_next.go), and the rules a
+// run is held to, decided once when it is created (brakes_policy.go).
+//
+// # Creation, and prices as an input
+//
+// A run's run_created is built in one place (created.go): RunCreated for a
+// start, a fork or a retry (package runs), ChildRunCreated for the child
+// run of a subagent step (package workers). What is decided at creation is
+// journaled in it, so that no worker decides it again: the effective
+// budget, the anomaly rules, and the prices of the models the workflow
+// names (PricesFor: its loops' and subagents' models and confidence judges
+// included, from the creating process's table, provider.Prices). A child
+// journals its parent's prices. The builders write no index: both callers
+// put the new run in PAL_INFLIGHT before they append its run_created
+// (eventstore.MarkInflight), a child as a start, so every run is in the
+// index from before its run_created to its end.
+//
+// Every budget check Next makes prices a call with the run's journaled
+// prices (RunState.Prices), and the worker charges every call at the same
+// prices (RunState.UsageOf), so the journal's cost and the budget agree,
+// and two workers with different price files (PAL_PRICES) decide the same
+// for the same journal (testdata/budget_journaled_prices.jsonl). A model
+// the prices do not name is unpriced: held to the token, step and time
+// limits only, its usage cost_unknown. A run_created without prices, from
+// before they were journaled, is priced with the list prices of that time,
+// frozen in this package (legacyPrices): not with the process's table, so
+// such a journal also replays the same everywhere (the older golden
+// histories are such journals). Only a worker that had its own PAL_PRICES
+// decided such a run otherwise before; the journal cannot say so.
 //
 // Invariants: Fold and Next are pure functions of their arguments (no I/O,
-// no clock, no randomness), so replaying the same journal always gives the
-// same state and the same next action, in a worker, the projector or a
-// test; and the fold refuses a malformed history rather than guess. See
-// docs/architecture.md §7.
+// no clock, no randomness, no process-wide table or setting), so replaying
+// the same journal always gives the same state and the same next action,
+// in a worker, the projector or a test; and the fold refuses a malformed
+// history rather than guess. See docs/architecture.md §7.
 package engine

@@ -317,3 +317,21 @@ func TestParseCacheDoesNotAlias(t *testing.T) {
 	require.Error(t, c.WorkflowErr)
 	require.Nil(t, c.Workflow)
 }
+
+// TestEveryKindFolds: every kind of the vocabulary has its fold, and a
+// kind outside it does not fold.
+func TestEveryKindFolds(t *testing.T) {
+	t.Parallel()
+	for _, k := range event.Kinds {
+		if k == event.RunCreated {
+			continue
+		}
+		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
+			_, err := engine.Fold([]event.Event{created(1), ev(2, k, "a", 1, `{}`)})
+			require.NoError(t, err)
+		})
+	}
+	_, err := engine.Fold([]event.Event{created(1), ev(2, event.Kind("step_teleported"), "a", 1, `{}`)})
+	require.ErrorContains(t, err, `unknown event kind "step_teleported"`)
+}

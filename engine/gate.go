@@ -97,3 +97,21 @@ func failCode(s *Step) string {
 	}
 	return event.CodeStepFailed
 }
+
+// gateStep fills the confidence gate of p, an LLM step of node: the gate
+// to score it with, the verdict of its journaled score, or (the run's
+// policy turns gates off) that it is bypassed.
+func gateStep(st *RunState, node *workflow.Node, p *StepPlan) {
+	g := node.Confidence()
+	if g == nil {
+		return
+	}
+	if st.Workflow.GateOff() {
+		s := st.Steps[p.StepID]
+		p.GateOff = s == nil || s.BypassedAttempt != p.Attempt
+		return
+	}
+	if !planGate(st, g, p) {
+		p.Confidence = g
+	}
+}

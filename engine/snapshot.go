@@ -14,8 +14,8 @@ import (
 // StateVersion names the encoding EncodeState writes. A state encoded by
 // another version is refused (DecodeState), and its reader folds the
 // journal instead: bump it whenever RunState or the fold changes what a
-// journal folds to.
-const StateVersion = 1
+// journal folds to. 2: run_created's prices.
+const StateVersion = 2
 
 // stateWire is a RunState as encoded: its exported fields, bar the parsed
 // workflow (parsed again from run_created), and the unexported ones Apply
@@ -28,15 +28,18 @@ type stateWire struct {
 	// RulesDefault: the run named no anomaly rules, and has the
 	// defaults (gob does not tell a nil map from an empty one).
 	RulesDefault bool
-	Candidates   []event.AnomalyDetectedData
-	CandKeys     map[string]bool
-	ToolCalls    map[string]int
-	Requests     map[[32]byte]int
-	TurnKeys     map[string][32]byte
-	Retries      int
-	Costs        []float64
-	Tokens       []float64
-	Outputs      map[string]json.RawMessage
+	// PricesJournaled: run_created journaled prices, maybe none (the
+	// run is not priced with the legacy table, RunState.Prices).
+	PricesJournaled bool
+	Candidates      []event.AnomalyDetectedData
+	CandKeys        map[string]bool
+	ToolCalls       map[string]int
+	Requests        map[[32]byte]int
+	TurnKeys        map[string][32]byte
+	Retries         int
+	Costs           []float64
+	Tokens          []float64
+	Outputs         map[string]json.RawMessage
 	// Loops are Next's memos of the loops in progress: a long loop's
 	// finished iterations are not walked again on the first Next.
 	Loops map[string]loopWire
@@ -54,7 +57,7 @@ type loopWire struct {
 // folds on (Apply) and decides (Next) as st does.
 func EncodeState(st *RunState) ([]byte, error) {
 	w := stateWire{Version: StateVersion, State: *st, Cleared: st.cleared,
-		RulesDefault: st.Created.Anomalies == nil, Candidates: st.br.candidates, CandKeys: st.br.candKeys,
+		RulesDefault: st.Created.Anomalies == nil, PricesJournaled: st.Created.Prices != nil, Candidates: st.br.candidates, CandKeys: st.br.candKeys,
 		ToolCalls: st.br.toolCalls, Requests: st.br.requests, TurnKeys: st.br.turnKeys,
 		Retries: st.br.retries, Costs: st.br.costs, Tokens: st.br.tokens}
 	w.State.Workflow, w.State.WorkflowErr = nil, nil
@@ -111,6 +114,9 @@ func DecodeState(b []byte) (*RunState, error) {
 		}
 	}
 	st.cleared = orEmpty(w.Cleared)
+	if w.PricesJournaled {
+		st.Created.Prices = orEmpty(st.Created.Prices)
+	}
 	rules := DefaultAnomalies
 	if !w.RulesDefault {
 		st.Created.Anomalies = orEmpty(st.Created.Anomalies)
@@ -140,12 +146,7 @@ func DecodeState(b []byte) (*RunState, error) {
 		st.loops[sid] = &loopMemo{overRaw: l.Over, withRaw: l.With, done: l.Done, results: l.Results,
 			items: decode(json.RawMessage(l.Over)), with: decode(json.RawMessage(l.With))}
 	}
-	if f := st.Created.ForkedFrom; f != nil && len(f.Copies) > 0 {
-		st.copies = make(map[string]*event.CopiedStep, len(f.Copies))
-		for i := range f.Copies {
-			st.copies[f.Copies[i].StepID] = &f.Copies[i]
-		}
-	}
+	st.indexCopies()
 	if len(st.Created.Workflow) > 0 {
 		st.Workflow, st.WorkflowErr = workflow.ParseCached(st.Created.Workflow)
 	}

@@ -32,6 +32,12 @@ type RunCreatedData struct {
 	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
 	// ForkedFrom is set on a run made by a fork or a retry of another.
 	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
+	// Prices are the prices of the models the run's workflow names (in
+	// its loops and subagents too): what its budget checks and the cost
+	// of its calls are priced with. Written on every new run, empty when
+	// none of its models has a price; nil (absent) on a run created
+	// before prices were journaled (engine.LegacyPrices).
+	Prices Prices `json:"prices,omitzero"`
 }
 
 // Budget limits what a run may spend. A zero field sets no limit.

@@ -32,10 +32,11 @@ type Inflight struct {
 }
 
 // MarkInflight puts the run into the index, and returns a wait for the
-// server's answer: runs.Start sends it just before run_created and waits
-// after, so the two round trips overlap. No run then exists that the
-// index does not name, unless the wait reports an error; an entry whose
-// run_created never landed is removed by the sweep.
+// server's answer: runs.Start, and a subagent step for its child run, send
+// it just before run_created and wait after, so the two round trips
+// overlap. No run, top-level or child, then exists that the index does not
+// name, unless the wait reports an error; an entry whose run_created never
+// landed is removed by the sweep.
 func (s *Store) MarkInflight(runID string) func(context.Context) error {
 	if err := checkRunID(runID); err != nil {
 		return func(context.Context) error { return fmt.Errorf("indexing: %w", err) }

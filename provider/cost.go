@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
-	"regexp"
 	"strings"
 	"sync/atomic"
+
+	"github.com/palrun/pal/event"
 )
 
 // EnvPrices names a JSON price file that overrides the embedded table (see
@@ -37,10 +39,10 @@ type priceFile struct {
 //go:embed prices.json
 var embeddedPrices []byte
 
-// table is the price table in use: the embedded one, or it overridden by
-// LoadPrices. Reads are lock-free; a worker loads its override once at
-// start.
-var table atomic.Pointer[map[string]price]
+// table is the process's price table: the embedded one, or it overridden
+// by LoadPrices. Reads are lock-free; a process loads its override once
+// at start.
+var table atomic.Pointer[event.Prices]
 
 func init() {
 	m, err := parsePrices(bytes.NewReader(embeddedPrices))
@@ -53,7 +55,7 @@ func init() {
 // parsePrices reads a price file: {"models": {"<model>": {"input_per_mtok":
 // 2.5, "output_per_mtok": 10}}}. Both prices are required, finite and ≥ 0;
 // unknown fields are errors (a typo must not price a model at 0).
-func parsePrices(r io.Reader) (map[string]price, error) {
+func parsePrices(r io.Reader) (event.Prices, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxPriceFile+1))
 	if err != nil {
 		return nil, err
@@ -70,7 +72,7 @@ func parsePrices(r io.Reader) (map[string]price, error) {
 	if f.Models == nil {
 		return nil, errors.New(`price file has no "models" object`)
 	}
-	out := make(map[string]price, len(f.Models))
+	out := make(event.Prices, len(f.Models))
 	for name, p := range f.Models {
 		if strings.TrimSpace(name) == "" {
 			return nil, errors.New("price file names a model with an empty name")
@@ -83,7 +85,7 @@ func parsePrices(r io.Reader) (map[string]price, error) {
 				return nil, fmt.Errorf("model %q: %s is %v, want a price ≥ 0", name, what, *v)
 			}
 		}
-		out[strings.ToLower(name)] = p
+		out[strings.ToLower(name)] = event.Price{InputPerMTok: *p.Input, OutputPerMTok: *p.Output}
 	}
 	return out, nil
 }
@@ -114,38 +116,30 @@ func LoadPrices(path string) error {
 	return nil
 }
 
-// dateSuffix matches the snapshot date some model names carry
-// (claude-sonnet-4-5-20250929, gpt-4o-mini-2024-07-18).
-var dateSuffix = regexp.MustCompile(`-(\d{8}|\d{4}-\d{2}-\d{2})$`)
+// Prices is a copy of the process's price table: the embedded one, or it
+// overridden by LoadPrices (PAL_PRICES). Whoever creates a run journals
+// the part of it the run's workflow names (run_created.prices), so the
+// run is priced the same by every worker, whatever its own table.
+func Prices() event.Prices { return maps.Clone(*table.Load()) }
 
 // PriceOf returns model's list price in US dollars per million input and
-// output tokens, and false when the table does not know the model. A dated
-// snapshot name is priced as its model (claude-sonnet-4-5-20250929 as
-// claude-sonnet-4-5).
+// output tokens in the process's table, and false when the table does not
+// know the model. A dated snapshot name is priced as its model
+// (claude-sonnet-4-5-20250929 as claude-sonnet-4-5). A run is priced with
+// its journaled prices, not with this.
 func PriceOf(model string) (inputPerMTok, outputPerMTok float64, ok bool) {
-	m := *table.Load()
-	name := strings.ToLower(model)
-	p, ok := m[name]
-	if !ok {
-		p, ok = m[dateSuffix.ReplaceAllString(name, "")]
-	}
-	if !ok {
-		return 0, 0, false
-	}
-	return *p.Input, *p.Output, true
+	p, ok := table.Load().Of(model)
+	return p.InputPerMTok, p.OutputPerMTok, ok
 }
 
-// Cost estimates the price in US dollars of a call to model that used u. It
-// is an estimate from the price table of list prices: it knows nothing of
-// cached-input or batch discounts or negotiated rates, and a model the
-// table does not know costs 0 (PriceOf tells whether it knows it; the
-// worker marks such a step cost_unknown).
+// Cost estimates the price in US dollars of a call to model that used u,
+// from the process's table. It is an estimate from list prices: it knows
+// nothing of cached-input or batch discounts or negotiated rates, and a
+// model the table does not know costs 0 (PriceOf tells whether it knows
+// it).
 func Cost(model string, u Usage) float64 {
-	in, out, ok := PriceOf(model)
-	if !ok {
-		return 0
-	}
-	return (float64(u.InputTokens)*in + float64(u.OutputTokens)*out) / 1e6
+	p, _ := table.Load().Of(model)
+	return p.Cost(u.InputTokens, u.OutputTokens)
 }
 
 // ResetPrices restores the embedded table (tests).

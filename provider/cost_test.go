@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/provider"
 )
 
@@ -68,4 +69,17 @@ func TestLoadPrices(t *testing.T) {
 	require.Equal(t, []float64{1, 2}, []float64{in, out})
 	require.InDelta(t, 1.0, provider.Cost("gpt-4o", provider.Usage{InputTokens: 1e6, OutputTokens: 1e6}), 1e-12, "overridden")
 	require.InDelta(t, 0.75, provider.Cost("gpt-4o-mini", provider.Usage{InputTokens: 1e6, OutputTokens: 1e6}), 1e-12, "kept")
+}
+
+// TestPricesIsACopy: the table a run creator journals from is the
+// process's, and changing the copy changes nothing.
+func TestPricesIsACopy(t *testing.T) {
+	t.Parallel()
+	p := provider.Prices()
+	want, ok := p.Of("gpt-4o")
+	require.True(t, ok)
+	require.Equal(t, event.Price{InputPerMTok: 2.50, OutputPerMTok: 10}, want)
+	delete(p, "gpt-4o")
+	_, _, ok = provider.PriceOf("gpt-4o")
+	require.True(t, ok)
 }

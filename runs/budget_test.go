@@ -68,3 +68,35 @@ func TestBudgetCommandRaisesAPausedRun(t *testing.T) {
 	require.Equal(t, int64(3), v.Spent.Steps)
 	require.ErrorIs(t, b.Runs.RaiseBudget(ctx, runs.BudgetCommand{RunID: runID, AddSteps: 1}), runs.ErrRunFinished)
 }
+
+// TestStartJournalsPrices: a start journals the prices of the models its
+// workflow names, from the client's price table (the process's when none
+// is given), and says so when it names none with a price.
+func TestStartJournalsPrices(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := `{"name":"priced","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"ai-step","data":{"provider":"openai","model":"GPT-4o-mini","prompt":"x"}},
+		{"id":"b","type":"ai-step","data":{"provider":"openai","model":"house-model","prompt":"y"}}],
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}]}`
+	house := event.Price{InputPerMTok: 100, OutputPerMTok: 1000}
+	mini := event.Price{InputPerMTok: 0.15, OutputPerMTok: 0.6}
+	for _, tt := range []struct {
+		client *runs.Client
+		want   event.Prices
+	}{
+		{b.Runs, event.Prices{"gpt-4o-mini": mini}}, // the embedded table knows no house-model
+		{runs.New(b.Store, runs.WithPrices(event.Prices{"house-model": house, "gpt-4o-mini": mini, "gpt-4o": mini})),
+			event.Prices{"gpt-4o-mini": mini, "house-model": house}},
+	} {
+		res, err := tt.client.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(wf)})
+		require.NoError(t, err)
+		require.Equal(t, tt.want, data[event.RunCreatedData](t, b.Events(t, res.RunID)[0]).Prices)
+	}
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(1))})
+	require.NoError(t, err)
+	prices := data[event.RunCreatedData](t, b.Events(t, res.RunID)[0]).Prices
+	require.NotNil(t, prices, "journaled, empty: no model to price")
+	require.Empty(t, prices)
+}

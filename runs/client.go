@@ -14,6 +14,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -28,11 +29,21 @@ type Client struct {
 	nc        *nats.Conn
 	reply     []string
 	anomalies map[string]event.AnomalyRule
+	prices    event.Prices
 }
 
-// WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*,
-// engine.ParseAnomalySettings) that the runs this client starts record
-// under their workflow's own (default: the built-in rules).
+// WithPrices sets the price table the runs this client creates journal
+// the prices of their models from (run_created.prices), which then price
+// every budget check and call of the run whatever a worker's own table
+// says (default: the process's table when New is called, provider.Prices:
+// the embedded one, or it overridden by PAL_PRICES).
+func WithPrices(table event.Prices) Option {
+	return func(c *Client) { c.prices = table }
+}
+
+// WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*, as
+// the CLI parses them) that the runs this client starts record under
+// their workflow's own (default: the built-in rules).
 func WithAnomalyDefaults(rules map[string]event.AnomalyRule) Option {
 	return func(c *Client) { c.anomalies = rules }
 }
@@ -58,7 +69,7 @@ func WithReplyPrefixes(prefixes ...string) Option {
 
 // New returns a Client over the journal.
 func New(store *eventstore.Store, opts ...Option) *Client {
-	c := &Client{store: store, reply: []string{DefaultReplyPrefix}}
+	c := &Client{store: store, reply: []string{DefaultReplyPrefix}, prices: provider.Prices()}
 	if store != nil {
 		c.nc = store.JetStream().Conn()
 	}

@@ -23,6 +23,12 @@
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.
+//   - A start, a fork and a retry build run_created with
+//     engine.RunCreated: the effective budget, anomaly rules and the prices
+//     of the workflow's models (from the client's table, WithPrices:
+//     the process's, PAL_PRICES) are decided there, once, and journaled.
+//     The run is put in PAL_INFLIGHT just before (eventstore.MarkInflight),
+//     as a worker puts a child run.
 //   - RunView renders a run the same from the journal (ViewOf) and from
 //     the Postgres projection (ViewOfDetail): both go through
 //     readmodel.RowsOf-shaped rows and one render function.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -55,14 +54,13 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if runID == "" {
 		runID = event.NewRunID()
 	}
-	raw := cmd.Workflow
+	var wf *workflow.Workflow
+	var err error
 	if cmd.LLM != nil {
-		var err error
-		if raw, err = cmd.LLM.workflow(); err != nil {
-			return StartResult{}, err
-		}
+		wf, err = cmd.LLM.workflow()
+	} else {
+		wf, err = workflow.ParseCached(cmd.Workflow)
 	}
-	wf, err := workflow.ParseCached(raw)
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -74,13 +72,12 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if writer == "" {
 		writer = "pal"
 	}
-	var base *event.Budget
-	if wf.Policy != nil {
-		base = engine.BudgetOf(wf.Policy.Budget)
-	}
-	// The effective budget is journaled: replays and workers read it
-	// from run_created, never from the request or the settings again.
-	budget, err := engine.NarrowBudget(base, engine.BudgetOf(cmd.Budget))
+	// What is decided at creation is journaled: the effective budget,
+	// anomaly rules and prices. Replays and workers read them from
+	// run_created, never from the request or a process's settings again.
+	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: input, Budget: engine.BudgetOf(cmd.Budget),
+		Anomalies: c.anomalies, Prices: c.prices, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
+		ForkedFrom: cmd.forkedFrom, By: writer})
 	if err != nil {
 		var we *engine.WideningError
 		if errors.As(err, &we) {
@@ -88,12 +85,6 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 		}
 		return StartResult{}, err
 	}
-	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
-		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name,
-		Input: input, Depth: 0, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
-		Budget: budget, Anomalies: engine.EffectiveAnomalies(c.anomalies, wf),
-		ForkedFrom: cmd.forkedFrom})
-	ev.WorkerID = writer
 	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
 	// The work message goes out beside run_created, not after its ack: a
 	// worker that takes it before the journal shows run_created waits
@@ -187,32 +178,23 @@ type LLMSpec struct {
 
 // workflow makes the one-node workflow of a plain-LLM run: node "llm" (an
 // ai-step) or, with tools, node "agent".
-func (s *LLMSpec) workflow() (json.RawMessage, error) {
-	type node struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
-		Data any    `json:"data,omitempty"`
-	}
-	type edge struct {
-		From string `json:"from"`
-		To   string `json:"to"`
-	}
-	var n node
+func (s *LLMSpec) workflow() (*workflow.Workflow, error) {
+	var id string
+	var d workflow.NodeData
 	if len(s.Tools) > 0 || s.MaxTurns > 0 {
 		if len(s.Messages) > 0 {
 			return nil, &InputError{Field: "llm.messages", Msg: "an agent run (with tools) takes a prompt, not messages"}
 		}
-		n = node{ID: "agent", Type: workflow.TypeAgent, Data: workflow.AgentData{Provider: s.Provider, Model: s.Model,
-			Prompt: s.Prompt, System: s.System, Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens,
-			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+		id, d = "agent", workflow.AgentData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+			Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens, Temperature: s.Temperature,
+			TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	} else {
-		n = node{ID: "llm", Type: workflow.TypeAIStep, Data: workflow.AIStepData{Provider: s.Provider, Model: s.Model,
-			Prompt: s.Prompt, System: s.System, Messages: s.Messages, MaxTokens: s.MaxTokens,
-			Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}}
+		id, d = "llm", workflow.AIStepData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+			Messages: s.Messages, MaxTokens: s.MaxTokens, Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	}
-	return json.Marshal(struct {
-		Name  string `json:"name"`
-		Nodes []node `json:"nodes"`
-		Edges []edge `json:"edges"`
-	}{Name: n.ID, Nodes: []node{{ID: "start", Type: workflow.TypeTrigger}, n}, Edges: []edge{{From: "start", To: n.ID}}})
+	n, err := workflow.NewNode(id, d)
+	if err != nil {
+		return nil, &InputError{Field: "llm", Msg: err.Error()}
+	}
+	return workflow.Build(id, []workflow.Node{workflow.TriggerNode("start"), n}, []workflow.Edge{{From: "start", To: id}})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
 )
 
 // A start with an idempotency key that finds its run id taken is the same
@@ -50,4 +51,32 @@ func TestStartWithKeyIsADuplicateOnlyOfTheSameKey(t *testing.T) {
 	for _, id := range []string{"run_same", "run_keyed", runs.RunIDForKey("k3")} {
 		require.Len(t, find(b.Events(t, id), event.RunCreated, ""), 1, id)
 	}
+}
+
+// TestLLMWorkflow: a plain-LLM run's workflow is a trigger and one node,
+// an ai-step or (with tools) an agent, in the bytes runs journaled before
+// the workflow was built from typed nodes, so its hash is unchanged.
+func TestLLMWorkflow(t *testing.T) {
+	t.Parallel()
+	wf, err := runs.LLMWorkflow(&runs.LLMSpec{Provider: "openai", Model: "gpt-4o", Prompt: "hi", MaxTokens: 9})
+	require.NoError(t, err)
+	require.Equal(t, `{"name":"llm","nodes":[{"id":"start","type":"trigger"},`+
+		`{"id":"llm","type":"ai-step","data":{"provider":"openai","model":"gpt-4o","prompt":"hi","maxTokens":9}}],`+
+		`"edges":[{"from":"start","to":"llm"}]}`, string(wf.Raw()))
+
+	wf, err = runs.LLMWorkflow(&runs.LLMSpec{Provider: "openai", Model: "gpt-4o", Prompt: "hi",
+		Tools: []workflow.AgentTool{{Name: "lookup"}}})
+	require.NoError(t, err)
+	require.Equal(t, `{"name":"agent","nodes":[{"id":"start","type":"trigger"},`+
+		`{"id":"agent","type":"agent","data":{"provider":"openai","model":"gpt-4o","prompt":"hi","tools":[{"name":"lookup"}]}}],`+
+		`"edges":[{"from":"start","to":"agent"}]}`, string(wf.Raw()))
+
+	_, err = runs.LLMWorkflow(&runs.LLMSpec{Provider: "openai", Model: "gpt-4o", MaxTurns: 2,
+		Messages: []workflow.Message{{Role: "user", Content: "hi"}}})
+	var ie *runs.InputError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "llm.messages", ie.Field)
+	_, err = runs.LLMWorkflow(&runs.LLMSpec{Provider: "openai", Model: "gpt-4o"})
+	var ve *workflow.ValidationError
+	require.ErrorAs(t, err, &ve, "an ai-step with neither prompt nor messages")
 }

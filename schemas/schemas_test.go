@@ -83,6 +83,7 @@ func samplePayloads() map[event.Kind]any {
 			ParentStepID:   "sub",
 			Depth:          1,
 			TriggerMeta:    map[string]any{"source": "api"},
+			Prices:         event.Prices{"gpt-4o": {InputPerMTok: 2.5, OutputPerMTok: 10}},
 			IdempotencyKey: "client-key-1",
 			Budget: &event.Budget{MaxCostUSD: 1.5, MaxTokens: 1000, MaxSteps: 20, MaxDurationMs: 60000,
 				WarnAt: 0.8, OnExceed: event.OnExceedPause},
@@ -218,6 +219,10 @@ func TestInvalidEvents(t *testing.T) {
 			"invalid event: /data/idempotency_key: 'abc' does not match pattern '^[0-9a-f]{64}$'"},
 		{"unknown anomaly", `{` + valid + `,"kind":"anomaly_detected","data":{"type":"vibes","observed":1,"threshold":1,"action":"halt","step_id":"s"}}`,
 			"invalid event: /data/type: value must be one of 'runaway_loop', 'excessive_steps', 'retry_storm', 'cost_spike', 'token_spike'"},
+		{"negative price", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"prices":{"gpt-4o":{"input_per_mtok":-1,"output_per_mtok":10}}}}`,
+			"invalid event: /data/prices/gpt-4o/input_per_mtok: minimum: got -1, want 0"},
+		{"half a price", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"prices":{"gpt-4o":{"input_per_mtok":1}}}}`,
+			"invalid event: /data/prices/gpt-4o: missing property 'output_per_mtok'"},
 		{"second of batch bad", `[{` + valid + `,"kind":"run_cancelled","data":{}},{` + valid + `,"kind":"run_succeeded","data":{}}]`,
 			"invalid event: /1/data: missing property 'output' or 'output_blob'"},
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,4 +288,43 @@ func TestPlainLLMRun(t *testing.T) {
 		Workflow: json.RawMessage(leafWorkflow), LLM: &runs.LLMSpec{Provider: "openai", Model: "m", Prompt: "x"}})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
+}
+
+// TestChildIsIndexedAndPricedAsItsParent: a child run is in PAL_INFLIGHT
+// while it runs, as every run is, and leaves it when it ends; its
+// run_created journals its parent's prices of its models, and its calls
+// are charged at them, whatever the worker's own table says.
+func TestChildIsIndexedAndPricedAsItsParent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	child := `{"name":"leaf","nodes":[{"id":"start","type":"trigger"},
+		{"id":"think","type":"ai-step","data":{"provider":"openai","model":"house-model","prompt":"{{input.q}}"}}],
+		"edges":[{"from":"start","to":"think"}]}`
+	house := event.Price{InputPerMTok: 100, OutputPerMTok: 1000}
+	runID := event.NewRunID()
+	childID := event.ChildRunID(runID, "kid")
+	hold := b.LLM.Hold(providertest.ByKey(key(childID, "think", 1)))
+	b.worker(t, "w1", nil)
+	_, err := runs.New(b.Store, runs.WithPrices(event.Prices{"house-model": house})).Start(ctx,
+		runs.StartCommand{RunID: runID, Workflow: json.RawMessage(subagentWorkflow(1, child)), Input: json.RawMessage(`{"q":"two words"}`)})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err)
+	inflight, err := b.Store.InflightRuns(ctx)
+	require.NoError(t, err)
+	require.Subset(t, runIDsOf(inflight), []string{runID, childID}, "the parent and its child, in flight")
+	hold.Release()
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+
+	cevs := b.Events(t, childID)
+	require.Equal(t, event.Prices{"house-model": house}, data[event.RunCreatedData](t, cevs[0]).Prices)
+	u := data[event.StepCompletedData](t, find(cevs, event.StepCompleted, "think")[0]).Usage
+	require.NotNil(t, u)
+	require.False(t, u.CostUnknown, "priced with the journaled prices: the worker's table knows no house-model")
+	require.InDelta(t, house.Cost(u.InputTokens, u.OutputTokens), u.CostUSD, 1e-12)
+	require.Eventually(t, func() bool {
+		left, err := b.Store.InflightRuns(ctx)
+		return err == nil && !slices.Contains(runIDsOf(left), childID)
+	}, 30*time.Second, 20*time.Millisecond, "the ended child leaves the index")
 }

@@ -115,11 +115,7 @@ func (d *drive) judge(p engine.StepPlan, j *workflow.ConfidenceJudgeData, answer
 	if err != nil {
 		return 0, nil, err
 	}
-	model := resp.Model
-	if model == "" {
-		model = j.Model
-	}
-	u := usageOf(model, resp.Usage)
+	u := d.st.UsageOf(resp.Model, j.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
 	m := number.FindString(resp.Text)
 	if m == "" {
 		return 0, nil, permanent("step %s: confidence judge answered %q, not a number from 0 to 1", p.StepID, clip(resp.Text, 80))

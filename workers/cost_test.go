@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -15,11 +16,13 @@ import (
 	"github.com/palrun/pal/provider"
 )
 
-// TestCostLandsInJournalAndTables: a pal worker process, with a price file
-// in PAL_PRICES, runs three ai-steps: one on a model of the embedded table,
-// one on a model only the file prices, one on a model nobody prices. Each
-// step_completed carries its cost; the steps and runs tables hold the same
-// numbers; the unpriced step and its run are marked cost_unknown.
+// TestCostLandsInJournalAndTables: `pal run start`, with a price file in
+// PAL_PRICES, starts three ai-steps: one on a model of the embedded table,
+// one on a model only the file prices, one on a model nobody prices. Its
+// run_created journals those prices, and a pal worker whose own PAL_PRICES
+// prices the same models otherwise charges each step_completed at the
+// journal's prices; the steps and runs tables hold the same numbers; the
+// unpriced step and its run are marked cost_unknown.
 func TestCostLandsInJournalAndTables(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
@@ -32,18 +35,32 @@ func TestCostLandsInJournalAndTables(t *testing.T) {
 	require.NoError(t, proj.Start(ctx))
 	t.Cleanup(func() { _ = proj.Stop(context.Background()) })
 
-	prices := filepath.Join(t.TempDir(), "prices.json")
-	require.NoError(t, os.WriteFile(prices, []byte(`{"models":{"house-model":{"input_per_mtok":100,"output_per_mtok":1000}}}`), 0o600))
-	p.palWorker(t, "w1", "PAL_PRICES="+prices)
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+		return path
+	}
+	creatorPrices := write("creator.json", `{"models":{"house-model":{"input_per_mtok":100,"output_per_mtok":1000}}}`)
+	workerPrices := write("worker.json", `{"models":{"house-model":{"input_per_mtok":1,"output_per_mtok":1},
+		"gpt-4o":{"input_per_mtok":0,"output_per_mtok":0},"mystery-model":{"input_per_mtok":1,"output_per_mtok":1}}}`)
+	p.palWorker(t, "w1", "PAL_PRICES="+workerPrices)
 
-	wf := `{"name":"priced","nodes":[{"id":"start","type":"trigger"},
+	wf := write("priced.json", `{"name":"priced","nodes":[{"id":"start","type":"trigger"},
 		{"id":"a","type":"ai-step","data":{"provider":"openai","model":"gpt-4o","prompt":"one two three"}},
 		{"id":"b","type":"ai-step","data":{"provider":"openai","model":"house-model","prompt":"four five"}},
 		{"id":"c","type":"ai-step","data":{"provider":"openai","model":"mystery-model","prompt":"six"}}],
-		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"},{"from":"b","to":"c"}]}`
-	runID := p.Start(t, wf, `{}`)
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"},{"from":"b","to":"c"}]}`)
+	start := testenv.StartProcess(t, p.bin, []string{"run", "start", "--workflow", wf},
+		[]string{"PAL_NATS_URL=" + p.natsURL, "PAL_PRICES=" + creatorPrices})
+	require.NoError(t, start.Wait(ctx), start.Output())
+	runID := regexp.MustCompile(`run_[0-9A-Za-z]+`).FindString(start.Output())
+	require.NotEmpty(t, runID, start.Output())
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
 
+	evs := p.Events(t, runID)
+	require.Equal(t, event.Prices{"gpt-4o": {InputPerMTok: 2.50, OutputPerMTok: 10}, "house-model": {InputPerMTok: 100, OutputPerMTok: 1000}},
+		data[event.RunCreatedData](t, evs[0]).Prices, "the creator's prices of the workflow's models")
 	// The fake counts words: "one two three" in, "echo: one two three" out.
 	want := map[string]struct {
 		cost    float64
@@ -53,7 +70,6 @@ func TestCostLandsInJournalAndTables(t *testing.T) {
 		"b": {(2*100.0 + 3*1000.0) / 1e6, false},
 		"c": {0, true},
 	}
-	evs := p.Events(t, runID)
 	total := 0.0
 	for step, w := range want {
 		u := data[event.StepCompletedData](t, find(evs, event.StepCompleted, step)[0]).Usage
@@ -63,7 +79,7 @@ func TestCostLandsInJournalAndTables(t *testing.T) {
 		total += w.cost
 	}
 	require.Positive(t, want["a"].cost)
-	// The worker's override is its own: this process keeps the embedded table.
+	// The price files are their processes': this one keeps the embedded table.
 	_, _, ok := provider.PriceOf("house-model")
 	require.False(t, ok)
 

@@ -57,6 +57,18 @@
 // releases their leases and naks their work so another worker resumes them
 // at once.
 //
+// A subagent step creates its child run as a start creates a run: the
+// child is put in PAL_INFLIGHT before its run_created is appended
+// (subagent.go), so every run, top-level or child, is in the index from
+// before its run_created to its end. A child whose parent's drive died is
+// then found by the sweep with NATS alone, as any run is; one it finds
+// while the parent is about to drive it is driven by whoever takes its
+// lease first, and the parent waits for it (reason child) as for a child
+// another worker drives. Its run_created comes from engine.ChildRunCreated,
+// priced as its parent, and every call of a run is charged at the run's
+// journaled prices (engine.RunState.UsageOf), never at the worker's own
+// table.
+//
 // The recovery sweep (Sweeper) lives here too: a safety net that re-enqueues
 // runs the read side shows running or queued with no lease and no pending
 // work.

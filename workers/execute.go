@@ -272,11 +272,7 @@ func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, err
 	}
-	model := resp.Model
-	if model == "" {
-		model = in.Model
-	}
-	u := usageOf(model, resp.Usage)
+	u := d.st.UsageOf(resp.Model, in.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
 	call.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
 		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
 	llm := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
@@ -401,14 +397,6 @@ func emailTarget(m *connector.Email) string {
 		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
 	}
 	return t
-}
-
-// usageOf is the journaled usage of one call to model. A model the price
-// table does not know is marked cost_unknown rather than priced at 0.
-func usageOf(model string, pu provider.Usage) *event.Usage {
-	_, _, priced := provider.PriceOf(model)
-	return &event.Usage{InputTokens: pu.InputTokens, OutputTokens: pu.OutputTokens,
-		TotalTokens: pu.InputTokens + pu.OutputTokens, CostUSD: provider.Cost(model, pu), CostUnknown: !priced}
 }
 
 // complete sends one model call once a concurrency slot for its provider

@@ -84,7 +84,12 @@ func (d *drive) waitForChild(p engine.StepPlan, why string) error {
 }
 
 // createChild appends the child's run_created, fenced on an empty subject:
-// if the child exists already it is adopted.
+// if the child exists already it is adopted. The child is put in the
+// PAL_INFLIGHT index first, as a start puts its run (eventstore.MarkInflight):
+// every run is in it from before its run_created to its end, so the sweep
+// finds an orphaned child with NATS alone, as it finds any run. A child
+// whose entry did not land fails the drive; the re-drive adopts the child
+// and puts its entry again.
 func (d *drive) createChild(p engine.StepPlan) error {
 	nd, err := p.Node.Subagent()
 	if err != nil {
@@ -98,18 +103,18 @@ func (d *drive) createChild(p engine.StepPlan) error {
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return permanent("step %s: bad input: %v", p.StepID, err)
 	}
-	// The child draws on what its parent has left of its budget; its
-	// anomaly rules are the settings' and its own workflow's.
-	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{
-		Workflow: wf.Raw(), WorkflowHash: wf.Hash(), WorkflowName: wf.Name, Input: in.Input,
-		ParentRunID: d.runID, ParentStepID: p.StepID, Depth: d.st.Created.Depth + 1,
-		TriggerMeta: engine.ChildTriggerMeta(d.st, p.StepID),
-		Budget:      engine.ChildBudget(d.st, wf, d.w.now()), Anomalies: engine.EffectiveAnomalies(d.w.cfg.AnomalyDefaults, wf)})
-	ev.WorkerID = d.w.cfg.ID
+	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
+	if err != nil {
+		return permanent("step %s: child run_created: %v", p.StepID, err)
+	}
+	indexed := d.w.store.MarkInflight(p.ChildRunID)
 	_, err = d.w.store.Append(d.ctx, p.ChildRunID, eventstore.Head{}, ev)
 	if errors.Is(err, eventstore.ErrConflict) {
 		d.log.Info("adopting the child run created before", "child_run_id", p.ChildRunID)
-		return nil
+		err = nil
+	}
+	if ierr := indexed(d.ctx); ierr != nil && err == nil {
+		return fmt.Errorf("step %s: child run %s: %w", p.StepID, p.ChildRunID, ierr)
 	}
 	return err
 }

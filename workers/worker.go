@@ -61,9 +61,9 @@ type Config struct {
 	// ones a crash left unsigned.
 	Receipts   *receipt.Store
 	SigningKey *receipt.Key
-	// AnomalyDefaults are the settings' anomaly rules (PAL_ANOMALY_*, see
-	// engine.ParseAnomalySettings) recorded in the run_created of the
-	// child runs this worker starts. Nil: the built-in defaults.
+	// AnomalyDefaults are the settings' anomaly rules (PAL_ANOMALY_*, as
+	// the CLI parses them) recorded in the run_created of the child runs
+	// this worker starts. Nil: the built-in defaults.
 	AnomalyDefaults map[string]event.AnomalyRule
 	// RetryAfterMax caps the wait a provider may ask for before a retry
 	// (Retry-After, rate-limit reset headers); default 60s.

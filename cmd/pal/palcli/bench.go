@@ -220,10 +220,8 @@ func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, su
 func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
 
 func (e *env) runEconomics(ctx context.Context, model string) error {
-	if path := e.getenv(provider.EnvPrices); path != "" {
-		if err := provider.LoadPrices(path); err != nil {
-			return withCode(ExitBadInput, err)
-		}
+	if err := e.loadPrices(); err != nil {
+		return err
 	}
 	if _, _, ok := provider.PriceOf(model); !ok {
 		return badInput("--model=%q: the price table does not know it (add it with PAL_PRICES)", model)

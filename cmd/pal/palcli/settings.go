@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
@@ -146,11 +145,17 @@ func (e *env) readSettings(cmd *cobra.Command) (*settings, error) {
 	if s.log, err = e.logger(); err != nil {
 		return nil, err
 	}
-	if s.anomalies, err = engine.ParseAnomalySettings(e.getenv); err != nil {
+	if s.anomalies, err = parseAnomalySettings(e.getenv); err != nil {
 		return nil, withCode(ExitBadInput, err)
 	}
 	if s.replyPrefixes, err = runs.ParseReplyPrefixes(e.getenv("PAL_REPLY_PREFIX")); err != nil {
 		return nil, withCode(ExitBadInput, err)
+	}
+	// Prices change: a file of one's own overrides the embedded table,
+	// and the runs this process creates journal their models' prices
+	// from it (engine.RunCreated).
+	if err := e.loadPrices(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

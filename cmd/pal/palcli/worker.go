@@ -133,12 +133,6 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, withCode(ExitBadInput, err)
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
-	if path := e.getenv(provider.EnvPrices); path != "" {
-		// Prices change: a file of one's own overrides the embedded table.
-		if err := provider.LoadPrices(path); err != nil {
-			return wc, withCode(ExitBadInput, err)
-		}
-	}
 	return wc, nil
 }
 

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
+)
+
+// planAgent replays the agent's turns from the journal: every completed
+// model turn and tool call is reused, so a resumed agent sends only the
+// turn it was in. Each turn's request is the whole conversation so far,
+// but its step_started journals only the messages added since the
+// previous turn (AIInput.Prior counts the earlier ones): the journal
+// grows with the turns, not with their square.
+func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) Action {
+	sid := id.String()
+	d, err := node.Agent()
+	if err != nil {
+		return invalidNode(sid, err)
+	}
+	system, err := workflow.RenderString(d.System, env)
+	if err != nil {
+		return stepFailed(sid, "system: %v", err)
+	}
+	prompt, err := workflow.RenderString(d.Prompt, env)
+	if err != nil {
+		return stepFailed(sid, "prompt: %v", err)
+	}
+	var tools []provider.Tool
+	for _, t := range d.Tools {
+		tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+	}
+	msgs := []provider.Message{{Role: provider.RoleUser, Content: prompt}}
+	sent := 0 // the messages of the previous turn's request
+	for k := 0; ; k++ {
+		if k >= d.Turns() {
+			return Fail{Code: CodeMaxTurns, StepID: sid, Error: fmt.Sprintf("agent %s used all %d turns without a final answer", sid, d.Turns())}
+		}
+		turn := id.AgentTurn(k)
+		tid := turn.String()
+		ts := st.Steps[tid]
+		if ts == nil || ts.Status != StepCompleted {
+			if ts != nil && ts.Status == StepFailed {
+				return Fail{Code: failCode(ts), StepID: tid, Error: fmt.Sprintf("step %s failed: %s", tid, ts.Error)}
+			}
+			in := AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs[sent:],
+				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
+			return planTurn(st, node, tid, d.TimeoutMs, in, msgs)
+		}
+		sent = len(msgs)
+		var out LLMOutput
+		if err := json.Unmarshal(ts.Output, &out); err != nil {
+			return stepFailed(tid, "output: %v", err)
+		}
+		if len(out.ToolCalls) == 0 {
+			p := basePlan(st, node, sid, ExecPure)
+			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
+			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence})
+			return pure(p, out)
+		}
+		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
+		var a Action
+		if a, msgs = planToolCalls(st, node, turn, d.TimeoutMs, out.ToolCalls, msgs); a != nil {
+			return a
+		}
+	}
+}
+
+// planTurn plans the model turn tid, whose input is in unless journaled:
+// its request is the whole conversation msgs.
+func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in AIInput, msgs []provider.Message) Action {
+	p := basePlan(st, node, tid, ExecLLM)
+	p.TimeoutMs = timeoutMs
+	gateStep(st, node, &p)
+	if p.Input == nil {
+		p.Input, _ = json.Marshal(in)
+	}
+	req, err := turnRequest(p.Input, msgs)
+	if err != nil {
+		return stepFailed(tid, "input: %v", err)
+	}
+	p.Request = req
+	return RunStep{Plan: p}
+}
+
+// planToolCalls plans the first of turn's tool calls that has not ended,
+// or, when all have, returns msgs with their results added: a failed
+// tool's error is the model's answer, not the run's.
+func planToolCalls(st *RunState, node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message) (Action, []provider.Message) {
+	for j, call := range calls {
+		cid := turn.ToolCall(j).String()
+		cs := st.Steps[cid]
+		if cs == nil || (cs.Status != StepCompleted && cs.Status != StepFailed) {
+			p := basePlan(st, node, cid, ExecTool)
+			p.TimeoutMs = timeoutMs
+			if p.Input == nil {
+				args := call.Arguments
+				if len(args) == 0 {
+					args = json.RawMessage("{}")
+				}
+				p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID})
+			}
+			return RunStep{Plan: p}, msgs
+		}
+		content := string(cs.Output)
+		if cs.Status == StepFailed {
+			b, _ := json.Marshal(map[string]string{"error": cs.Error})
+			content = string(b)
+		}
+		msgs = append(msgs, provider.Message{Role: provider.RoleTool, ToolCallID: call.ID, Content: content})
+	}
+	return nil, msgs
+}
+
+// turnRequest is the whole request of an agent turn whose journaled input
+// is input: its settings, with the conversation msgs rebuilt from the
+// journal. A turn journaled whole (before turns journaled their new
+// messages only) gives the same request.
+func turnRequest(input json.RawMessage, msgs []provider.Message) (json.RawMessage, error) {
+	var in AIInput
+	if err := json.Unmarshal(input, &in); err != nil {
+		return nil, err
+	}
+	if in.Prior > len(msgs) || in.Prior+len(in.Messages) != len(msgs) {
+		return nil, fmt.Errorf("the turn journals messages %d to %d, the journal rebuilds %d", in.Prior, in.Prior+len(in.Messages), len(msgs))
+	}
+	in.Messages, in.Prior = msgs, 0
+	return json.Marshal(in)
+}
