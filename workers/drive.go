@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -26,52 +25,37 @@ var errParked = errors.New("run parked")
 // with the run; driving it again would not help.
 var errJournal = errors.New("journal does not fold")
 
-// drive is one worker's turn at driving one run.
+// drive is one worker's turn at driving one run. What one job of the
+// drive holds is grouped under that job's field (lease.go, load.go,
+// resume.go); the rest is what every job shares: the run, its state and
+// the journal's head, and how the drive writes (emit, flush).
 type drive struct {
-	w       *Worker
-	runID   string
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	keeper  *keeper
-	head    eventstore.Head
+	w      *Worker
+	runID  string
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	log    *slog.Logger
+	// st is the run's state: the journal folded through head, then the
+	// pending events, which the next flush appends.
 	st      *engine.RunState
+	head    eventstore.Head
 	pending []event.Event
-	log     *slog.Logger
-	bug     error
+	// bug is an event the engine produced and its own fold rejects: the
+	// drive appends nothing more.
+	bug error
+	// conflicts counts journal conflicts resolved by folding inputs
+	// (onConflict).
+	conflicts int
 	// inline is set when a parent run drives this (child) run in its own
 	// drive; the parent, not the work queue, learns how it ended.
 	inline bool
-	// conflicts counts journal conflicts resolved by folding inputs.
-	conflicts int
-	// resumed: this drive's run_resumed is in the journal, so the next
-	// drive counts a crash of this one toward crash_loop.
-	resumed bool
-	// landed is called once this drive's run_resumed is in the journal
-	// (resume, resumePending).
-	landed func()
-	// resumeTries counts resumes after a stale writer's append beat
-	// run_resumed.
-	resumeTries int
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
-	// trace is the drive's trace, opened by resume; nil until then (and
-	// a no-op with tracing off). earlier holds the trace ids the run's
-	// earlier drives journaled on their run_resumed, oldest first.
-	trace   *telemetry.Drive
-	earlier []string
-	// read is the journal read withLease starts while it takes the lease;
-	// the first load uses it, when the lease came at once.
-	read <-chan journalRead
-	// cached is the run's state as this worker last parked it, if it
-	// kept it: the first load reads only what came after.
-	cached *folded
-	// lease is the lease being taken while a fresh run's first drive
-	// reads, folds and flushes its run_resumed (withLease); nil once
-	// awaitLease has its answer, and for every other drive, which holds
-	// the lease before it starts.
-	lease *pendingLease
-	msg   jetstream.Msg
+
+	lease driveLease
+	from  driveSource
+	token driveToken
 }
 
 // handle drives the run named by a work message and settles the message.
@@ -94,29 +78,13 @@ func (w *Worker) Drive(ctx context.Context, runID string) error {
 	return w.driveRun(ctx, runID, nil)
 }
 
+// driveRun is one drive of a run outside an inline parent's: under its
+// lease, and then the end of a drive (end.go) when the run's work is over.
 func (w *Worker) driveRun(ctx context.Context, runID string, msg jetstream.Msg) error {
 	d := &drive{w: w, runID: runID, log: w.log.With("run_id", runID)}
 	end := w.withLease(ctx, d, msg)
 	if end.outcome.over() {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		w.signReceipt(actx, d)
-		parked := end.outcome == driveParked
-		if parked && d.st != nil && d.bug == nil && len(d.pending) == 0 && d.st.LastSeq == d.head.Seq {
-			// The next drive takes the state whole: afterDrive no longer
-			// reads it.
-			// The kept head names its driver, so the next drive's read of
-			// what came after it applies the writer rule from the first
-			// message on: a forged step event before the next run_resumed
-			// is caught as it is on a read from the start.
-			head := d.head
-			head.Driver = d.st.LastWorker
-			w.keepSnapshot(d)
-			w.folded.put(runID, &folded{st: d.st, head: head, earlier: d.earlier, at: time.Now()})
-		} else if d.st != nil && d.st.Status.Terminal() && !d.inline {
-			w.dropSnapshot(d)
-		}
-		w.afterDrive(actx, d, parked)
+		w.endDrive(ctx, d, end.outcome == driveParked)
 	}
 	return end.failure()
 }
@@ -152,12 +120,12 @@ func (d *drive) flush() error {
 		return nil
 	}
 	before, resuming := d.head, d.resumePending()
-	if d.lease != nil && !resuming {
+	if d.lease.taking != nil && !resuming {
 		if err := d.awaitLease(); err != nil {
 			return err
 		}
 	}
-	if d.keeper != nil && !d.keeper.valid() {
+	if d.lease.expired() {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}
@@ -170,7 +138,7 @@ func (d *drive) flush() error {
 		return lerr
 	}
 	if resuming && !d.resumePending() {
-		d.landed()
+		d.token.landed()
 	}
 	if err == nil {
 		if !d.inline && d.w.snaps.due(d.runID, head.Seq) {

@@ -2,7 +2,33 @@ package workers
 
 import (
 	"context"
+	"time"
 )
+
+// endDrive is the end of a drive whose work is over (the run ended or
+// parked): the run's receipt is signed, the state of a parked run kept for
+// its next drive here (folded.go) and snapshotted, an ended run's snapshot
+// dropped, and whoever must look again woken (afterDrive).
+func (w *Worker) endDrive(ctx context.Context, d *drive, parked bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	w.signReceipt(ctx, d)
+	if parked && d.st != nil && d.bug == nil && len(d.pending) == 0 && d.st.LastSeq == d.head.Seq {
+		// The next drive takes the state whole: afterDrive no longer
+		// reads it.
+		// The kept head names its driver, so the next drive's read of
+		// what came after it applies the writer rule from the first
+		// message on: a forged step event before the next run_resumed
+		// is caught as it is on a read from the start.
+		head := d.head
+		head.Driver = d.st.LastWorker
+		w.keepSnapshot(d)
+		w.folded.put(d.runID, &folded{st: d.st, head: head, earlier: d.token.earlier, at: time.Now()})
+	} else if d.st != nil && d.st.Status.Terminal() && !d.inline {
+		w.dropSnapshot(d)
+	}
+	w.afterDrive(ctx, d, parked)
+}
 
 // signReceipt signs the receipt of a run the drive saw end. A failure is
 // only logged: the recovery sweep signs runs that have none.

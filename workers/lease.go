@@ -10,6 +10,46 @@ import (
 	"github.com/palrun/pal/eventstore"
 )
 
+// The lease of a drive.
+//
+// Every drive, top-level or an inline child, runs inside withLease: it
+// takes the run's lease (waiting out a crashed holder's), drives under a
+// keeper that renews the lease and keeps the work message alive
+// (keeper.go), with a context cancelled the moment the lease is lost, and
+// then disposes of the message and the lease by the drive's outcome
+// (outcome.go).
+//
+// The speculative lease: a fresh run's first delivery (firstDrive) takes
+// its lease while the drive reads, folds and flushes its run_resumed, one
+// round trip less before the first step (docs/architecture.md §10.2). No
+// drive of such a run can have begun (the start's work message is the
+// run's only one), and the rule that keeps it safe lives here, in
+// awaitLease, which the drive calls before anything but the flush that
+// carries run_resumed leaves the process (flush, corrupt, unfoldable, a
+// fold that shows a drive begun after all): nothing acts without the lease
+// in hand. A token that lands without it only makes the lease's holder,
+// which has not acted either, resume again on top of it; this drive then
+// acts on nothing and hands the message back (driveBusy). A drive that
+// needed no lease (the run had ended, or waits) gives back the one taken
+// meanwhile.
+
+// driveLease is what the lease job holds of a drive.
+type driveLease struct {
+	// keeper renews the lease once the drive holds it; nil before.
+	keeper *keeper
+	// taking is the lease a fresh run's first drive is taking (the
+	// speculative lease); nil once awaitLease has its answer, and for
+	// every other drive, which holds the lease before it starts.
+	taking *pendingLease
+	// msg is the work message the keeper keeps alive; nil outside the
+	// work queue.
+	msg jetstream.Msg
+}
+
+// expired reports whether the drive's lease may have run out: it must
+// append nothing more.
+func (l *driveLease) expired() bool { return l.keeper != nil && !l.keeper.valid() }
+
 // pendingLease is an Acquire under way; done is closed once lease or err
 // is set.
 type pendingLease struct {
@@ -23,71 +63,38 @@ type pendingLease struct {
 type noLeaseError struct{ err error }
 
 func (e *noLeaseError) Error() string { return "taking the run's lease: " + e.err.Error() }
-
 func (e *noLeaseError) Unwrap() error { return e.err }
 
-// withLease takes the run's lease (waiting out a crashed holder's), drives
-// d under a keeper that renews the lease and keeps msg alive, with a
-// context cancelled the moment the lease is lost, and then settles msg and
-// the lease by the outcome's disposition. msg is nil for a drive outside
-// the work queue (Drive, an inline child). Every drive, top-level or
-// inline, goes through here.
+// firstDrive reports whether work message msg is a run's start, taken for
+// the first time: no drive of the run can have begun, nor snapshotted it.
+func firstDrive(msg jetstream.Msg) bool {
+	if msg == nil || eventstore.WorkReason(msg) != "start" {
+		return false
+	}
+	meta, err := msg.Metadata()
+	return err == nil && meta.NumDelivered == 1
+}
+
+// withLease drives d under the run's lease, as the comment above says,
+// and settles msg and the lease by the outcome's disposition. msg is nil
+// for a drive outside the work queue (Drive, an inline child).
 func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) driveEnd {
 	start := time.Now()
-	// The journal is read while the lease is taken: one round trip less
-	// before the run goes on. A read that races an append is safe, as
-	// every append is fenced on the head it follows; it is used only when
-	// the lease came at once (a crashed holder's journal may move while
-	// its lease runs out).
 	rctx, stopRead := context.WithCancel(ctx)
 	defer stopRead()
-	read := make(chan journalRead, 1)
-	d.cached = w.folded.take(d.runID, time.Now())
-	go func(cached *folded) {
-		var r journalRead
-		if cached == nil && !firstDrive(msg) {
-			// A worker that kept no state starts from the run's
-			// snapshot, when it has one that holds, and the journal
-			// after it.
-			r = w.snapshotFolded(rctx, d.runID)
-		}
-		switch {
-		case r.from != nil:
-		case cached != nil:
-			r.evs, r.head, r.err = w.store.ReadAfter(rctx, d.runID, cached.head)
-		default:
-			r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
-			// A start's work message can come before its run_created,
-			// published beside it (§8): look again at once, a few
-			// times, before the message waits (journalDueDelay).
-			for wait := 200 * time.Microsecond; firstDrive(msg) && errors.Is(r.err, eventstore.ErrRunNotFound) &&
-				wait < 2*time.Millisecond && rctx.Err() == nil; wait *= 3 {
-				sleep(rctx, wait)
-				r.evs, r.head, r.err = w.store.Read(rctx, d.runID)
-			}
-		}
-		read <- r
-	}(d.cached)
+	read := w.readAhead(rctx, d, msg)
+	d.lease.msg = msg
 	var lease *eventstore.Lease
 	if firstDrive(msg) {
-		// A fresh run's first delivery: no drive of it can have begun,
-		// so the lease is taken while the drive reads, folds and flushes
-		// its run_resumed, one round trip less before the first step.
-		// Nothing acts before the lease is in hand (awaitLease); a token
-		// that lands without it only makes the lease's holder, which
-		// has not acted either, resume again (docs/architecture.md §10.2).
-		p := &pendingLease{done: make(chan struct{})}
-		go func() {
-			defer close(p.done)
-			p.lease, p.err = w.leases.Acquire(ctx, d.runID, w.owner)
-		}()
-		d.lease, d.msg, d.read = p, msg, read
+		d.lease.taking, d.from.read = w.takeLease(ctx, d.runID), read
 	} else {
 		var waited bool
 		var err error
 		lease, waited, err = w.acquire(ctx, d.runID, msg)
 		if !waited {
-			d.read = read
+			// The journal may have moved while a crashed holder's lease
+			// ran out: a read begun before that is not used.
+			d.from.read = read
 		}
 		if err != nil {
 			end := driveEnd{err: err, stopped: ctx.Err()}
@@ -102,22 +109,21 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	defer w.track(d.runID, cancel)()
 	d.ctx, d.cancel = dctx, cancel
 	if lease != nil {
-		d.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
+		d.lease.keeper = startKeeper(dctx, w.leases, lease, msg, cancel)
 	}
 	err := d.safeRun(msg)
-	if p := d.lease; p != nil {
-		// The drive needed no lease (the run had ended, or waits): the
-		// one taken meanwhile is given back.
-		d.lease = nil
+	if p := d.lease.taking; p != nil {
+		// The drive needed no lease: the one taken meanwhile is given back.
+		d.lease.taking = nil
 		<-p.done
 		if p.err == nil {
-			d.keeper = startKeeper(dctx, w.leases, p.lease, msg, cancel)
+			d.lease.keeper = startKeeper(dctx, w.leases, p.lease, msg, cancel)
 		}
 	}
 	end := driveEnd{acquired: true, err: err, cause: context.Cause(dctx), stopped: ctx.Err(), journalDue: startMayLag(msg)}
 	var held *eventstore.Lease
-	if d.keeper != nil {
-		l := d.keeper.stop()
+	if d.lease.keeper != nil {
+		l := d.lease.keeper.stop()
 		held = &l
 	}
 	if nl := (*noLeaseError)(nil); errors.As(err, &nl) {
@@ -129,12 +135,22 @@ func (w *Worker) withLease(ctx context.Context, d *drive, msg jetstream.Msg) dri
 	return end
 }
 
-// awaitLease waits for the lease a fresh run's first drive is taking and
-// starts its keeper; a *noLeaseError when it went to another worker. A
-// drive calls it before anything leaves the process but the first flush
-// that carries run_resumed.
+// takeLease sends the Acquire of the speculative lease and returns it
+// under way.
+func (w *Worker) takeLease(ctx context.Context, runID string) *pendingLease {
+	p := &pendingLease{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.lease, p.err = w.leases.Acquire(ctx, runID, w.owner)
+	}()
+	return p
+}
+
+// awaitLease waits for the speculative lease and starts its keeper; a
+// *noLeaseError when it went to another worker. It returns nil at once
+// for a drive that holds its lease already.
 func (d *drive) awaitLease() error {
-	p := d.lease
+	p := d.lease.taking
 	if p == nil {
 		return nil
 	}
@@ -143,11 +159,11 @@ func (d *drive) awaitLease() error {
 	case <-d.ctx.Done():
 		return context.Cause(d.ctx)
 	}
-	d.lease = nil
+	d.lease.taking = nil
 	if p.err != nil {
 		return &noLeaseError{err: p.err}
 	}
-	d.keeper = startKeeper(d.ctx, d.w.leases, p.lease, d.msg, d.cancel)
+	d.lease.keeper = startKeeper(d.ctx, d.w.leases, p.lease, d.lease.msg, d.cancel)
 	return nil
 }
 

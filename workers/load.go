@@ -4,11 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 )
+
+// driveSource is where a drive's first load starts from.
+type driveSource struct {
+	// read is the journal read started while the lease is taken
+	// (readAhead); the first load uses it, when the lease came at once.
+	read <-chan journalRead
+	// cached is the run's state as this worker last parked it, if it
+	// kept it: the first load reads only what came after.
+	cached *folded
+}
 
 // journalRead is the result of one Store.Read, or of a ReadAfter from
 // from's head when the read started from the run's snapshot.
@@ -19,12 +32,38 @@ type journalRead struct {
 	from *folded
 }
 
+// readAhead starts the read of d's journal while withLease takes the
+// lease: one round trip less before the run goes on. A read that races an
+// append is safe, as every append is fenced on the head it follows. It
+// takes the state this worker kept of the run, if any (d.from.cached),
+// and reads what came after it; a worker that kept none starts from the
+// run's snapshot, when it has one that holds, and the journal after it.
+func (w *Worker) readAhead(ctx context.Context, d *drive, msg jetstream.Msg) <-chan journalRead {
+	read := make(chan journalRead, 1)
+	d.from.cached = w.folded.take(d.runID, time.Now())
+	go func(cached *folded) {
+		var r journalRead
+		switch {
+		case cached != nil:
+			r.evs, r.head, r.err = w.store.ReadAfter(ctx, d.runID, cached.head)
+		case firstDrive(msg):
+			r = w.readStart(ctx, d.runID)
+		default:
+			if r = w.snapshotFolded(ctx, d.runID); r.from == nil {
+				r.evs, r.head, r.err = w.store.Read(ctx, d.runID)
+			}
+		}
+		read <- r
+	}(d.from.cached)
+	return read
+}
+
 // load reads and folds the whole journal. A journal that does not verify
 // (event.Chain) is sealed when this drive holds the lease: the run fails
 // with code journal_corrupt, once, and there is nothing left to drive.
 func (d *drive) load() error {
-	c, snap := d.cached, false
-	d.cached = nil
+	c, snap := d.from.cached, false
+	d.from.cached = nil
 	if c == nil {
 		c, snap = d.fromSnapshot(), true
 	}
@@ -65,10 +104,10 @@ func (d *drive) load() error {
 			return d.unfoldable(evs, head, err)
 		}
 		d.st, d.head, d.pending = st, head, nil
-		d.earlier = d.earlier[:0]
+		d.token.earlier = d.token.earlier[:0]
 		for _, ev := range evs {
 			if ev.Kind == event.RunResumed && ev.TraceID != "" {
-				d.earlier = append(d.earlier, ev.TraceID)
+				d.token.earlier = append(d.token.earlier, ev.TraceID)
 			}
 		}
 		return nil
@@ -81,8 +120,8 @@ func (d *drive) load() error {
 // says false, and load reads the whole journal as if nothing were kept.
 func (d *drive) loadFolded(c *folded) bool {
 	var r journalRead
-	if ch := d.read; ch != nil {
-		d.read = nil
+	if ch := d.from.read; ch != nil {
+		d.from.read = nil
 		select {
 		case r = <-ch:
 		case <-d.ctx.Done():
@@ -94,17 +133,17 @@ func (d *drive) loadFolded(c *folded) bool {
 	if r.err != nil || c.foldOn(r.evs) != nil {
 		return false
 	}
-	d.st, d.head, d.pending, d.earlier = c.st, r.head, nil, c.earlier
+	d.st, d.head, d.pending, d.token.earlier = c.st, r.head, nil, c.earlier
 	return true
 }
 
 // fromSnapshot returns the state of the run's snapshot, or nil, and
-// leaves the journal read after it (or the whole journal's) in d.read for
-// loadFolded or readJournal. The read withLease started did the
-// snapshot's part, if the lease came at once.
+// leaves the journal read after it (or the whole journal's) in
+// d.from.read for loadFolded or readJournal. The read readAhead started
+// did the snapshot's part, if the lease came at once.
 func (d *drive) fromSnapshot() *folded {
 	var r journalRead
-	if ch := d.read; ch != nil {
+	if ch := d.from.read; ch != nil {
 		select {
 		case r = <-ch:
 		case <-d.ctx.Done():
@@ -115,16 +154,16 @@ func (d *drive) fromSnapshot() *folded {
 	}
 	back := make(chan journalRead, 1)
 	back <- r
-	d.read = back
+	d.from.read = back
 	return r.from
 }
 
 // readJournal reads the whole journal: the first time, by the read
-// withLease started (read again if that failed, so errors are this
+// readAhead started (read again if that failed, so errors are this
 // drive's own).
 func (d *drive) readJournal() ([]event.Event, eventstore.Head, error) {
-	if ch := d.read; ch != nil {
-		d.read = nil
+	if ch := d.from.read; ch != nil {
+		d.from.read = nil
 		select {
 		case r := <-ch:
 			if r.err == nil && r.from == nil {
@@ -151,7 +190,7 @@ func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.Cor
 			return err
 		}
 	}
-	if pre.Status.Terminal() || d.keeper == nil {
+	if pre.Status.Terminal() || d.lease.keeper == nil {
 		st, err := engine.FoldCorrupt(evs, cerr)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errJournal, err)
@@ -159,7 +198,7 @@ func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.Cor
 		d.st, d.head, d.pending = st, head, nil
 		return nil
 	}
-	if !d.keeper.valid() {
+	if d.lease.expired() {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}

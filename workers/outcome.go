@@ -17,7 +17,7 @@ import (
 // the outcome, and pal_drives_total and pal_drive_duration_seconds count
 // it.
 func observeDrive(d *drive, end driveEnd, start time.Time) {
-	d.trace.End(end.outcome.String(), end.failure())
+	d.token.trace.End(end.outcome.String(), end.failure())
 	telemetry.DriveEnded(end.outcome.String(), time.Since(start))
 }
 

@@ -9,6 +9,25 @@ import (
 	"github.com/palrun/pal/internal/telemetry"
 )
 
+// driveToken is what the resume job holds of a drive: its run_resumed,
+// the fencing token, and the trace that run_resumed names.
+type driveToken struct {
+	// landed is called once this drive's run_resumed is in the journal
+	// (resume, flush).
+	landed func()
+	// resumed: this drive's run_resumed is in the journal, so the next
+	// drive counts a crash of this one toward crash_loop.
+	resumed bool
+	// tries counts resumes after a stale writer's append beat
+	// run_resumed (resumeAgain).
+	tries int
+	// trace is the drive's trace, opened by resume; nil until then (and
+	// a no-op with tracing off). earlier holds the trace ids the run's
+	// earlier drives journaled on their run_resumed, oldest first.
+	trace   *telemetry.Drive
+	earlier []string
+}
+
 // resume queues run_resumed, the fencing token of this drive, for the
 // next flush (carriesResumed says which); nothing acts outside the process
 // before it is in the journal. A run whose drives keep crashing without
@@ -20,18 +39,18 @@ func (d *drive) resume() {
 		crashes = d.st.CrashesAtStep + 1
 	}
 	info := telemetry.DriveInfo{RunID: d.runID, Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1,
-		Crashed: crashed, Earlier: d.earlier}
-	if d.trace == nil {
+		Crashed: crashed, Earlier: d.token.earlier}
+	if d.token.trace == nil {
 		// The drive's trace opens here, so its id is on run_resumed.
-		d.ctx, d.trace = telemetry.StartDrive(d.ctx, info)
+		d.ctx, d.token.trace = telemetry.StartDrive(d.ctx, info)
 	}
 	lastEvent := d.st.UpdatedAt
 	d.emit(event.RunResumed, "", 0, event.RunResumedData{
 		Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
 	dctx := d.ctx // the resume span is the drive's, not the step's that lands it
-	d.landed = func() {
-		d.resumed = true
-		d.trace.Resumed(dctx, info)
+	d.token.landed = func() {
+		d.token.resumed = true
+		d.token.trace.Resumed(dctx, info)
 		if crashed {
 			telemetry.Takeover(d.w.now().Sub(lastEvent))
 			d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)
@@ -75,10 +94,10 @@ func (d *drive) resumeAgain(err error) error {
 	if !errors.Is(err, errResumeConflict) {
 		return err
 	}
-	if d.resumeTries >= 2 {
+	if d.token.tries >= 2 {
 		return err
 	}
-	d.resumeTries++
+	d.token.tries++
 	if err := d.load(); err != nil { // which drops what is pending
 		return err
 	}
