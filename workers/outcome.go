@@ -37,8 +37,8 @@ const (
 	// driveNoJournal: work for a run that has no journal.
 	driveNoJournal
 	// driveJournalDue: a start's work message that came before its
-	// run_created, which the start publishes beside it (§8): look again
-	// shortly.
+	// run_created, which the start publishes beside it: look again
+	// shortly (startlag.go).
 	driveJournalDue
 	// driveBroken: the journal does not fold (the run is failed with code
 	// internal if it can be); driving it again would not help.
@@ -86,8 +86,8 @@ type driveEnd struct {
 	err      error // from acquire, or returned by the drive
 	cause    error // why the drive's context was cancelled, if it was
 	stopped  error // the caller's context's error, if it ended
-	// journalDue: the work message is a start's, young enough that its
-	// run_created may still be on the way (startMayLag).
+	// journalDue: the work message is a start's, delivered few enough
+	// times that its run_created may still be on the way (startMayLag).
 	journalDue bool
 	outcome    driveOutcome
 }
