@@ -58,12 +58,13 @@ type drive struct {
 	token driveToken
 }
 
-// handle drives the run named by a work message and settles the message.
+// handle drives the run named by a work message; the drive gives the
+// message its fate.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	runID, ok := eventstore.RunIDFromWork(msg.Subject())
 	if !ok || event.ValidateRunID(runID) != nil {
 		w.log.Error("dropping work message with a malformed subject", "subject", msg.Subject())
-		w.settle(ctx, w.log, msg, deadMsg, errors.New("the subject names no valid run id"))
+		w.applyFate(ctx, w.log, msg, deadMsg, errors.New("the subject names no valid run id"))
 		return
 	}
 	w.driveRun(ctx, runID, msg)

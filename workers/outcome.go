@@ -231,16 +231,16 @@ func (w *Worker) dispose(ctx context.Context, d *drive, msg jetstream.Msg, end d
 	}
 	if disp.msg == nakMsg || disp.msg == nakLaterMsg || disp.msg == nakSoonMsg || disp.msg == poisonMsg {
 		release()
-		w.settle(rctx, d.log, msg, disp.msg, end.failure())
+		w.applyFate(rctx, d.log, msg, disp.msg, end.failure())
 		return
 	}
-	w.settle(rctx, d.log, msg, disp.msg, end.failure())
+	w.applyFate(rctx, d.log, msg, disp.msg, end.failure())
 	release()
 }
 
-// settle gives the work message its fate; a nil message (a drive outside
+// applyFate gives the work message its fate; a nil message (a drive outside
 // the work queue) has none.
-func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg, f fate, reason error) {
+func (w *Worker) applyFate(ctx context.Context, log *slog.Logger, msg jetstream.Msg, f fate, reason error) {
 	if msg == nil {
 		return
 	}
@@ -260,6 +260,6 @@ func (w *Worker) settle(ctx context.Context, log *slog.Logger, msg jetstream.Msg
 		err = w.deadLetter(ctx, log, msg, f, reason)
 	}
 	if err != nil {
-		log.Warn("settling work", "fate", f, "err", err)
+		log.Warn("giving the work message its fate", "fate", f, "err", err)
 	}
 }
