@@ -23,7 +23,7 @@ func (w *Worker) endDrive(ctx context.Context, d *drive, parked bool) {
 		head := d.head
 		head.Driver = d.st.LastWorker
 		w.keepSnapshot(d)
-		w.folded.put(d.runID, &folded{st: d.st, head: head, earlier: d.token.earlier, at: time.Now()})
+		w.folded.put(d.runID, &folded{st: d.st, head: head, earlier: d.token.earlier})
 	} else if d.st != nil && d.st.Status.Terminal() && !d.inline {
 		w.dropSnapshot(d)
 	}

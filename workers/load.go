@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -40,7 +39,7 @@ type journalRead struct {
 // run's snapshot, when it has one that holds, and the journal after it.
 func (w *Worker) readAhead(ctx context.Context, d *drive, msg jetstream.Msg) <-chan journalRead {
 	read := make(chan journalRead, 1)
-	d.from.cached = w.folded.take(d.runID, time.Now())
+	d.from.cached = w.folded.take(d.runID)
 	go func(cached *folded) {
 		var r journalRead
 		switch {

@@ -109,7 +109,7 @@ func openSnapshot(ctx context.Context, store *eventstore.Store, runID string, h 
 	if err := store.CheckHead(ctx, runID, h.head()); err != nil {
 		return nil, err
 	}
-	return &folded{st: st, head: h.head(), earlier: h.Earlier, at: time.Now()}, nil
+	return &folded{st: st, head: h.head(), earlier: h.Earlier}, nil
 }
 
 // resumeSnapshot is what a drive of run runID that kept no state starts
