@@ -12,6 +12,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/telemetry"
+	"github.com/palrun/pal/receipt"
 )
 
 // errRunEnded: another writer ended the run (run_cancelled) while we drove it.
@@ -49,6 +50,10 @@ type drive struct {
 	// inline is set when a parent run drives this (child) run in its own
 	// drive; the parent, not the work queue, learns how it ended.
 	inline bool
+	// tally is the receipt's tally of the journal through head (end.go);
+	// nil when the drive holds no whole tally (it started from a
+	// snapshot, or sealed a corrupt journal).
+	tally *receipt.Tally
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
@@ -131,6 +136,9 @@ func (d *drive) flush() error {
 		return errLeaseExpired
 	}
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
+	if d.tally != nil {
+		d.tally.Add(d.pending[:head.Seq-before.Seq]...) // stamped and chained by Append
+	}
 	d.pending = d.pending[head.Seq-before.Seq:]
 	d.head = head
 	// The flush that carried the token went out while the lease was being

@@ -2,7 +2,10 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/palrun/pal/receipt"
 )
 
 // endDrive is the end of a drive whose work is over (the run ended or
@@ -23,25 +26,48 @@ func (w *Worker) endDrive(ctx context.Context, d *drive, parked bool) {
 		head := d.head
 		head.Driver = d.st.LastWorker
 		w.keepSnapshot(d)
-		w.folded.put(d.runID, &folded{st: d.st, head: head, earlier: d.token.earlier})
+		w.folded.put(d.runID, &folded{st: d.st, head: head, earlier: d.token.earlier, tally: d.tally})
 	} else if d.st != nil && d.st.Status.Terminal() && !d.inline {
 		w.dropSnapshot(d)
 	}
 	w.afterDrive(ctx, d, parked)
 }
 
-// signReceipt signs the receipt of a run the drive saw end. A failure is
-// only logged: the recovery sweep signs runs that have none.
+// signReceipt signs the receipt of a run the drive saw end. It is built
+// from the drive's tally of the journal it read and appended, up to the
+// chain head it holds: the journal is not read again. A drive that holds
+// no whole tally (it started from a snapshot, or sealed a corrupt
+// journal) reads the journal (Store.Ensure). A failure is only logged:
+// the recovery sweep signs runs that have none.
 func (w *Worker) signReceipt(ctx context.Context, d *drive) {
 	if d.st == nil || !d.st.Status.Terminal() || w.cfg.Receipts == nil || w.cfg.SigningKey == nil {
 		return
 	}
-	r, err := w.cfg.Receipts.Ensure(ctx, w.cfg.SigningKey, d.runID)
+	var r *receipt.Receipt
+	var err error
+	if built, berr := d.receipt(); berr == nil {
+		r, err = w.cfg.Receipts.Sign(ctx, w.cfg.SigningKey, built)
+	} else {
+		d.log.Debug("reading the journal for the run receipt", "why", berr)
+		r, err = w.cfg.Receipts.Ensure(ctx, w.cfg.SigningKey, d.runID)
+	}
 	if err != nil {
 		d.log.Warn("signing the run receipt; the recovery sweep will try again", "err", err)
 		return
 	}
 	d.log.Debug("run receipt", "key_id", r.KeyID, "journal_digest", r.JournalDigest)
+}
+
+// receipt is the unsigned receipt of the journal through d's head, from
+// d's tally.
+func (d *drive) receipt() (*receipt.Receipt, error) {
+	switch {
+	case d.tally == nil:
+		return nil, errors.New("the drive holds no tally of the whole journal")
+	case len(d.pending) > 0:
+		return nil, errors.New("events are pending")
+	}
+	return d.tally.Receipt(d.head.Seq, d.head.Hash)
 }
 
 // afterDrive wakes whoever must look again once a drive has let go of a

@@ -9,6 +9,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/receipt"
 )
 
 // Bounds of the folded-state cache: runs kept, and how long one is kept.
@@ -21,10 +22,12 @@ const (
 // parked: folded through head, with the trace ids of its drives. The next
 // drive of the run here reads only what came after head (a decision, a
 // signal, a timer's wake) and folds that, instead of the whole journal.
+// tally, if not nil, is the receipt's tally through head (end.go).
 type folded struct {
 	st      *engine.RunState
 	head    eventstore.Head
 	earlier []string
+	tally   *receipt.Tally
 }
 
 // foldedCache holds the states of the runs this worker parked last, at

@@ -10,6 +10,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/receipt"
 )
 
 // driveSource is where a drive's first load starts from.
@@ -103,6 +104,8 @@ func (d *drive) load() error {
 			return d.unfoldable(evs, head, err)
 		}
 		d.st, d.head, d.pending = st, head, nil
+		d.tally = receipt.NewTally(d.runID)
+		d.tally.Add(evs...)
 		d.token.earlier = d.token.earlier[:0]
 		for _, ev := range evs {
 			if ev.Kind == event.RunResumed && ev.TraceID != "" {
@@ -132,7 +135,10 @@ func (d *drive) loadFolded(c *folded) bool {
 	if r.err != nil || c.foldOn(r.evs) != nil {
 		return false
 	}
-	d.st, d.head, d.pending, d.token.earlier = c.st, r.head, nil, c.earlier
+	if c.tally != nil {
+		c.tally.Add(r.evs...)
+	}
+	d.st, d.head, d.pending, d.token.earlier, d.tally = c.st, r.head, nil, c.earlier, c.tally
 	return true
 }
 
@@ -194,7 +200,7 @@ func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.Cor
 		if err != nil {
 			return fmt.Errorf("%w: %v", errJournal, err)
 		}
-		d.st, d.head, d.pending = st, head, nil
+		d.st, d.head, d.pending, d.tally = st, head, nil, nil
 		return nil
 	}
 	if d.lease.expired() {
@@ -209,7 +215,7 @@ func (d *drive) corrupt(evs []event.Event, head eventstore.Head, cerr *event.Cor
 	if err := pre.Apply(seal); err != nil {
 		return fmt.Errorf("%w: run %s: folding the seal: %v", errJournal, d.runID, err)
 	}
-	d.st, d.head, d.pending = pre, h, nil
+	d.st, d.head, d.pending, d.tally = pre, h, nil, nil
 	return nil
 }
 
