@@ -287,7 +287,7 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 		head = h
 	}
 	if evs[len(evs)-1].Kind.Terminal() {
-		s.settleAsync(runID)
+		s.unmarkAsync(runID)
 	}
 	return head, nil
 }
