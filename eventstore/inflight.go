@@ -54,8 +54,8 @@ func (s *Store) MarkInflight(runID string) func(context.Context) error {
 	}
 }
 
-// settleMsg is the purge of a run's entry, as KV Purge writes it.
-func settleMsg(runID string) *nats.Msg {
+// unmarkMsg is the purge of a run's entry, as KV Purge writes it.
+func unmarkMsg(runID string) *nats.Msg {
 	msg := &nats.Msg{Subject: inflightPrefix + runID, Header: nats.Header{}}
 	msg.Header.Set("KV-Operation", "PURGE")
 	msg.Header.Set("Nats-Rollup", "sub")
@@ -65,18 +65,19 @@ func settleMsg(runID string) *nats.Msg {
 	return msg
 }
 
-// settleAsync purges the run's entry without waiting for the server: a
+// unmarkAsync purges the run's entry without waiting for the server: a
 // lost purge leaves an entry the sweep removes when it finds the run's
 // terminal event.
-func (s *Store) settleAsync(runID string) { _ = s.js.Conn().PublishMsg(settleMsg(runID)) }
+func (s *Store) unmarkAsync(runID string) { _ = s.js.Conn().PublishMsg(unmarkMsg(runID)) }
 
-// Settle purges a finished (or never created) run's entry.
-func (s *Store) Settle(ctx context.Context, runID string) error {
+// UnmarkInflight purges a finished (or never created) run's entry: the
+// undoing of MarkInflight.
+func (s *Store) UnmarkInflight(ctx context.Context, runID string) error {
 	if err := checkRunID(runID); err != nil {
-		return fmt.Errorf("settling: %w", err)
+		return fmt.Errorf("unindexing: %w", err)
 	}
-	if _, err := s.js.PublishMsg(ctx, settleMsg(runID), jetstream.WithExpectStream(inflightStream)); err != nil {
-		return fmt.Errorf("settling run %s: %w", runID, err)
+	if _, err := s.js.PublishMsg(ctx, unmarkMsg(runID), jetstream.WithExpectStream(inflightStream)); err != nil {
+		return fmt.Errorf("unindexing run %s as in flight: %w", runID, err)
 	}
 	return nil
 }

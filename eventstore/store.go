@@ -166,10 +166,9 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 }
 
 // StartLag is how long after a start's work message its run_created may
-// still land, the two being published together (AppendStart): a worker
-// looks for the journal of a start's work for about this long before it
-// drops the work, and a start whose append took a third of it enqueues
-// again.
+// still land, the two being published together (AppendStart): workers
+// look for the journal of a start's work about this long before they drop
+// the work (workers/startlag.go says how, and why).
 const StartLag = 30 * time.Second
 
 // AppendStart appends a run's run_created, fenced on an empty subject as
@@ -177,13 +176,18 @@ const StartLag = 30 * time.Second
 // beside it: sent once the event is encoded, just before it is
 // published, so that the start waits for both acks at once
 // (docs/architecture.md §8 step 3). queued waits for the work message's
-// ack; it is nil when the work message was not sent (the event was
-// refused before anything was published).
+// ack; when the append took over a third of StartLag, or the work message
+// was not sent, it enqueues the run anew instead (a no-op while the first
+// work message is pending), as workers may have given up on the first.
+// queued is nil only with an error.
 func (s *Store) AppendStart(ctx context.Context, runID string, ev event.Event, reason string) (_ Head, queued func(context.Context) error, _ error) {
 	start := time.Now()
 	evs := []event.Event{ev}
 	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.enqueueAsync(runID, reason) })
 	observeAppend(start, evs[:h.Seq], err)
+	if err == nil && (queued == nil || time.Since(start) > StartLag/3) {
+		queued = func(ctx context.Context) error { return s.Enqueue(ctx, runID, reason) }
+	}
 	return h, queued, err
 }
 
@@ -283,7 +287,7 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 		head = h
 	}
 	if evs[len(evs)-1].Kind.Terminal() {
-		s.settleAsync(runID)
+		s.unmarkAsync(runID)
 	}
 	return head, nil
 }

@@ -1,6 +1,6 @@
 // Package receipt signs a finished run's journal: the run receipt. "The
 // completed run's journal is what the receipt is signed over"
-// (docs/architecture.md §10.8).
+// (docs/architecture.md §10.9).
 //
 // A receipt names the run, its workflow, how it ended, the seq range and
 // event count of its journal, the journal digest (the hash-chain head: the
@@ -15,12 +15,15 @@
 // a changed byte in any event names the first seq that no longer verifies.
 //
 // Exactly once: the receipt is stored with a KV create keyed by run id
-// (Store.Ensure), so the first signer wins and every later call returns
-// the stored receipt. The worker that ends a run signs at once; the
-// recovery sweep signs runs whose worker died between the terminal event
-// and the put. Both build the same receipt from the same journal; only
-// signed_at and, after a key rotation, key_id can differ, and the create
-// keeps the first.
+// (Store.Sign, Store.Ensure), so the first signer wins and every later
+// call returns the stored receipt. The worker that ends a run signs at
+// once, from the tally of the journal it read and appended as it drove
+// the run and the chain head it holds (Tally), without reading the
+// journal again; the recovery sweep signs runs whose worker died between
+// the terminal event and the put, or held no whole tally, reading the
+// journal (Store.Ensure, Build). Build tallies as a worker does, so both
+// build the same receipt of the same journal; only signed_at and, after a
+// key rotation, key_id can differ, and the create keeps the first.
 package receipt
 
 import (
@@ -90,8 +93,8 @@ func Build(runID string, msgs [][]byte) (*Receipt, error) {
 		return nil, fmt.Errorf("the journal has %d messages; a receipt covers at most %d", len(msgs), MaxMessages)
 	}
 	c := &event.Chain{RunID: runID}
-	r := &Receipt{V: Version, RunID: runID}
-	var usage event.Usage
+	t := NewTally(runID)
+	var terminalHash string
 	for i, body := range msgs {
 		evs, err := c.Next(body)
 		if err != nil && !c.Ended {
@@ -101,38 +104,131 @@ func Build(runID string, msgs [][]byte) (*Receipt, error) {
 			}
 			return nil, err
 		}
+		t.Add(evs...)
 		for _, ev := range evs {
-			if r.FirstSeq == 0 {
-				r.FirstSeq = ev.Seq
-			}
-			r.LastSeq = ev.Seq
-			r.Events++
-			switch {
-			case ev.Kind == event.RunCreated:
-				var d event.RunCreatedData
-				if ev.DecodeData(&d) == nil {
-					r.Workflow = d.WorkflowName
-				}
-			case ev.Kind == event.StepCompleted:
-				var d event.StepCompletedData
-				if ev.DecodeData(&d) == nil && d.Usage != nil {
-					usage.Add(*d.Usage)
-				}
-			case ev.Kind.Terminal():
-				r.TerminalKind, r.TerminalSeq = ev.Kind, ev.Seq
-				r.TerminalEventHash = event.Hash(body)
+			if ev.Kind.Terminal() {
+				terminalHash = event.Hash(body)
 			}
 		}
 	}
-	if r.TerminalKind == "" {
+	r, err := t.receipt()
+	if err != nil {
+		return nil, err
+	}
+	// Counted from the bytes, which a tally of events cannot see: the
+	// unsound messages before a seal, and any after the end.
+	r.Messages, r.JournalDigest, r.TerminalEventHash = len(msgs), c.Hash, terminalHash
+	return r, nil
+}
+
+// Tally is a receipt taken event by event, in journal order, from events
+// a read verified (event.Chain) or an append stored: their seq range and
+// count, the workflow's name, how the run ended and the step_completed
+// usages, and, from each event's prev, where a message begins. A worker
+// tallies the journal it reads and appends as it drives a run and builds
+// the run's receipt from the tally and the chain head it holds
+// (Tally.Receipt), with no read of the journal; Build tallies the same
+// way, so that the two agree. The zero Tally is not ready: use NewTally.
+type Tally struct {
+	r     Receipt
+	usage event.Usage
+	// messages counts the messages taken; prev is the prev of the last
+	// event, which names the message before it.
+	messages int
+	prev     string
+	// broken says why the events taken are not a journal's; "" while
+	// they are.
+	broken string
+	// sealed: the events end with the seal of a corrupt journal, whose
+	// unsound messages no event shows; only Build, which has the
+	// messages, can count them.
+	sealed bool
+}
+
+// NewTally returns an empty tally of run runID's journal.
+func NewTally(runID string) *Tally { return &Tally{r: Receipt{V: Version, RunID: runID}} }
+
+// Add takes the next events of the journal. An event that does not
+// follow the last one taken (the next seq of the same run, nothing after
+// the terminal event) breaks the tally: Receipt then refuses, and the
+// caller reads the journal instead.
+func (t *Tally) Add(evs ...event.Event) {
+	for _, ev := range evs {
+		switch {
+		case t.broken != "":
+			return
+		case ev.RunID != t.r.RunID:
+			t.broken = fmt.Sprintf("an event of run %q", ev.RunID)
+		case ev.Seq != t.r.LastSeq+1:
+			t.broken = fmt.Sprintf("seq %d after seq %d", ev.Seq, t.r.LastSeq)
+		case t.r.TerminalKind != "":
+			t.broken = fmt.Sprintf("seq %d after the run ended", ev.Seq)
+		}
+		if t.broken != "" {
+			return
+		}
+		if t.messages == 0 || ev.Prev != t.prev {
+			t.messages++
+		}
+		t.prev = ev.Prev
+		if t.r.FirstSeq == 0 {
+			t.r.FirstSeq = ev.Seq
+		}
+		t.r.LastSeq = ev.Seq
+		t.r.Events++
+		switch {
+		case ev.Kind == event.RunCreated:
+			var d event.RunCreatedData
+			if ev.DecodeData(&d) == nil {
+				t.r.Workflow = d.WorkflowName
+			}
+		case ev.Kind == event.StepCompleted:
+			var d event.StepCompletedData
+			if ev.DecodeData(&d) == nil && d.Usage != nil {
+				t.usage.Add(*d.Usage)
+			}
+		case ev.Kind.Terminal():
+			t.r.TerminalKind, t.r.TerminalSeq = ev.Kind, ev.Seq
+			var d event.RunFailedData
+			t.sealed = ev.Kind == event.RunFailed && ev.DecodeData(&d) == nil && d.Code == event.CodeJournalCorrupt
+		}
+	}
+}
+
+// Receipt returns the unsigned receipt of the journal tallied, which must
+// end at seq, its last message hashing to head (the chain head its
+// reader or appender holds). The terminal event is in that last message:
+// a sound journal holds nothing after it. A tally that does not reach
+// seq, is broken or ends with a seal returns an error; one without a
+// terminal event, ErrNotEnded.
+func (t *Tally) Receipt(seq uint64, head string) (*Receipt, error) {
+	r, err := t.receipt()
+	switch {
+	case err != nil:
+		return nil, err
+	case t.r.LastSeq != seq:
+		return nil, fmt.Errorf("run %s: the tally ends at seq %d, the journal at %d", t.r.RunID, t.r.LastSeq, seq)
+	case t.sealed:
+		return nil, fmt.Errorf("run %s: the journal is sealed: only its messages say how many it has", t.r.RunID)
+	}
+	r.Messages, r.JournalDigest, r.TerminalEventHash = t.messages, head, head
+	return r, nil
+}
+
+// receipt is the receipt of the events taken, without what only the
+// messages' bytes say.
+func (t *Tally) receipt() (*Receipt, error) {
+	if t.broken != "" {
+		return nil, fmt.Errorf("run %s: the events tallied are not its journal: %s", t.r.RunID, t.broken)
+	}
+	if t.r.TerminalKind == "" {
 		return nil, ErrNotEnded
 	}
-	r.Messages = len(msgs)
-	r.JournalDigest = c.Hash
+	r := t.r
 	r.Status = status(r.TerminalKind)
-	r.InputTokens, r.OutputTokens = usage.InputTokens, usage.OutputTokens
-	r.CostUSD = fmt.Sprintf("%.6f", usage.CostUSD)
-	return r, nil
+	r.InputTokens, r.OutputTokens = t.usage.InputTokens, t.usage.OutputTokens
+	r.CostUSD = fmt.Sprintf("%.6f", t.usage.CostUSD)
+	return &r, nil
 }
 
 func status(k event.Kind) string {

@@ -63,10 +63,11 @@ func Decode(b []byte) (*Receipt, error) {
 }
 
 // Ensure returns the receipt of runID, signing and storing it with key
-// if there is none. The store is a KV create: when two signers race (the
-// worker that ended the run and the sweep), the first create wins and the
-// other returns the stored receipt, so a run has one receipt. A run that
-// has not ended returns ErrNotEnded.
+// if there is none, built from the run's journal, which it reads (Build).
+// The store is a KV create: when two signers race (the worker that ended
+// the run and the sweep), the first create wins and the other returns the
+// stored receipt, so a run has one receipt. A run that has not ended
+// returns ErrNotEnded.
 func (s *Store) Ensure(ctx context.Context, key *Key, runID string) (*Receipt, error) {
 	if r, err := s.Get(ctx, runID); !errors.Is(err, ErrNotFound) {
 		return r, err
@@ -84,6 +85,14 @@ func (s *Store) Ensure(ctx context.Context, key *Key, runID string) (*Receipt, e
 	if err != nil {
 		return nil, err
 	}
+	return s.Sign(ctx, key, r)
+}
+
+// Sign signs r, the unsigned receipt of its run's journal (Build, or
+// Tally.Receipt by the worker that holds the journal's tally), with key
+// and stores it by the same KV create as Ensure: if the run has a receipt
+// already, Sign returns that one.
+func (s *Store) Sign(ctx context.Context, key *Key, r *Receipt) (*Receipt, error) {
 	if err := key.Sign(r, s.now()); err != nil {
 		return nil, err
 	}
@@ -91,11 +100,11 @@ func (s *Store) Ensure(ctx context.Context, key *Key, runID string) (*Receipt, e
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.kv.Create(ctx, runID, b); err != nil {
+	if _, err := s.kv.Create(ctx, r.RunID, b); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return s.Get(ctx, runID)
+			return s.Get(ctx, r.RunID)
 		}
-		return nil, fmt.Errorf("storing the receipt of run %s: %w", runID, err)
+		return nil, fmt.Errorf("storing the receipt of run %s: %w", r.RunID, err)
 	}
 	return r, nil
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
@@ -89,7 +88,6 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	// The work message goes out beside run_created, not after its ack: a
 	// worker that takes it before the journal shows run_created waits
 	// for it (docs/architecture.md §8 step 3).
-	began := time.Now()
 	_, queued, err := c.store.AppendStart(ctx, runID, ev, "start")
 	if ierr := indexed(ctx); ierr != nil && err == nil {
 		// The Postgres sweep still finds the run; a retried start indexes it.
@@ -111,12 +109,6 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	}
 	if err != nil {
 		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, err)
-	}
-	if queued == nil || time.Since(began) > eventstore.StartLag/3 {
-		// Not sent, or sent so long before run_created landed that a
-		// worker may have given up on it: queued anew (a no-op while
-		// the first is still pending).
-		queued = func(ctx context.Context) error { return c.store.Enqueue(ctx, runID, "start") }
 	}
 	if err := queued(ctx); err != nil {
 		// run_created is durable; the recovery sweep enqueues the run if

@@ -10,6 +10,17 @@
 // successful renewal, the drive's context is cancelled at once and nothing
 // more is appended.
 //
+// The drive, one job per file: drive.go (the drive's state, emit and the
+// fenced flush), lease.go (taking the lease, the speculative lease of a
+// fresh run's first drive, withLease), keeper.go (renewing it), load.go
+// (reading and folding the journal: a kept state, folded.go, or a
+// snapshot, snapshot.go, and what came after), resume.go (run_resumed,
+// the fencing token), loop.go (engine.Next and its actions), execute.go
+// (a step), outcome.go (how a drive ended and what that does with the
+// work message and the lease), end.go (the end of a drive: the receipt,
+// the state kept, whoever must look again) and startlag.go (a start's
+// work that comes before its run_created).
+//
 // Every drive, top-level or a child driven inline in its parent's drive,
 // runs inside withLease (acquire, keeper, drive, release). How it ended is
 // classified once (classifyDrive) into a driveOutcome, and the dispositions
@@ -68,6 +79,10 @@
 // priced as its parent, and every call of a run is charged at the run's
 // journaled prices (engine.RunState.UsageOf), never at the worker's own
 // table.
+//
+// A drive that sees its run end signs the run's receipt (Config.Receipts)
+// from its tally of the journal it read and appended and the chain head
+// it holds (receipt.Tally), without reading the journal again.
 //
 // The recovery sweep (Sweeper) lives here too: a safety net that re-enqueues
 // runs the read side shows running or queued with no lease and no pending

@@ -124,11 +124,11 @@ func (d *drive) step(p engine.StepPlan) error {
 	if errors.Is(err, errReport) {
 		return err // the drive cannot journal: the next drive resumes the step
 	}
-	return d.settle(p, res, err, time.Since(start))
+	return d.journalOutcome(p, res, err, time.Since(start))
 }
 
-// settle journals a step's outcome: completed, retrying or failed.
-func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.Duration) error {
+// journalOutcome journals a step's outcome: completed, retrying or failed.
+func (d *drive) journalOutcome(p engine.StepPlan, res stepResult, err error, took time.Duration) error {
 	dur := took.Milliseconds()
 	if err == nil {
 		if ferr := d.fits(p, "output", res.output); ferr != nil {
@@ -166,10 +166,10 @@ func (d *drive) settle(p engine.StepPlan, res stepResult, err error, took time.D
 	return nil
 }
 
-// settleFailed journals a step that failed after spending usage (a
+// journalFailure journals a step that failed after spending usage (a
 // subagent whose child run failed): step_failed carries the spend.
-func (d *drive) settleFailed(p engine.StepPlan, usage *event.Usage, err error, took time.Duration) error {
-	return d.settle(p, stepResult{usage: usage}, err, took)
+func (d *drive) journalFailure(p engine.StepPlan, usage *event.Usage, err error, took time.Duration) error {
+	return d.journalOutcome(p, stepResult{usage: usage}, err, took)
 }
 
 // inputArrived reports whether what a wait plan waits for is in the

@@ -16,9 +16,7 @@ func SetBeforeDrive(w *Worker, hook func(runID string)) { w.beforeDrive.Store(&h
 // FoldedHits counts the drives of w that started from a state it kept
 // when it parked the run (folded.go).
 func FoldedHits(w *Worker) int {
-	w.folded.mu.Lock()
-	defer w.folded.mu.Unlock()
-	return w.folded.hits
+	return int(w.folded.hits.Load())
 }
 
 // SnapshotHits counts the drives of w that started from a run's snapshot,

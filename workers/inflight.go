@@ -61,10 +61,10 @@ func (s *InflightSource) Orphans(ctx context.Context, limit int) ([]string, erro
 		switch {
 		case head.Seq == 0:
 			if time.Since(e.Created) > inflightGrace {
-				_ = s.store.Settle(ctx, e.RunID)
+				_ = s.store.UnmarkInflight(ctx, e.RunID)
 			}
 		case last.Kind.Terminal():
-			_ = s.store.Settle(ctx, e.RunID)
+			_ = s.store.UnmarkInflight(ctx, e.RunID)
 		case last.Kind == event.StepWaiting:
 			// Parked on an approval or a child: its input enqueues it.
 		default:

@@ -34,9 +34,9 @@ func (d *drive) safeRun(msg jetstream.Msg) (err error) {
 			return
 		}
 		seq, n := msgIDs(msg)
-		d.log.Error("drive panicked", "work_seq", seq, "delivery", n, "resumed", d.resumed,
+		d.log.Error("drive panicked", "work_seq", seq, "delivery", n, "resumed", d.token.resumed,
 			"panic", r, "stack", string(debug.Stack()))
-		err = &panicError{value: r, counted: d.resumed}
+		err = &panicError{value: r, counted: d.token.resumed}
 	}()
 	if h := d.w.beforeDrive.Load(); h != nil {
 		(*h)(d.runID)

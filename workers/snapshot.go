@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
@@ -111,7 +109,7 @@ func openSnapshot(ctx context.Context, store *eventstore.Store, runID string, h 
 	if err := store.CheckHead(ctx, runID, h.head()); err != nil {
 		return nil, err
 	}
-	return &folded{st: st, head: h.head(), earlier: h.Earlier, at: time.Now()}, nil
+	return &folded{st: st, head: h.head(), earlier: h.Earlier}, nil
 }
 
 // resumeSnapshot is what a drive of run runID that kept no state starts
@@ -160,48 +158,6 @@ func (c *folded) foldOn(evs []event.Event) error {
 		}
 	}
 	return nil
-}
-
-// firstDrive reports whether work message msg is a run's start, taken for
-// the first time: no drive can have snapshotted the run, so a drive of it
-// does not look (a round trip less on every run's start).
-func firstDrive(msg jetstream.Msg) bool {
-	if msg == nil || eventstore.WorkReason(msg) != "start" {
-		return false
-	}
-	meta, err := msg.Metadata()
-	return err == nil && meta.NumDelivered == 1
-}
-
-// startLooks is how many deliveries of a start's work message look for
-// its run_created before the work is dropped as work for a run with no
-// journal: at journalDueDelay's pace (20 ms, doubling to 1 s) about
-// eventstore.StartLag, counted by deliveries rather than by the message's
-// age, so that no clock's skew moves it.
-const startLooks = 36
-
-// journalDueDelay is how long a start's work message that came before
-// its run_created waits before the next look: 20 ms, doubling with each
-// delivery up to a second, so work whose start failed costs a few dozen
-// looks before startLooks drops it.
-func journalDueDelay(msg jetstream.Msg) time.Duration {
-	d := 20 * time.Millisecond
-	if meta, err := msg.Metadata(); err == nil {
-		for n := uint64(1); n < meta.NumDelivered && d < time.Second; n++ {
-			d *= 2
-		}
-	}
-	return min(d, time.Second)
-}
-
-// startMayLag reports whether msg is a start's work message that has not
-// yet looked startLooks times for its run_created.
-func startMayLag(msg jetstream.Msg) bool {
-	if msg == nil || eventstore.WorkReason(msg) != "start" {
-		return false
-	}
-	meta, err := msg.Metadata()
-	return err == nil && meta.NumDelivered < startLooks
 }
 
 // snapshotFolded is resumeSnapshot for a drive: no snapshot (r.from nil)
@@ -277,7 +233,7 @@ func (w *Worker) keepSnapshot(d *drive) {
 		return
 	}
 	w.snaps.mark(d.runID, d.head.Seq)
-	b, err := encodeSnapshot(d.st, d.head, d.earlier)
+	b, err := encodeSnapshot(d.st, d.head, d.token.earlier)
 	if err == nil && len(b) > eventstore.MaxSnapshot {
 		err = fmt.Errorf("%d bytes, over %d", len(b), eventstore.MaxSnapshot)
 	}

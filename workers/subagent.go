@@ -31,7 +31,7 @@ func (d *drive) runSubagent(p engine.StepPlan) error {
 		if err := d.createChild(p); err != nil {
 			var ve *workflow.ValidationError
 			if errors.As(err, &ve) {
-				return d.settle(p, stepResult{}, permanent("step %s: child workflow: %v", p.StepID, err), 0)
+				return d.journalOutcome(p, stepResult{}, permanent("step %s: child workflow: %v", p.StepID, err), 0)
 			}
 			return err
 		}
@@ -63,9 +63,9 @@ func (d *drive) runSubagent(p engine.StepPlan) error {
 		if len(out) == 0 {
 			out = json.RawMessage("null")
 		}
-		return d.settle(p, stepResult{output: out, usage: usage}, nil, time.Since(start))
+		return d.journalOutcome(p, stepResult{output: out, usage: usage}, nil, time.Since(start))
 	case engine.StatusFailed, engine.StatusCancelled:
-		return d.settleFailed(p, usage, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
+		return d.journalFailure(p, usage, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
 	default:
 		return d.waitForChild(p, string(child.Status))
 	}

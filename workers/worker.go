@@ -141,7 +141,7 @@ type Worker struct {
 	rt   *runtimeServer
 
 	// folded keeps the states of runs this worker parked (folded.go).
-	folded foldedCache
+	folded *foldedCache
 	snaps  snapshots
 
 	// beforeDrive, when set (tests), runs at the start of each drive.
@@ -165,6 +165,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		log:        cfg.Logger.With("worker", cfg.ID),
 		active:     map[string]context.CancelCauseFunc{},
 		slots:      newSlots(cfg.ProviderConcurrency),
+		folded:     newFoldedCache(foldedMax, foldedTTL),
 	}
 	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
 	w.tools["echo"] = echoTool

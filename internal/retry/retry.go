@@ -53,6 +53,19 @@ func (p Policy) NewBackOff() *backoff.ExponentialBackOff {
 	)
 }
 
+// Wait returns the wait p sets after the n-th failed try (n from 1), with
+// no jitter: for tries whose waits another system keeps, such as a
+// message handed back to JetStream with a delay, where Do cannot wait.
+func (p Policy) Wait(n int) time.Duration {
+	p.Jitter = 0
+	bo := p.NewBackOff()
+	wait := bo.NextBackOff()
+	for range n - 1 {
+		wait = bo.NextBackOff()
+	}
+	return wait
+}
+
 // Permanent marks err as not worth retrying: Do returns err at once.
 // Permanent(nil) is nil.
 func Permanent(err error) error { return backoff.Permanent(err) }

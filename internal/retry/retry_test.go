@@ -154,6 +154,31 @@ func TestPolicyBackOff(t *testing.T) {
 	require.Equal(t, 0.5, bo.RandomizationFactor)
 }
 
+// TestPolicyWait: the n-th wait is the one Do would wait after the n-th
+// failed try, without jitter: a try count is all it takes.
+func TestPolicyWait(t *testing.T) {
+	t.Parallel()
+	p := retry.Policy{Initial: 20 * time.Millisecond, Max: time.Second, Jitter: 0.5}
+	var got []time.Duration
+	for n := 1; n <= 8; n++ {
+		got = append(got, p.Wait(n))
+	}
+	ms := time.Millisecond
+	require.Equal(t, []time.Duration{20 * ms, 40 * ms, 80 * ms, 160 * ms, 320 * ms, 640 * ms, time.Second, time.Second}, got)
+	var tries []time.Duration
+	err := retry.Do(context.Background(), retry.Policy{Initial: time.Millisecond, Max: 4 * time.Millisecond}, func() error {
+		if len(tries) < 4 {
+			return errFlaky
+		}
+		return nil
+	}, retry.OnRetry(func(_ error, attempt int, wait time.Duration) {
+		require.Equal(t, fast.Wait(attempt), wait, "try %d", attempt)
+		tries = append(tries, wait)
+	}))
+	require.NoError(t, err)
+	require.Len(t, tries, 4)
+}
+
 func TestDoKeepsALastErrorThatWrapsTheContexts(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,118 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+)
+
+// run folds the journal, appends the fencing token and drives the run
+// until it ends or parks.
+func (d *drive) run() error {
+	if err := d.load(); err != nil {
+		return err
+	}
+	if d.st.Status.Terminal() {
+		d.log.Debug("nothing to do", "status", d.st.Status)
+		return nil
+	}
+	if d.st.Status == engine.StatusWaiting && !d.wakeable() {
+		d.log.Debug("still waiting")
+		return errParked
+	}
+	if d.st.DriveOpen {
+		// A drive began after all: its worker may be acting, so this one
+		// writes no token before it holds the lease.
+		if err := d.awaitLease(); err != nil {
+			return err
+		}
+	}
+	d.resume()
+	for {
+		if err := d.ctx.Err(); err != nil {
+			return context.Cause(d.ctx)
+		}
+		a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
+		if err := d.ctx.Err(); err != nil {
+			// An evaluation cut short is no decision: act on none.
+			return context.Cause(d.ctx)
+		}
+		if d.resumePending() && !carriesResumed(a) {
+			if err := d.flush(); err != nil {
+				if err := d.resumeAgain(err); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		switch a := a.(type) {
+		case engine.Done:
+			return d.flush()
+		case engine.Complete:
+			d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
+			return d.flush()
+		case engine.Fail:
+			d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID, Attempts: a.Attempts})
+			return d.flush()
+		case engine.RunStep:
+			if err := d.runStep(a.Plan); err != nil {
+				if err := d.resumeAgain(err); err != nil {
+					return err
+				}
+			}
+		case engine.Note:
+			// A brake's record (budget_warning, budget_exceeded,
+			// anomaly_detected): journaled with what comes next, and Next
+			// asked again, which now sees it.
+			d.emit(a.Kind, a.StepID, 0, a.Data)
+		case engine.Park:
+			if err := d.park(a); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("run %s: unexpected action %T", d.runID, a)
+		}
+	}
+}
+
+// park parks the run on a brake: step_waiting with the brake's reason,
+// once; flushing may fold in the input that releases it (a budget_raised,
+// an approval) that came meanwhile, so Next decides again before the
+// drive ends.
+func (d *drive) park(p engine.Park) error {
+	if !p.Waiting {
+		d.log.Info("run paused by its brakes", "reason", p.Reason, "step_id", p.StepID)
+		d.emit(event.StepWaiting, p.StepID, 0, event.StepWaitingData{Reason: p.Reason})
+		return d.flush()
+	}
+	if err := d.flush(); err != nil {
+		return err
+	}
+	return errParked
+}
+
+// wakeable reports whether a waiting run has something to do now: a
+// decision arrived, its wait timed out (Next decides that, at the
+// worker's clock), or the child it waits for can go on or has ended.
+func (d *drive) wakeable() bool {
+	a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
+	if p, ok := a.(engine.Park); ok {
+		return !p.Waiting
+	}
+	rs, ok := a.(engine.RunStep)
+	if !ok {
+		return true
+	}
+	p := rs.Plan
+	switch {
+	case p.Wait != nil && p.Wait.Waiting:
+		return false
+	case p.Exec == engine.ExecSubagent:
+		if s := d.st.Steps[p.StepID]; s != nil && s.Status == engine.StepWaiting {
+			return d.w.childMayProceed(d.ctx, p.ChildRunID)
+		}
+	}
+	return true
+}
