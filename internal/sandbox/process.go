@@ -164,7 +164,7 @@ func (p *Process) prepare() error {
 		}
 	}
 	if p.r.cg != nil {
-		name := fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), p.r.seq.Add(1))
+		name := fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), seq.Add(1))
 		var err error
 		if p.cg, err = p.r.cg.create(name, p.spec.Limits); err != nil {
 			return fmt.Errorf("sandbox: %w", err)

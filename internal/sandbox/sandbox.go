@@ -92,8 +92,10 @@ type Runner struct {
 	probeErr  error
 	cg        *cgroups // nil: rlimits only
 	initBin   string   // the worker's binary, where the sandbox's uid reaches it
-	seq       atomic.Int64
 }
+
+// seq numbers the cgroups of a worker process's steps.
+var seq atomic.Int64
 
 // ErrUnavailable is wrapped by the error of a Runner that has no
 // sandbox: bubblewrap is missing or cannot run here.
