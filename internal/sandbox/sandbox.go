@@ -284,18 +284,31 @@ func (r *Runner) probe() error {
 	return nil
 }
 
+// initBin is the worker's binary where the sandboxes' uid reaches it,
+// found once per process.
+var initBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
 // initBinary returns a path of the worker's binary that the sandboxes'
 // uid can reach, for bwrap to bind: the binary itself, or else a link (or
 // copy) in a directory of the worker's that it may search, made once per
 // worker process. Such directories left by workers that are gone are
 // removed.
 func (r *Runner) initBinary() (string, error) {
+	initBin.once.Do(func() { initBin.path, initBin.err = linkInitBinary(r.root) })
+	return initBin.path, initBin.err
+}
+
+func linkInitBinary(root bool) (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return "", fmt.Errorf("finding the worker's binary: %w", err)
 	}
 	exe = realPath(exe)
-	if !r.root || searchable(exe) {
+	if !root || searchable(exe) {
 		return exe, nil
 	}
 	prefix := cgroupPrefix + "bin-"
