@@ -21,10 +21,11 @@
 // directory, home, key files or environment: the environment is
 // Spec.Env alone.
 //
-// When the worker runs as root, each sandbox runs as a uid of its own
-// (from UIDBase, owning no file), so even a file that leaked into view
-// would keep its mode; as another user, the sandbox runs as that user
-// and only the namespaces keep the worker's files out of view.
+// When the worker runs as root, the sandboxes run as UID, a host uid that
+// owns no file, so even a file that leaked into view would keep its mode
+// (the worker's keys are 0600); as another user, the sandbox runs as that
+// user and only the namespaces keep the worker's files out of view. In
+// its user namespace the program is uid and gid 1000 ("pal").
 //
 // # The processes
 //

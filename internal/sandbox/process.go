@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -124,7 +123,7 @@ func (r *Runner) Prepare(spec Spec) (*Process, error) {
 	spec.Limits.CPU = spec.Limits.CPU.Round(time.Second)
 	p := &Process{r: r, spec: spec, uid: -1, done: make(chan struct{})}
 	if r.root && !r.cfg.Off {
-		p.uid = UIDBase + rand.IntN(uidRange)
+		p.uid = UID
 	}
 	var err error
 	if p.runDir, err = os.MkdirTemp("", cgroupPrefix); err != nil {

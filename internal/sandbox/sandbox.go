@@ -31,10 +31,11 @@ const (
 	// ProxyAddr is where a sandbox with NetworkEgress reaches the
 	// worker's proxy.
 	ProxyAddr = "127.0.0.1:3128"
-	// UIDBase is the first of the host uids a root worker's sandboxes run
-	// as, one per sandbox from UIDBase to UIDBase+uidRange.
-	UIDBase  = 2_000_000_000
-	uidRange = 1 << 24
+	// UID is the host uid (and gid) a root worker's sandboxes run as: one
+	// that owns nothing on the host, the same for every sandbox so that
+	// the files a program leaves in a writable mount are its own again
+	// when a later process (after a crash, on another worker) resumes.
+	UID = 2_000_000_000
 	// sandboxUID is the program's uid and gid in its user namespace.
 	sandboxUID = 1000
 )
