@@ -309,7 +309,7 @@ print(json.dumps({"claim": post("a", "forged"),
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	var got struct {
 		Claim, Big, Status, Name, Own int
-		Sockets, Token               []string
+		Sockets, Token                []string
 	}
 	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &got))
 	require.Equal(t, 403, got.Claim)
