@@ -100,11 +100,11 @@ attempt("connect metadata", lambda: connect("169.254.169.254", 80))
 for p in ["/escape", "/usr/escape", "/etc/escape", "/srv/repo/escape", "/run/pal/ipc/escape", data + "/escape"]:
     attempt("write " + p, lambda p=p: write(p))
 try:
-    write("/work/big", 3 << 20)
-    out["write past the file size limit"] = "GOT: %d bytes" % os.path.getsize("/work/big")
+    write("/home/pal/big", 3 << 20)
+    out["write past the file size limit"] = "GOT: %d bytes" % os.path.getsize("/home/pal/big")
 except OSError as e:
-    out["write past the file size limit"] = "%s: %d bytes written" % (e, os.path.getsize("/work/big"))
-out["big file"] = os.path.getsize("/work/big")
+    out["write past the file size limit"] = "%s: %d bytes written" % (e, os.path.getsize("/home/pal/big"))
+out["big file"] = os.path.getsize("/home/pal/big")
 print(json.dumps(out))
 `
 
@@ -191,7 +191,7 @@ func TestProcessInputIsData(t *testing.T) {
 	}
 
 	script := `printf 'arg1=%s\n' "$1" >&2; printf 'arg2=%s\n' "$2" >&2
-if test -e /work/pwned || test -e /tmp/pwned; then echo pwned; else echo clean; fi`
+if test -e /home/pal/pwned || test -e /tmp/pwned; then echo pwned; else echo clean; fi`
 	wf := fmt.Sprintf(`{"name":"p","nodes":[{"id":"start","type":"trigger"},
 	{"id":"shell","type":"process","data":%s},
 	{"id":"env","type":"process","data":%s}],
@@ -199,7 +199,7 @@ if test -e /work/pwned || test -e /tmp/pwned; then echo pwned; else echo clean; 
 		processData(t, []string{"/bin/sh", "-c", script, "sh", "{{input.name}}", "{{input.sub}}"}, nil, ""),
 		processData(t, []string{python, "-c", "import json, os; print(json.dumps({k: os.environ.get(k) for k in ['GREETING', 'LD_PRELOAD', 'PATH']}))"},
 			map[string]string{"GREETING": "{{input.env}}"}, ""))
-	in, err := json.Marshal(map[string]string{"name": "world; touch /work/pwned; echo pwned", "sub": "$(touch /tmp/pwned)`touch /work/pwned`",
+	in, err := json.Marshal(map[string]string{"name": "world; touch /home/pal/pwned; echo pwned", "sub": "$(touch /tmp/pwned)`touch /home/pal/pwned`",
 		"env": "x\nLD_PRELOAD=/tmp/evil.so\nPATH=/tmp"})
 	require.NoError(t, err)
 	runID := b.Start(t, wf, string(in))
@@ -207,7 +207,7 @@ if test -e /work/pwned || test -e /tmp/pwned; then echo pwned; else echo clean; 
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	shell := data[event.StepCompletedData](t, find(b.Events(t, runID), event.StepCompleted, "shell")[0])
 	require.JSONEq(t, `"clean"`, string(shell.Output))
-	require.Equal(t, "arg1=world; touch /work/pwned; echo pwned\narg2=$(touch /tmp/pwned)`touch /work/pwned`\n", shell.Stderr)
+	require.Equal(t, "arg1=world; touch /home/pal/pwned; echo pwned\narg2=$(touch /tmp/pwned)`touch /home/pal/pwned`\n", shell.Stderr)
 	var env map[string]*string
 	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &env))
 	require.Equal(t, "x\nLD_PRELOAD=/tmp/evil.so\nPATH=/tmp", *env["GREETING"])
@@ -278,7 +278,7 @@ func TestProcessLimitsStopBombsWhileOthersRun(t *testing.T) {
 	bomb := b.Start(t, oneProcess(processData(t, []string{python, "-c", "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"},
 		nil, `,"limits":{"maxProcesses":16}`)), `{}`)
 	filler := b.Start(t, oneProcess(processData(t, []string{"/bin/sh", "-c",
-		"i=0; while :; do head -c 1048576 /dev/zero > /work/f$i; i=$((i+1)); done"}, nil, `,"limits":{"workdirMb":8}`)), `{}`)
+		"i=0; while :; do head -c 1048576 /dev/zero > /home/pal/f$i; i=$((i+1)); done"}, nil, `,"limits":{"workdirMb":8}`)), `{}`)
 
 	require.Equal(t, event.RunFailed, b.WaitEnd(t, bomb).Kind)
 	require.Contains(t, stepFailure(t, b, bomb).Error, "the process exceeded its process limit of 16 (limits.maxProcesses) and was stopped")

@@ -28,11 +28,11 @@ func TestSandboxLimits(t *testing.T) {
 	}{
 		{"fork bomb", []string{python, "-c", "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"},
 			sandbox.Limits{Processes: 32}, sandbox.LimitProcesses, ""},
-		{"disk filler", []string{"/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > /work/f$i; i=$((i+1)); done"},
-			sandbox.Limits{Disk: 8 << 20}, sandbox.LimitDisk, "/work"},
+		{"disk filler", []string{"/bin/sh", "-c", "i=0; while :; do head -c 1048576 /dev/zero > /home/pal/f$i; i=$((i+1)); done"},
+			sandbox.Limits{Disk: 8 << 20}, sandbox.LimitDisk, "/home/pal"},
 		{"tmp filler", []string{python, "-c", "import itertools\nfor i in itertools.count():\n  try: open('/tmp/f%d' % i, 'wb').write(b'x' * 65536)\n  except OSError: pass"},
 			sandbox.Limits{Disk: 4 << 20}, sandbox.LimitDisk, "/tmp"},
-		{"big file", []string{"/bin/sh", "-c", "head -c 2097152 /dev/zero > /work/big"},
+		{"big file", []string{"/bin/sh", "-c", "head -c 2097152 /dev/zero > /home/pal/big"},
 			sandbox.Limits{FileSize: 1 << 20}, sandbox.LimitFileSize, ""},
 		{"memory", []string{python, "-c", "b = b'x' * (512 << 20)\nprint(len(b))"},
 			sandbox.Limits{Memory: 64 << 20}, sandbox.LimitMemory, ""},
@@ -61,11 +61,11 @@ func TestSandboxFileSizeGetsNothing(t *testing.T) {
 import json, os
 err = ""
 try:
-    with open("/work/big", "wb") as f:
+    with open("/home/pal/big", "wb") as f:
         f.write(b"x" * (3 << 20))
 except OSError as e:
     err = str(e)
-print(json.dumps({"error": err, "size": os.path.getsize("/work/big")}))`, &got)
+print(json.dumps({"error": err, "size": os.path.getsize("/home/pal/big")}))`, &got)
 	require.Contains(t, got.Error, "File too large")
 	require.LessOrEqual(t, got.Size, 1<<20)
 }

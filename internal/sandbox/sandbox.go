@@ -21,7 +21,7 @@ import (
 // Paths and addresses in the sandbox.
 const (
 	// WorkDir is the program's work directory and HOME: a tmpfs.
-	WorkDir = "/work"
+	WorkDir = "/home/pal"
 	// IPCDir holds the Unix sockets of Process.Listen.
 	IPCDir = "/run/pal/ipc"
 	// InitPath is where the worker's binary is bound, read-only.

@@ -153,7 +153,7 @@ attempt("connect nats", lambda: connect("127.0.0.1", int(os.environ["NATS_PORT"]
 attempt("connect metadata", lambda: connect("169.254.169.254", 80))
 for p in ["/escape", "/usr/escape", "/etc/escape", "/srv/repo/escape", "/run/pal/ipc/escape", "/dev/escape", data + "/escape"]:
     attempt("write " + p, lambda p=p: write(p))
-attempt("write work", lambda: write("/work/ok"))
+attempt("write work", lambda: write("/home/pal/ok"))
 attempt("write tmp", lambda: write("/tmp/ok"))
 out["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 out["env"] = sorted(os.environ)
