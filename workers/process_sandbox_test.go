@@ -374,3 +374,17 @@ func TestProcessStepWithoutSandbox(t *testing.T) {
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	require.JSONEq(t, `{"echoed":1}`, string(data[event.RunSucceededData](t, end).Output))
 }
+
+// TestProcessSandboxOffIsUnsafe: PAL_PROCESS_SANDBOX=off runs process
+// steps without a sandbox, and the worker says so when it starts.
+func TestProcessSandboxOffIsUnsafe(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	w := p.palWorker(t, "w1", "PAL_PROCESS_SANDBOX=off")
+	require.Contains(t, w.Output(), "UNSAFE: PAL_PROCESS_SANDBOX=off: process steps run without a sandbox")
+	runID := p.startWithID(t, oneProcess(processData(t, []string{python, "-c",
+		"import json, os; print(json.dumps({'uid': os.getuid(), 'pid1': os.path.exists('/proc/1')}))"}, nil, "")), `{}`)
+	end := p.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
+	require.JSONEq(t, fmt.Sprintf(`{"uid":%d,"pid1":true}`, os.Getuid()), string(data[event.RunSucceededData](t, end).Output))
+}
