@@ -109,11 +109,9 @@ type initStatus struct {
 	Err    string `json:"error,omitempty"`
 }
 
-// Control bytes the worker writes to the init.
-const (
-	ctlTerminate = 't'
-	ctlKill      = 'k'
-)
+// ctlTerminate is what the worker writes to the init's control pipe to
+// terminate the program.
+const ctlTerminate = 't'
 
 // innerInit runs as innerInitName in the sandbox: args are the program's
 // argv, args[0] its path.
@@ -151,8 +149,25 @@ func innerInit(config string, args []string) int {
 	if err := cmd.Start(); err != nil {
 		return report(initStatus{Code: 127, Err: fmt.Sprintf("starting %s: %v", args[0], err)})
 	}
-	// A terminate reaches every process of the sandbox (not PID 1, not
-	// the init itself): setsid and new process groups do not matter.
+	relayStops(c.Control)
+	full := make(chan string, 1)
+	stop := make(chan struct{})
+	go watchFull(c.Watch, full, stop)
+	err := cmd.Wait()
+	close(stop)
+	st := statusOf(cmd.ProcessState, err)
+	select {
+	case st.Full = <-full:
+	default:
+		st.Full = fullOne(c.Watch)
+	}
+	return report(st)
+}
+
+// relayStops passes a terminate (SIGTERM to the init, or ctlTerminate on
+// the control pipe) to every process of the sandbox but PID 1 and the
+// init itself, setsid and new process groups regardless.
+func relayStops(control int) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
@@ -161,42 +176,31 @@ func innerInit(config string, args []string) int {
 		}
 	}()
 	go func() {
-		ctl := os.NewFile(uintptr(c.Control), "control")
+		ctl := os.NewFile(uintptr(control), "control")
 		b := make([]byte, 1)
 		for {
 			if _, err := ctl.Read(b); err != nil {
 				return
 			}
-			switch b[0] {
-			case ctlTerminate:
+			if b[0] == ctlTerminate {
 				_ = syscall.Kill(-1, syscall.SIGTERM)
-			case ctlKill:
-				_ = syscall.Kill(-1, syscall.SIGKILL)
 			}
 		}
 	}()
-	full := make(chan string, 1)
-	stop := make(chan struct{})
-	go watchFull(c.Watch, full, stop)
-	err := cmd.Wait()
-	close(stop)
-	st := initStatus{}
-	if ps := cmd.ProcessState; ps != nil {
-		ws := ps.Sys().(syscall.WaitStatus)
-		st.Code = ws.ExitStatus()
-		if ws.Signaled() {
-			st.Code, st.Signal = -1, int(ws.Signal())
-		}
-		st.CPUMs = (ps.UserTime() + ps.SystemTime()).Milliseconds()
-	} else if err != nil {
-		st.Code, st.Err = 127, err.Error()
+}
+
+// statusOf is how the program ended.
+func statusOf(ps *os.ProcessState, err error) initStatus {
+	if ps == nil {
+		return initStatus{Code: 127, Err: fmt.Sprint(err)}
 	}
-	select {
-	case st.Full = <-full:
-	default:
-		st.Full = fullOne(c.Watch)
+	st := initStatus{CPUMs: (ps.UserTime() + ps.SystemTime()).Milliseconds()}
+	ws := ps.Sys().(syscall.WaitStatus)
+	st.Code = ws.ExitStatus()
+	if ws.Signaled() {
+		st.Code, st.Signal = -1, int(ws.Signal())
 	}
-	return report(st)
+	return st
 }
 
 // closeInherited marks every descriptor from first on close-on-exec: what

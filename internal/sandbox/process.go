@@ -58,34 +58,6 @@ type Spec struct {
 	ExtraFiles []*os.File
 }
 
-// Limit names a limit that stopped a program.
-type Limit string
-
-// The limits.
-const (
-	LimitMemory    Limit = "memory"
-	LimitCPU       Limit = "cpu"
-	LimitProcesses Limit = "processes"
-	LimitFileSize  Limit = "file size"
-	LimitDisk      Limit = "disk"
-)
-
-// Result is how a program ended.
-type Result struct {
-	// ExitCode is the program's exit status, -1 when a signal ended it.
-	ExitCode int
-	Signal   syscall.Signal
-	// Limit is the limit that stopped it, "" if none did.
-	Limit Limit
-	// Full is the tmpfs that filled up, with LimitDisk.
-	Full string
-	// Err is set when the program did not start.
-	Err error
-}
-
-// OK reports whether the program exited with status 0.
-func (r Result) OK() bool { return r.Err == nil && r.ExitCode == 0 && r.Signal == 0 }
-
 // waitDelay bounds the wait for the program's output once it has exited
 // (a process it left behind without a sandbox may hold stdout open).
 const waitDelay = 5 * time.Second
@@ -269,57 +241,13 @@ func (p *Process) Start() error {
 	if p.cmd != nil {
 		return errors.New("sandbox: started twice")
 	}
-	syncR, syncW, err := os.Pipe()
+	cmd, status, syncW, err := p.command()
 	if err != nil {
 		return err
 	}
 	defer syncW.Close()
-	fds := &fdTable{files: append([]*os.File(nil), p.spec.ExtraFiles...)}
-	shim := execConfig{Sync: fds.add(syncR)}
-	var target []string
-	var status *os.File
-	if p.r.cfg.Off {
-		shim.Rlimits = p.rlimits()
-		target = append([]string{p.spec.Argv[0]}, p.spec.Argv...)
-	} else {
-		var statusW, ctlR *os.File
-		if status, statusW, err = os.Pipe(); err != nil {
-			return err
-		}
-		if ctlR, p.ctl, err = os.Pipe(); err != nil {
-			status.Close()
-			statusW.Close()
-			return err
-		}
-		inner := innerConfig{Extra: len(p.spec.ExtraFiles), Status: fds.add(statusW), Control: fds.add(ctlR),
-			Exec: execConfig{Rlimits: p.rlimits()}, Watch: []string{WorkDir, "/tmp", "/dev/shm"}}
-		if p.spec.Network == NetworkEgress {
-			inner.Proxy, inner.ProxySocket = ProxyAddr, IPCDir+"/egress.sock"
-		}
-		args, err := p.bwrapArgs(inner)
-		if err != nil {
-			status.Close()
-			closeFrom(fds.files, len(p.spec.ExtraFiles))
-			return err
-		}
-		target = append([]string{p.r.bwrap, p.r.bwrap}, args...)
-	}
-	cfg, _ := json.Marshal(shim)
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: append([]string{execName, string(cfg)}, target...),
-		Env: p.env(), Stdin: p.spec.Stdin, Stdout: p.spec.Stdout, Stderr: io.MultiWriter(orDiscard(p.spec.Stderr), &p.tail),
-		ExtraFiles: fds.files, WaitDelay: waitDelay,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
-	if p.r.cfg.Off {
-		cmd.Dir = p.spec.Dir
-		if cmd.Dir == "" {
-			cmd.Dir = filepath.Join(p.runDir, "work")
-		}
-	}
-	if p.uid >= 0 {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}
-	}
 	err = cmd.Start()
-	closeFrom(fds.files, len(p.spec.ExtraFiles)) // the child has its copies
+	closeFrom(cmd.ExtraFiles, len(p.spec.ExtraFiles)) // the child has its copies
 	if err != nil {
 		if status != nil {
 			status.Close()
@@ -331,20 +259,21 @@ func (p *Process) Start() error {
 		if err := p.cg.join(cmd.Process.Pid); err != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
+			p.res = Result{ExitCode: -1, Err: err}
 			close(p.done)
 			return fmt.Errorf("sandbox: %w", err)
 		}
 	}
+	// The shim may go on: it is in the step's cgroup.
 	if _, err := syncW.Write([]byte{'g'}); err != nil {
 		_ = cmd.Process.Kill()
 	}
 	var st chan initStatus
 	if status != nil {
 		st = make(chan initStatus, 1)
-		s := status
 		go func() {
-			defer s.Close()
-			v, err := readStatus(s)
+			defer status.Close()
+			v, err := readStatus(status)
 			if err != nil {
 				v.Err = err.Error()
 			}
@@ -354,6 +283,64 @@ func (p *Process) Start() error {
 	go p.wait(st)
 	go p.watchForks()
 	return nil
+}
+
+// command builds the host shim's command: it waits on the sync pipe
+// (returned with the status pipe's read end, without a sandbox nil), then
+// executes bwrap, or the program itself without a sandbox.
+func (p *Process) command() (cmd *exec.Cmd, status, syncW *os.File, err error) {
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fds := &fdTable{files: append([]*os.File(nil), p.spec.ExtraFiles...)}
+	shim := execConfig{Sync: fds.add(syncR)}
+	fail := func(err error) (*exec.Cmd, *os.File, *os.File, error) {
+		closeFrom(fds.files, len(p.spec.ExtraFiles))
+		syncW.Close()
+		if status != nil {
+			status.Close()
+		}
+		return nil, nil, nil, err
+	}
+	var target []string
+	if p.r.cfg.Off {
+		shim.Rlimits = p.rlimits()
+		target = append([]string{p.spec.Argv[0]}, p.spec.Argv...)
+	} else {
+		var statusW, ctlR *os.File
+		if status, statusW, err = os.Pipe(); err != nil {
+			return fail(err)
+		}
+		statusFd := fds.add(statusW)
+		if ctlR, p.ctl, err = os.Pipe(); err != nil {
+			return fail(err)
+		}
+		inner := innerConfig{Extra: len(p.spec.ExtraFiles), Status: statusFd, Control: fds.add(ctlR),
+			Exec: execConfig{Rlimits: p.rlimits()}, Watch: []string{WorkDir, "/tmp", "/dev/shm"}}
+		if p.spec.Network == NetworkEgress {
+			inner.Proxy, inner.ProxySocket = ProxyAddr, IPCDir+"/egress.sock"
+		}
+		args, err := p.bwrapArgs(inner)
+		if err != nil {
+			return fail(err)
+		}
+		target = append([]string{p.r.bwrap, p.r.bwrap}, args...)
+	}
+	cfg, _ := json.Marshal(shim)
+	cmd = &exec.Cmd{Path: "/proc/self/exe", Args: append([]string{execName, string(cfg)}, target...),
+		Env: p.env(), Stdin: p.spec.Stdin, Stdout: p.spec.Stdout, Stderr: io.MultiWriter(orDiscard(p.spec.Stderr), &p.tail),
+		ExtraFiles: fds.files, WaitDelay: waitDelay,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
+	if p.r.cfg.Off {
+		if cmd.Dir = p.spec.Dir; cmd.Dir == "" {
+			cmd.Dir = filepath.Join(p.runDir, "work")
+		}
+	}
+	if p.uid >= 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}
+	}
+	return cmd, status, syncW, nil
 }
 
 func orDiscard(w io.Writer) io.Writer {
@@ -369,117 +356,6 @@ func closeFrom(files []*os.File, from int) {
 	for _, f := range files[from:] {
 		f.Close()
 	}
-}
-
-// watchForks stops the program the first time the process limit refuses
-// a fork: a program at its limit (a fork bomb) would spin until its
-// timeout.
-func (p *Process) watchForks() {
-	if p.cg == nil || p.cg.pids == "" || p.spec.Limits.Processes <= 0 {
-		return
-	}
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.done:
-			return
-		case <-t.C:
-			if p.cg.forksRefused() > 0 {
-				p.mu.Lock()
-				p.stoppedBy = LimitProcesses
-				p.mu.Unlock()
-				p.Kill()
-				return
-			}
-		}
-	}
-}
-
-// wait waits for the program and makes its Result.
-func (p *Process) wait(st <-chan initStatus) {
-	defer close(p.done)
-	werr := p.cmd.Wait()
-	ps := p.cmd.ProcessState
-	res := Result{}
-	var cpu time.Duration
-	var full string
-	if ps != nil {
-		ws := ps.Sys().(syscall.WaitStatus)
-		res.ExitCode = ws.ExitStatus()
-		if ws.Signaled() {
-			res.ExitCode, res.Signal = -1, ws.Signal()
-		}
-		cpu = ps.UserTime() + ps.SystemTime()
-	} else {
-		res.Err = werr
-	}
-	if st != nil {
-		s := <-st
-		switch {
-		case s.Err == errStatus.Error():
-			// No report: bwrap failed before the init ran (its message is
-			// on stderr), or the sandbox was killed.
-			if res.Signal == 0 && p.stopped() == "" {
-				res.Err = fmt.Errorf("the sandbox did not start: %s", lastLine(p.tail.String()))
-			}
-		case s.Err != "":
-			res.Err = errors.New(s.Err)
-		default:
-			res.ExitCode, res.Signal, cpu, full = s.Code, syscall.Signal(s.Signal), time.Duration(s.CPUMs)*time.Millisecond, s.Full
-		}
-	}
-	if !res.OK() {
-		res.Limit, res.Full = p.limitHit(res, cpu, full)
-	}
-	p.res = res
-}
-
-// limitHit names the limit that ended a program that failed, if any.
-func (p *Process) limitHit(res Result, cpu time.Duration, full string) (Limit, string) {
-	l := p.spec.Limits
-	stopped := p.stopped()
-	sig, code := res.Signal, res.ExitCode
-	// A shell reports a child a signal ended as 128+n.
-	signaled := func(s syscall.Signal) bool { return sig == s || code == 128+int(s) }
-	memCgroup := p.cg != nil && p.cg.memory != ""
-	stderr := p.tail.String()
-	switch {
-	case stopped != "":
-		return stopped, ""
-	case memCgroup && p.cg.oomKills() > 0:
-		return LimitMemory, ""
-	case full != "":
-		return LimitDisk, full
-	case l.FileSize > 0 && (signaled(syscall.SIGXFSZ) || strings.Contains(stderr, "File too large")):
-		return LimitFileSize, ""
-	case l.CPU > 0 && (signaled(syscall.SIGXCPU) || sig == syscall.SIGKILL && cpu >= l.CPU):
-		return LimitCPU, ""
-	case l.Memory > 0 && !memCgroup && (outOfMemory(stderr) || sig == syscall.SIGSEGV || sig == syscall.SIGABRT ||
-		sig == syscall.SIGBUS || sig == syscall.SIGKILL):
-		return LimitMemory, ""
-	case p.cg != nil && p.cg.forksRefused() > 0:
-		return LimitProcesses, ""
-	}
-	return "", ""
-}
-
-func (p *Process) stopped() Limit {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stoppedBy
-}
-
-// outOfMemory reports whether stderr shows a failed allocation (the
-// RLIMIT_AS fallback has no other sign).
-func outOfMemory(stderr string) bool {
-	for _, s := range []string{"MemoryError", "Cannot allocate memory", "cannot allocate memory", "out of memory",
-		"std::bad_alloc"} {
-		if strings.Contains(stderr, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // Pid is the host pid of the process the worker started (bwrap's, or the
@@ -559,26 +435,4 @@ func (p *Process) Close() error {
 		err = errors.Join(err, os.RemoveAll(p.runDir))
 	})
 	return err
-}
-
-// tail keeps the last 4 KiB written to it.
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tail) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if len(t.buf) > 4<<10 {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-4<<10:]...)
-	}
-	return len(b), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
 }
