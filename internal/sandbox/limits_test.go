@@ -149,3 +149,31 @@ func TestSandboxEndsEveryDescendant(t *testing.T) {
 		})
 	}
 }
+
+// TestSandboxRlimitsWithoutCgroups: where the worker may create no
+// cgroup, memory and processes are bounded by RLIMIT_AS and RLIMIT_NPROC,
+// and a program that fails at its memory limit has the limit named.
+func TestSandboxRlimitsWithoutCgroups(t *testing.T) {
+	t.Parallel()
+	r := newRunner(t, sandbox.Config{})
+	sandbox.WithoutCgroups(r)
+	o := run(t, r, sandbox.Spec{Argv: []string{python, "-c", "b = b'x' * (512 << 20)"}, Limits: sandbox.Limits{Memory: 64 << 20}})
+	require.Equal(t, sandbox.LimitMemory, o.res.Limit, "%v", errExit(o))
+	require.Contains(t, o.stderr, "MemoryError")
+
+	var got struct{ Forked, Refused int }
+	pyJSON(t, r, sandbox.Spec{Limits: sandbox.Limits{Processes: 8}}, `
+import json, os, time
+forked = refused = 0
+for i in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        forked += 1
+    except OSError:
+        refused += 1
+print(json.dumps({"Forked": forked, "Refused": refused}))`, &got)
+	require.Positive(t, got.Refused)
+	require.Less(t, got.Forked, 8+16, "no more than the limit and the sandbox's own")
+}
