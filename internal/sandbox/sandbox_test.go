@@ -348,3 +348,27 @@ func descendants(marker string) []int {
 func errExit(o output) error {
 	return fmt.Errorf("%+v\nstdout: %s\nstderr: %s", o.res, o.stdout, o.stderr)
 }
+
+// BenchmarkSandboxTrue is what a sandbox costs a step: /bin/true from
+// Prepare to Close, with and without the sandbox.
+func BenchmarkSandboxTrue(b *testing.B) {
+	for _, off := range []bool{false, true} {
+		name := "bwrap"
+		if off {
+			name = "off"
+		}
+		b.Run(name, func(b *testing.B) {
+			r, err := sandbox.New(sandbox.Config{Off: off})
+			require.NoError(b, err)
+			require.NoError(b, r.Available())
+			for b.Loop() {
+				p, err := r.Prepare(sandbox.Spec{Argv: []string{"/bin/true"}})
+				require.NoError(b, err)
+				require.NoError(b, p.Start())
+				<-p.Done()
+				require.True(b, p.Result().OK())
+				require.NoError(b, p.Close())
+			}
+		})
+	}
+}
