@@ -167,8 +167,9 @@ func ParsePrograms(spec string) []string {
 	return strings.FieldsFunc(spec, func(r rune) bool { return r == ',' || r == ':' || r == ' ' })
 }
 
-// reservedPaths are where a mount may not go in the sandbox.
-var reservedPaths = []string{"/", "/proc", "/dev", "/run/pal", WorkDir, "/tmp", "/etc", "/usr"}
+// reservedPaths are where a mount may not go in the sandbox (nor under
+// them; /tmp itself only).
+var reservedPaths = append([]string{"/", "/proc", "/dev", "/run/pal", WorkDir, "/tmp", "/etc"}, systemDirs...)
 
 func (r *Runner) checkMount(m *Mount) error {
 	m.Host = filepath.Clean(m.Host)

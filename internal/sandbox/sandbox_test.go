@@ -239,8 +239,21 @@ func TestSandboxRefusesAMountInsideAPrivatePath(t *testing.T) {
 	data := t.TempDir()
 	_, err := sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: data}}, Private: []string{data}})
 	require.ErrorContains(t, err, "no sandbox may see")
-	_, err = sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: data, Path: "/proc/x"}}})
-	require.ErrorContains(t, err, "the sandbox's own")
+	for _, at := range []string{"/proc/x", "/", "/tmp", "/home/pal/x", "/usr/local/x", "/bin/x", "/run/pal/ipc"} {
+		_, err = sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: data, Path: at}}})
+		require.ErrorContains(t, err, "the sandbox's own", at)
+	}
+	// As root the sandbox's uid must reach a mount: t.TempDir's parent is
+	// 0700.
+	_, err = sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: data, Path: "/tmp/x"}}})
+	if os.Geteuid() == 0 {
+		require.ErrorContains(t, err, "the sandbox's uid cannot reach it")
+	} else {
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.Chmod(filepath.Dir(data), 0o755))
+	_, err = sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: data, Path: "/tmp/x"}}})
+	require.NoError(t, err)
 
 	r, err := sandbox.New(sandbox.Config{Bwrap: "/nonexistent/bwrap"})
 	require.NoError(t, err)
