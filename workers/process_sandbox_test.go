@@ -266,15 +266,19 @@ func TestProcessGrandchildDies(t *testing.T) {
 
 // TestProcessLimitsStopBombsWhileOthersRun: a fork bomb and a disk filler
 // are stopped by their limits and fail their steps with the limit named,
-// while the worker drives another run's step through to the end.
+// while the worker drives another run's step, which goes on until the
+// test lets it end.
 func TestProcessLimitsStopBombsWhileOthersRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.worker(t, "w1", nil)
+	dir := sharedDir(t)
+	b.Worker(t, "w1", paltest.Sandbox(runner(t, dir+":rw")))
 	mk, mv := newMark(t)
-	other := b.Start(t, oneProcess(processData(t, []string{"/bin/sh", "-c", "sleep 3; echo '{\"ok\":true}'"},
-		map[string]string{mk: mv}, "")), `{}`)
-	require.Eventually(t, func() bool { return len(alive(mv, "sleep 3")) == 1 }, 60*time.Second, 10*time.Millisecond)
+	release := filepath.Join(dir, "release")
+	other := b.Start(t, oneProcess(processData(t, []string{"/bin/sh", "-c",
+		`while ! test -e "$RELEASE"; do sleep 0.05; done; echo '{"ok":true}'`},
+		map[string]string{mk: mv, "RELEASE": release}, "")), `{}`)
+	require.Eventually(t, func() bool { return len(alive(mv, "/bin/sh")) == 1 }, 60*time.Second, 10*time.Millisecond)
 	bomb := b.Start(t, oneProcess(processData(t, []string{python, "-c", "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"},
 		nil, `,"limits":{"maxProcesses":16}`)), `{}`)
 	filler := b.Start(t, oneProcess(processData(t, []string{"/bin/sh", "-c",
@@ -284,8 +288,9 @@ func TestProcessLimitsStopBombsWhileOthersRun(t *testing.T) {
 	require.Contains(t, stepFailure(t, b, bomb).Error, "the process exceeded its process limit of 16 (limits.maxProcesses) and was stopped")
 	require.Equal(t, event.RunFailed, b.WaitEnd(t, filler).Kind)
 	require.Contains(t, stepFailure(t, b, filler).Error, "the process exceeded its work directory limit of 8 MiB (limits.workdirMb) and was stopped")
-	// The other run's step was running all along, and ends well.
-	require.Len(t, alive(mv, "sleep 3"), 1)
+	// The other run's step was running all along; now it may end.
+	require.Len(t, alive(mv, "/bin/sh"), 1)
+	require.NoError(t, os.WriteFile(release, nil, 0o644))
 	end := b.WaitEnd(t, other)
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	require.JSONEq(t, `{"ok":true}`, string(data[event.RunSucceededData](t, end).Output))

@@ -433,16 +433,17 @@ func TestProcessTimeoutKillsAChildThatIgnoresSIGTERM(t *testing.T) {
 	cmd, err := json.Marshal([]string{"/bin/sh", "-c", `trap '' TERM; while :; do sleep 0.05; done`})
 	require.NoError(t, err)
 	wf := fmt.Sprintf(`{"name":"stubborn","nodes":[{"id":"start","type":"trigger"},
-	{"id":"nap","type":"process","data":{"command":%s,"env":{%q:%q},"timeoutMs":2000}}],
+	{"id":"nap","type":"process","data":{"command":%s,"env":{%q:%q},"timeoutMs":10000}}],
 	"edges":[{"from":"start","to":"nap"}]}`, cmd, mk, mv)
 	start := time.Now()
 	runID := b.Start(t, wf, `{}`)
-	// Its first sleep: the trap is set.
+	// Its first sleep: the trap is set (well within the timeout, which
+	// counts from the sandbox's start).
 	require.Eventually(t, func() bool { return len(alive(mv, "sleep 0.05")) > 0 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, event.RunFailed, b.WaitEnd(t, runID).Kind)
 	require.GreaterOrEqual(t, time.Since(start), workers.ProcessGrace, "SIGKILL only after the grace")
 	requireNoneAlive(t, mv)
 	failed := find(b.Events(t, runID), event.StepFailed, "nap")
 	require.Len(t, failed, 1)
-	require.Contains(t, data[event.StepFailedData](t, failed[0]).Error, "the process timed out after 2s and was stopped")
+	require.Contains(t, data[event.StepFailedData](t, failed[0]).Error, "the process timed out after 10s and was stopped")
 }
