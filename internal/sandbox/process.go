@@ -98,7 +98,7 @@ func (r *Runner) Prepare(spec Spec) (*Process, error) {
 		p.uid = UID
 	}
 	var err error
-	if p.runDir, err = os.MkdirTemp("", cgroupPrefix); err != nil {
+	if p.runDir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", runDirPrefix, os.Getpid())); err != nil {
 		return nil, fmt.Errorf("sandbox: making the run directory: %w", err)
 	}
 	if err := p.prepare(); err != nil {

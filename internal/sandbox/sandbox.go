@@ -218,6 +218,7 @@ func realPath(p string) string {
 // sandbox; later calls return the same answer.
 func (r *Runner) Available() error {
 	r.probeOnce.Do(func() {
+		sweepTempDirs()
 		r.cg = detectCgroups(r.log)
 		if r.cfg.Off {
 			return
@@ -286,6 +287,29 @@ func (r *Runner) probe() error {
 	return nil
 }
 
+// The worker's temporary directories: a sandbox's run directory, and the
+// directory of the worker's binary (initBinary); each is named after the
+// worker's pid, and those of workers that are gone (kill -9) are removed
+// when a Runner first probes.
+var (
+	runDirPrefix = cgroupPrefix + "run-"
+	binDirPrefix = cgroupPrefix + "bin-"
+)
+
+// sweepTempDirs removes the temporary directories of workers that are
+// gone.
+func sweepTempDirs() {
+	for _, prefix := range []string{runDirPrefix, binDirPrefix} {
+		old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		for _, d := range old {
+			pid, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), prefix), "-")
+			if n, err := strconv.Atoi(pid); err == nil && syscall.Kill(n, 0) == syscall.ESRCH {
+				_ = os.RemoveAll(d)
+			}
+		}
+	}
+}
+
 // initBin is the worker's binary where the sandboxes' uid reaches it,
 // found once per process.
 var initBin struct {
@@ -313,16 +337,7 @@ func linkInitBinary(root bool) (string, error) {
 	if !root || searchable(exe) {
 		return exe, nil
 	}
-	prefix := cgroupPrefix + "bin-"
-	if old, err := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*")); err == nil {
-		for _, d := range old {
-			pid, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), prefix), "-")
-			if n, err := strconv.Atoi(pid); err == nil && syscall.Kill(n, 0) == syscall.ESRCH {
-				_ = os.RemoveAll(d)
-			}
-		}
-	}
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", binDirPrefix, os.Getpid()))
 	if err == nil {
 		err = os.Chmod(dir, 0o711)
 	}
