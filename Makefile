@@ -52,7 +52,7 @@ proto: protoc-gen ## Regenerate the gRPC code under proto/pal/v1 from run.proto 
 # comments cite by section.
 .PHONY: verify
 verify: protoc-gen ## Check that make proto and go mod tidy leave no diff, and that every §N cited is a heading of docs/architecture.md
-	@bad=$$(git grep -noE '§([0-9]+(\.[0-9]+)*|[a-z][a-z_-]*)' | \
+	@bad=$$(git grep -InoE '§([0-9]+(\.[0-9]+)*|[a-z][a-z_-]*)' | \
 	  awk -F: 'NR == FNR { head[$$0]; next } !($$3 in head) { print $$1 ":" $$2 ": " $$3 " is no heading of docs/architecture.md" }' \
 	    <(grep -oE '^#+ §[0-9]+(\.[0-9]+)*' docs/architecture.md | cut -d' ' -f2) -); \
 	  test -z "$$bad" || { echo "$$bad"; exit 1; }
