@@ -1,6 +1,7 @@
 package eventstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -119,7 +120,7 @@ func (s *Store) DeployWorkflow(ctx context.Context, name string, def json.RawMes
 	}
 	sum := sha256.Sum256(def)
 	d := DeployedWorkflow{Deployed: event.Deployed{Name: name, SHA256: hex.EncodeToString(sum[:])}, By: by, Definition: def}
-	value, err := json.Marshal(versionValue{SHA256: d.SHA256, By: by, Workflow: def})
+	value, err := marshalExact(versionValue{SHA256: d.SHA256, By: by, Workflow: def})
 	if err != nil {
 		return DeployedWorkflow{}, false, fmt.Errorf("deploying workflow %s: %w", name, err)
 	}
@@ -170,6 +171,19 @@ func (s *Store) DeployWorkflow(ctx context.Context, name string, def json.RawMes
 		d.Version = next
 		return d, true, nil
 	}
+}
+
+// marshalExact is json.Marshal without HTML escaping, so the definition
+// is stored byte for byte ('<' in a prompt stays '<') and keeps its
+// sha256.
+func marshalExact(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // pointWorkflow moves name's latest key from revision rev (0: there is

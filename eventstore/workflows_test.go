@@ -72,13 +72,24 @@ func TestDeployWorkflowVersions(t *testing.T) {
 	}
 	require.Equal(t, []uint64{3, 2, 1}, nums)
 
+	// Stored byte for byte: no HTML escaping changes a prompt, or the
+	// sha256.
+	html := json.RawMessage(`{"name":"html","nodes":[{"id":"start","type":"trigger","data":{"p":"<b>&amp;</b>"}}]}`)
+	_, _, err = b.store.DeployWorkflow(ctx, "html", html, "ci")
+	require.NoError(t, err)
+	got, err := b.store.DeployedWorkflow(ctx, "html", 1)
+	require.NoError(t, err)
+	require.Equal(t, string(html), string(got.Definition))
+	require.Equal(t, sum(html), got.SHA256)
+
 	_, _, err = b.store.DeployWorkflow(ctx, "alpha", def("alpha", 1), "ops")
 	require.NoError(t, err)
 	list, err := b.store.DeployedWorkflows(ctx)
 	require.NoError(t, err)
-	require.Len(t, list, 2)
+	require.Len(t, list, 3)
 	require.Equal(t, event.Deployed{Name: "alpha", Version: 1, SHA256: sum(def("alpha", 1))}, list[0].Deployed)
-	require.Equal(t, event.Deployed{Name: "triage", Version: 3, SHA256: sum(def("triage", 1))}, list[1].Deployed)
+	require.Equal(t, "html", list[1].Name)
+	require.Equal(t, event.Deployed{Name: "triage", Version: 3, SHA256: sum(def("triage", 1))}, list[2].Deployed)
 	require.Equal(t, "ops", list[0].By)
 }
 
