@@ -460,7 +460,10 @@ func TestClientAllowed(t *testing.T) {
 		require.True(t, strings.HasPrefix(e.Key(), "w."), "lease %s before the run started", e.Key())
 	}
 
-	cmd := fmt.Sprintf(`{"workflow":%s,"input":{},"idempotency_key":"roles-1"}`, slowWF)
+	// The client starts a deployed workflow (the worker role deploys it).
+	_, err = b.runs.Deploy(ctx, runs.DeployCommand{Workflow: json.RawMessage(slowWF), Rights: runs.AllRights})
+	require.NoError(t, err)
+	cmd := `{"workflow":"slow","input":{},"idempotency_key":"roles-1"}`
 	_, err = b.cjs.Publish(ctx, eventstore.CommandPrefix+"start", []byte(cmd))
 	require.NoError(t, err)
 	runID := runs.RunIDForKey("roles-1")
