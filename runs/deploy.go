@@ -62,7 +62,7 @@ func (r DeployResult) Ref() string { return r.Name + "@" + strconv.FormatUint(r.
 // cmd.Name); *workflow.ValidationError; ErrPayloadTooLarge.
 func (c *Client) Deploy(ctx context.Context, cmd DeployCommand) (_ DeployResult, err error) {
 	defer observeRefusal(CmdDeploy, &err)
-	if err := need(cmd.Rights, RightDeploy, "workflow", "deploying a workflow"); err != nil {
+	if err := need(cmd.Rights, RightDeploy, "workflow", whatDeploy); err != nil {
 		return DeployResult{}, err
 	}
 	raw := bytes.TrimSpace(cmd.Workflow)

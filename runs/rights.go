@@ -74,15 +74,15 @@ type ForbiddenError struct {
 }
 
 func (e *ForbiddenError) Error() string {
-	return fmt.Sprintf("%s needs the right to %s (scope %s), which the caller lacks; %s", e.What, e.Need, e.Need, e.hint())
+	msg := fmt.Sprintf("%s needs the right to %s (scope %s), which the caller lacks", e.What, e.Need, e.Need)
+	if e.Need == RightDeploy && e.Field != "" && e.What != whatDeploy {
+		msg += "; a caller that may deploy deploys it (PUT /v1/workflows/{name}, pal workflow deploy), then this one starts it by name"
+	}
+	return msg
 }
 
-func (e *ForbiddenError) hint() string {
-	if e.Need == RightDeploy {
-		return "deploy the workflow first (PUT /v1/workflows/{name}, pal workflow deploy) and start it by name"
-	}
-	return "ask for a token or credentials that may start runs"
-}
+// whatDeploy is what a deploy is called in its refusal.
+const whatDeploy = "deploying a workflow"
 
 // Is makes errors.Is(err, ErrForbidden) hold.
 func (e *ForbiddenError) Is(target error) bool { return target == ErrForbidden }
