@@ -24,8 +24,9 @@ const (
 	// removed (§13.1); its rows still read.
 	codeJournalRemoved = "journal_removed"
 	// codeForbidden: what the request's token may not do
-	// (*forbiddenError, or a route's scope it lacks).
-	codeForbidden = "forbidden"
+	// (*forbiddenError, a route's scope it lacks, or runs'
+	// *ForbiddenError).
+	codeForbidden = runs.CodeForbidden
 )
 
 // transportCode is how one answer code goes out on each transport.

@@ -26,17 +26,21 @@ const (
 	ScopeApprove                    // a run's inputs: approve, budget, signals
 	ScopeCancel                     // cancel
 	ScopeAdmin                      // all of the above, and speaking for others
+	// ScopeDeploy deploys workflows: PUT /v1/workflows/{name}, and a
+	// start or fork that brings its own definition (deployed first). With
+	// start alone a token starts deployed workflows only.
+	ScopeDeploy
 
 	// DefaultScopes is what a token written without scopes gets: every
 	// route, as before scopes existed, but it acts only as itself.
-	DefaultScopes = ScopeRead | ScopeStart | ScopeApprove | ScopeCancel
+	DefaultScopes = ScopeRead | ScopeStart | ScopeApprove | ScopeCancel | ScopeDeploy
 )
 
 // scopeNames lists the scopes in the order they are written.
 var scopeNames = []struct {
 	s    Scopes
 	name string
-}{{ScopeRead, "read"}, {ScopeStart, "start"}, {ScopeApprove, "approve"}, {ScopeCancel, "cancel"}, {ScopeAdmin, "admin"}}
+}{{ScopeRead, "read"}, {ScopeStart, "start"}, {ScopeApprove, "approve"}, {ScopeCancel, "cancel"}, {ScopeDeploy, "deploy"}, {ScopeAdmin, "admin"}}
 
 // Has reports whether ss grants s; admin grants everything.
 func (ss Scopes) Has(s Scopes) bool { return ss&ScopeAdmin != 0 || ss&s == s }
@@ -129,7 +133,7 @@ func ParseTokens(s string) ([]Token, error) {
 // parseScopes reads "read+start". An unknown word is named by position
 // only: it may be the tail of a token that contains ':'.
 func parseScopes(list string) (Scopes, error) {
-	const want = "read, start, approve, cancel or admin, joined by '+'"
+	const want = "read, start, approve, cancel, deploy or admin, joined by '+'"
 	if strings.TrimSpace(list) == "" {
 		return 0, fmt.Errorf("no scopes after ':' (want %s; leave out the ':' for the default scopes)", want)
 	}

@@ -59,7 +59,7 @@ func TestBigOutputSurvivesKill9(t *testing.T) {
 	runID := event.NewRunID()
 	hold := b.LLM.Hold(providertest.ByKey(event.IdempotencyKey(runID, "next", 1)))
 	w1 := worker("w1")
-	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(bigWF), Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -202,6 +202,7 @@ func (h *handler) secure(r *http.Request) bool {
 func (h *handler) browserRoutes(root *http.ServeMux) {
 	root.HandleFunc("GET /{$}", h.page("index.html", false))
 	root.HandleFunc("GET /runs/{id}", h.page("run.html", true))
+	root.HandleFunc("GET /workflows", h.page("workflows.html", false))
 	root.HandleFunc("GET /login", h.loginForm)
 	root.HandleFunc("POST /login", h.login)
 	root.HandleFunc("POST /logout", h.logout)

@@ -535,3 +535,33 @@ func BenchmarkWaterfall1000(b *testing.B) {
 		b.Fatalf("%d bars drawn, want 1001", bars)
 	}
 }
+
+// TestBrowserWorkflows: the runs list links to the deployed workflows,
+// each at its latest version; a workflow opens its versions, and each
+// version its definition, written as text.
+func TestBrowserWorkflows(t *testing.T) {
+	b := setup(t)
+	hostile := `{"name":"triage","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo","input":{"note":"<img src=x onerror=alert(1)>"}}}],"edges":[{"from":"start","to":"a"}]}`
+	b.Deploy(t, triage(1))
+	require.Equal(t, uint64(2), b.Deploy(t, hostile).Version)
+	b.Deploy(t, echoWorkflow)
+
+	br := newBrowser(t)
+	br.loginAt(b, "/", testToken)
+	br.do(chromedp.Click(chromedp.CSS("#nav-workflows")))
+	br.waitJS("the workflows", `location.pathname === "/workflows" && document.querySelectorAll('#workflows tr.workflow').length === 2`)
+	require.Equal(t, []string{"echo", "triage"}, eval[[]string](br, `[...document.querySelectorAll('#workflows tr.workflow')].map(r => r.dataset.name)`))
+	require.Equal(t, "2", eval[string](br, `document.querySelector('tr[data-name="triage"] .latest').textContent`))
+	br.screenshot(t, "workflows")
+
+	br.do(chromedp.Click(chromedp.CSS(`tr[data-name="triage"] a`)))
+	br.waitJS("triage's versions", `document.querySelectorAll('#versions tr.version').length === 2`)
+	require.Equal(t, []string{"2", "1"}, eval[[]string](br, `[...document.querySelectorAll('#versions tr.version')].map(r => r.dataset.version)`))
+	require.Contains(t, eval[string](br, `document.querySelector('#definition').textContent`), "<img src=x onerror=alert(1)>",
+		"the latest definition, as text")
+	require.False(t, eval[bool](br, `!!document.querySelector('#definition img')`), "no markup from a definition")
+	br.do(chromedp.Click(chromedp.CSS(`tr.version[data-version="1"] a`)))
+	br.waitJS("version 1's definition", `document.querySelector('#definition').textContent.includes('"prompt": "go?"')`)
+	require.Contains(t, eval[string](br, `document.querySelector('#definition-title').textContent`), "triage@1")
+	br.screenshot(t, "workflow-versions")
+}

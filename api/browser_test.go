@@ -95,6 +95,9 @@ func TestBrowserSessionLoginAndCSRF(t *testing.T) {
 	status, loc, _ = b.page(t, "/runs/r1", nil)
 	require.Equal(t, http.StatusSeeOther, status)
 	require.Equal(t, "/login?next=%2Fruns%2Fr1", loc)
+	status, loc, _ = b.page(t, "/workflows", nil)
+	require.Equal(t, http.StatusSeeOther, status)
+	require.Equal(t, "/login?next=%2Fworkflows", loc)
 	status, body, _ := b.page(t, "/login?next=/runs/r1", nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, `name="next" value="/runs/r1"`)
@@ -118,7 +121,11 @@ func TestBrowserSessionLoginAndCSRF(t *testing.T) {
 	status, body, csrf := b.page(t, "/", c)
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, `signed in as <b id="user">ci</b>`)
+	require.Contains(t, body, `<a href="/workflows" id="nav-workflows">`, "the runs list links to the workflows")
 	require.NotEmpty(t, csrf)
+	status, body, _ = b.page(t, "/workflows", c)
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, body, `<script src="/ui/workflows.js" defer></script>`)
 
 	// The cookie stands for the token on /v1, reads and event streams too.
 	id := b.Start(t, echoWorkflow, `{"x":1}`)

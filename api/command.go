@@ -183,15 +183,16 @@ type ResumeAnswer struct {
 }
 
 // POST /v1/runs: the header Idempotency-Key may stand in for the body's
-// idempotency_key; the token's name starts the run.
+// idempotency_key; the token's name starts the run, and its scopes say
+// whether it may bring a definition (deploy) or only name a deployed one.
 var startRoute = commandRoute(bodyRequired, func(ctx context.Context, h *handler, r *http.Request, c *runs.StartCommand) (answer, error) {
 	if c.IdempotencyKey == "" {
 		c.IdempotencyKey = strings.TrimSpace(r.Header.Get("Idempotency-Key"))
 	}
-	c.By = identity(ctx)
+	c.By, c.Rights = identity(ctx), rightsOf(ctx)
 	res, err := h.client.Start(ctx, *c)
 	if err != nil && res.RunID == "" {
-		return answer{}, err
+		return answer{}, asToken(ctx, err)
 	}
 	if err != nil {
 		// Created but not queued: the recovery sweep queues it.
@@ -268,16 +269,16 @@ var resumeRoute = commandRoute(bodyOptional, func(ctx context.Context, h *handle
 
 // POST /v1/runs/{id}/fork: the token's name forks.
 var forkRoute = commandRoute(bodyRequired, func(ctx context.Context, h *handler, r *http.Request, c *runs.ForkCommand) (answer, error) {
-	c.By = identity(ctx)
+	c.By, c.Rights = identity(ctx), rightsOf(ctx)
 	res, err := h.client.Fork(ctx, *c)
-	return h.forked(res, err)
+	return h.forked(res, asToken(ctx, err))
 })
 
 // POST /v1/runs/{id}/retry, body optional: the token's name retries.
 var retryRoute = commandRoute(bodyOptional, func(ctx context.Context, h *handler, r *http.Request, c *runs.RetryCommand) (answer, error) {
-	c.By = identity(ctx)
+	c.By, c.Rights = identity(ctx), rightsOf(ctx)
 	res, err := h.client.Retry(ctx, *c)
-	return h.forked(res, err)
+	return h.forked(res, asToken(ctx, err))
 })
 
 // forked answers a fork or retry: 201 with the new run's Location and

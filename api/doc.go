@@ -1,5 +1,6 @@
 // Package api is how users drive PAL besides the durable commands: the
-// NATS micro service "pal" (pal.api.runs.*, StartService) and the REST API
+// NATS micro service "pal" (pal.api.runs.* and pal.api.workflows.*,
+// StartService) and the REST API
 // with server-sent events (NewHandler, served by Server; pal server and
 // pal dev run both).
 //
@@ -15,6 +16,9 @@
 //	GET  /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI
 //	GET  /v1/runs/{id}/receipt         read     the run's signed receipt (PAL_RECEIPTS)
 //	GET  /v1/keys                      read     the receipt signing public keys
+//	PUT  /v1/workflows/{name}          deploy   deploy a workflow: 201 a new version, 200 unchanged
+//	GET  /v1/workflows                 read     the deployed workflows, each at its latest version
+//	GET  /v1/workflows/{name}          read     a deployed workflow (?version=N) and its versions
 //	POST /v1/runs/{id}/approve         approve  decide an approval step
 //	POST /v1/runs/{id}/budget          approve  raise a run's budget
 //	POST /v1/runs/{id}/signals/{name}  approve  send a signal; the body is its payload
@@ -50,6 +54,13 @@
 //     body is read. The NATS service and the durable commands have no
 //     tokens: there the command's own approver and by are journaled, and
 //     NATS permissions decide who may send one.
+//   - What a caller may run is checked in runs, on the rights the
+//     transport sets on the command: REST's from the token's scopes
+//     start and deploy (rightsOf), the NATS service's runs.NATSRights
+//     (deployed workflows only; pal.api.workflows.deploy, which only the
+//     deploying NATS roles may request, deploys). A token with start
+//     alone starts deployed workflows; a definition in a start or fork
+//     gets 403 naming scope deploy.
 //   - An event stream sends each event of the run once, in seq order, from
 //     after Last-Event-ID (or ?after=), and ends after the terminal event.
 //     All streams of one run share one journal watch (one consumer on

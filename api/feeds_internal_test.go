@@ -27,7 +27,7 @@ func TestFeeds(t *testing.T) {
 	js, store := pal.JS, pal.Store
 	ctx := context.Background()
 	const runID = "run_feed"
-	_, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID,
+	_, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
 	head, err := store.LastHead(ctx, runID)
@@ -108,7 +108,7 @@ func TestFeeds(t *testing.T) {
 
 	// The last subscriber to leave stops the feed.
 	other := "run_feed2"
-	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: other,
+	_, err = runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: other,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
 	_, leave1, err := f.subscribe(ctx, other)

@@ -175,7 +175,7 @@ func (b *bundle) journalState(t testing.TB) journalState {
 	t.Helper()
 	s := journalState{Journal: testenv.ReadJournal(t, b.NC), Streams: map[string]uint64{}}
 	ctx := context.Background()
-	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream} {
+	for _, name := range []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, eventstore.WorkflowStream} {
 		st, err := b.JS.Stream(ctx, name)
 		require.NoError(t, err)
 		info, err := st.Info(ctx)

@@ -39,8 +39,11 @@ func hostileWorkflows() map[string]string {
 }
 
 // TestHostileWorkflowsAreRefusedOnEveryPath sends each hostile workflow
-// through REST, the NATS service and the durable command path: each is
-// refused as bad input, nothing is written, and PAL keeps serving.
+// through every path that takes a definition: REST's start and deploy and
+// the NATS service's deploy refuse it as bad input; the NATS start and
+// durable start paths refuse any definition (forbidden: NATS callers
+// start deployed workflows only) before parsing it. Nothing is written
+// or deployed, and PAL keeps serving.
 func TestHostileWorkflowsAreRefusedOnEveryPath(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -68,9 +71,15 @@ func TestHostileWorkflowsAreRefusedOnEveryPath(t *testing.T) {
 		m := requireError(t, r, http.StatusBadRequest, "bad_input")
 		require.Contains(t, m["detail"], "workflow", name)
 
-		msg, err := b.NC.Request("pal.api.runs.start", []byte(body), 10*time.Second)
+		r = b.do(t, http.MethodPut, "/v1/workflows/bomb", strings.NewReader(wf), "Authorization", "Bearer "+testToken)
+		requireError(t, r, http.StatusBadRequest, "bad_input")
+
+		msg, err := b.NC.Request(eventstore.WorkflowDeploySubject, []byte(wf), 10*time.Second)
 		require.NoError(t, err, name)
 		require.Equal(t, "400", msg.Header.Get("Nats-Service-Error-Code"), "%s: %s", name, msg.Data)
+		msg, err = b.NC.Request("pal.api.runs.start", []byte(body), 10*time.Second)
+		require.NoError(t, err, name)
+		require.Equal(t, "403", msg.Header.Get("Nats-Service-Error-Code"), "%s: %s", name, msg.Data)
 
 		_, err = b.JS.Publish(t.Context(), "pal.cmd.runs.start", []byte(body))
 		require.NoError(t, err, name)
@@ -78,13 +87,14 @@ func TestHostileWorkflowsAreRefusedOnEveryPath(t *testing.T) {
 		case m := <-rejected:
 			var rej runs.Rejection
 			require.NoError(t, json.Unmarshal(m.Data, &rej))
-			require.Equal(t, runs.CodeBadInput, rej.Code, "%s: %s", name, rej.Error)
+			require.Equal(t, runs.CodeForbidden, rej.Code, "%s: %s", name, rej.Error)
 		case <-time.After(30 * time.Second):
 			t.Fatalf("%s: no rejection on the command path", name)
 		}
 	}
 	after := b.journalState(t)
 	require.Equal(t, before.Journal, after.Journal, "nothing was written to the journal")
+	require.Equal(t, before.Streams[eventstore.WorkflowStream], after.Streams[eventstore.WorkflowStream], "nothing was deployed")
 	// Still serving.
 	r := b.post(t, "/v1/runs", `{"workflow":`+seqWorkflow(1)+`}`, "Authorization", "Bearer "+testToken)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)

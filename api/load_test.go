@@ -67,7 +67,7 @@ func runLoad(tb testing.TB, cfg loadConfig) loadResult {
 		id := fmt.Sprintf("t%d", i)
 		return id, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo"}}`, id)
 	})
-	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(tb, err)
 	total := 2*cfg.steps + 3
 

@@ -30,9 +30,9 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // no worker: nothing moves but what the requests write
 	ctx := context.Background()
-	queued, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
+	queued, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: "run_queued", Workflow: json.RawMessage(seqWorkflow(2))})
 	require.NoError(t, err)
-	_, err = runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: "run_done", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 	require.NoError(t, runs.New(b.Store, runs.WithConn(nil)).Cancel(ctx, runs.CancelCommand{RunID: "run_done", Reason: "setup"}))
 
@@ -52,7 +52,9 @@ func TestBadInput(t *testing.T) {
 		{name: "unknown field", method: "POST", path: "/v1/runs", body: `{"workflow":` + wf + `,"bogus":1}`, status: 400, code: "bad_input", field: "bogus", detail: "unknown field"},
 		{name: "reply_to is not for REST", method: "POST", path: "/v1/runs", body: `{"workflow":` + wf + `,"reply_to":"x"}`, status: 400, code: "bad_input", field: "reply_to"},
 		{name: "wrong type run_id", method: "POST", path: "/v1/runs", body: `{"workflow":` + wf + `,"run_id":42}`, status: 400, code: "bad_input", field: "run_id", detail: "wrong type"},
-		{name: "wrong type workflow", method: "POST", path: "/v1/runs", body: `{"workflow":"hello"}`, status: 400, code: "bad_input", field: "workflow"},
+		{name: "wrong type workflow", method: "POST", path: "/v1/runs", body: `{"workflow":42}`, status: 400, code: "bad_input", field: "workflow"},
+		{name: "workflow not deployed", method: "POST", path: "/v1/runs", body: `{"workflow":"hello"}`, status: 404, code: "not_found", detail: "workflow hello: workflow not deployed"},
+		{name: "bad workflow version", method: "POST", path: "/v1/runs", body: `{"workflow":"hello@x"}`, status: 400, code: "bad_input", field: "workflow"},
 		{name: "missing workflow", method: "POST", path: "/v1/runs", body: `{"input":{}}`, status: 400, code: "bad_input", field: "workflow", detail: "required"},
 		{name: "invalid workflow", method: "POST", path: "/v1/runs", body: `{"workflow":{"name":"x","nodes":[{"id":"a","type":"teleport"}],"edges":[]}}`, status: 400, code: "bad_input", field: "workflow"},
 		{name: "oversized body", method: "POST", path: "/v1/runs", body: big, status: 413, code: "too_large"},
@@ -197,7 +199,7 @@ func TestAuth(t *testing.T) {
 	tokens, err := api.ParseTokens("ci=" + testToken + ", second-token-abc")
 	require.NoError(t, err)
 	b := setup(t, withTokens(tokens, false))
-	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 
 	for _, h := range []string{"", "Bearer", "Bearer ", "Basic " + testToken, "Bearer " + testToken[:len(testToken)-1],
@@ -224,7 +226,7 @@ func TestAuth(t *testing.T) {
 	// there is no identity to hold a body to: it names the canceller.
 	open := setup(t, withTokens(nil, true))
 	requireError(t, open.get(t, "/v1/runs/run_a", "Authorization", ""), 404, "not_found")
-	_, err = runs.New(open.Store).Start(context.Background(), runs.StartCommand{RunID: "run_o", Workflow: json.RawMessage(echoWorkflow)})
+	_, err = runs.New(open.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: "run_o", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 	res = open.post(t, "/v1/runs/run_o/cancel", `{"by":"ops"}`, "Authorization", "")
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)

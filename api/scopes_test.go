@@ -25,6 +25,7 @@ func TestParseTokenScopes(t *testing.T) {
 		"ci=tok:read+start":            {{Name: "ci", Secret: "tok", Scopes: api.ScopeRead | api.ScopeStart}},
 		"ci=tok:admin":                 {{Name: "ci", Secret: "tok", Scopes: api.ScopeAdmin}},
 		"tok:approve+cancel":           {{Name: "api", Secret: "tok", Scopes: api.ScopeApprove | api.ScopeCancel}},
+		"ci=tok:start+deploy":          {{Name: "ci", Secret: "tok", Scopes: api.ScopeStart | api.ScopeDeploy}},
 		"ci=a:b:read":                  {{Name: "ci", Secret: "a:b", Scopes: api.ScopeRead}},
 		"ci=t=x:admin+read":            {{Name: "ci", Secret: "t=x", Scopes: api.ScopeAdmin | api.ScopeRead}},
 		" ci = tok : read + start ":    {{Name: "ci", Secret: "tok", Scopes: api.ScopeRead | api.ScopeStart}},
@@ -38,14 +39,15 @@ func TestParseTokenScopes(t *testing.T) {
 		require.NoError(t, err, in)
 		require.Equal(t, got, again, in)
 	}
-	require.Equal(t, "dev=a:b:read+start+approve+cancel", api.Token{Name: "dev", Secret: "a:b"}.Entry())
+	require.Equal(t, "dev=a:b:read+start+approve+cancel+deploy", api.Token{Name: "dev", Secret: "a:b"}.Entry())
+	require.True(t, api.DefaultScopes.Has(api.ScopeDeploy), "a token without scopes deploys, as before scopes")
 	require.True(t, api.ScopeAdmin.Has(api.ScopeCancel), "admin implies every scope")
 	require.False(t, api.DefaultScopes.Has(api.ScopeAdmin))
 
 	for _, tc := range []struct{ in, want string }{
 		{"ci=s3cr3t:", "token 1 (ci): no scopes after ':'"},
 		{"ci=s3cr3t: ", "no scopes after ':'"},
-		{"ci=s3cr3t:+", "scope 1 of 2 after the last ':' is not one of read, start, approve, cancel or admin"},
+		{"ci=s3cr3t:+", "scope 1 of 2 after the last ':' is not one of read, start, approve, cancel, deploy or admin"},
 		{"ci=s3cr3t:read+", "scope 2 of 2"},
 		{"ci=s3cr3t:raed", "scope 1 of 1"},
 		{"ci=s3cr3t:READ", "scope 1 of 1"},
@@ -67,14 +69,14 @@ func TestParseTokenScopes(t *testing.T) {
 // the 403, then one with the route's scope and checks it gets past.
 func TestScopes(t *testing.T) {
 	t.Parallel()
-	scoped := map[string]api.Scopes{"r": api.ScopeRead, "s": api.ScopeStart, "ap": api.ScopeApprove, "c": api.ScopeCancel}
+	scoped := map[string]api.Scopes{"r": api.ScopeRead, "s": api.ScopeStart, "ap": api.ScopeApprove, "c": api.ScopeCancel, "d": api.ScopeDeploy}
 	var tokens []api.Token
 	for name, s := range scoped {
 		tokens = append(tokens, api.Token{Name: name, Secret: "tok-" + name, Scopes: s})
 	}
 	tokens = append(tokens, api.Token{Name: "lead", Secret: adminToken, Scopes: api.ScopeAdmin})
 	b := setup(t, withTokens(tokens, false)) // no worker: nothing moves
-	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
+	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: "run_a", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 
 	// Past the scope check each request is refused for another reason (or
@@ -90,12 +92,15 @@ func TestScopes(t *testing.T) {
 		{"GET", "/v1/runs/run_nope/events", "", "read", 404},
 		{"POST", "/v1/runs/run_a/approve", `{"step_id":"nope","decision":"approve"}`, "approve", 409},
 		{"POST", "/v1/runs/run_nope/cancel", "", "cancel", 404},
+		{"PUT", "/v1/workflows/nope", `{}`, "deploy", 400},
+		{"GET", "/v1/workflows", "", "read", 200},
+		{"GET", "/v1/workflows/nope", "", "read", 404},
 	}
 	before := b.journalState(t)
 	for _, rt := range routes {
 		for name := range scoped {
 			res := b.do(t, rt.method, rt.path, strings.NewReader(rt.body), bearerOf("tok-"+name)...)
-			if map[string]string{"r": "read", "s": "start", "ap": "approve", "c": "cancel"}[name] == rt.scope {
+			if map[string]string{"r": "read", "s": "start", "ap": "approve", "c": "cancel", "d": "deploy"}[name] == rt.scope {
 				require.Equal(t, rt.past, res.status, "%s %s as %s: %s", rt.method, rt.path, name, res.body)
 				continue
 			}

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -42,7 +44,9 @@ type getRequest struct {
 
 // StartService registers the NATS micro service "pal" with the endpoints
 // pal.api.runs.start, .get, .approve, .cancel, .budget, .signal, .resume,
-// .fork and .retry on nc. Each takes a JSON
+// .fork and .retry, and pal.api.workflows.deploy, .get and .list, on nc.
+// A pal.api.runs request acts with runs.NATSRights: it starts deployed
+// workflows only. Each takes a JSON
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
@@ -62,7 +66,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ServiceVersion,
-		Description: "PAL: start, read, approve, cancel, budget, signal, resume, fork and retry durable AI-agent runs",
+		Description: "PAL: start, read, approve, cancel, budget, signal, resume, fork and retry durable AI-agent runs; deploy and read workflows",
 	})
 	if err != nil {
 		return nil, err
@@ -76,7 +80,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api")
+			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api", runs.NATSRights)
 			if err != nil {
 				respondError(req, err, log)
 				return
@@ -116,8 +120,75 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			return nil, err
 		}
 	}
+	if err := addWorkflowEndpoints(ctx, svc, client, log); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
 	return svc, nil
 }
+
+// workflowGetRequest is the body of pal.api.workflows.get.
+type workflowGetRequest struct {
+	Name    string `json:"name"`
+	Version uint64 `json:"version,omitempty"`
+}
+
+// addWorkflowEndpoints adds the group pal.api.workflows: deploy (the body
+// is the workflow; answers {name, version, sha256}), get ({"name",
+// "version"?}: the version, its definition and the versions) and list
+// (body empty or {}). Who may request deploy is NATS's to say: only the
+// roles that may deploy (eventstore/natsauth denies the client role
+// eventstore.WorkflowDeploySubject), so its callers get RightDeploy.
+func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.Client, log *slog.Logger) error {
+	serve := func(f func(ctx context.Context, body []byte) (any, error)) micro.Handler {
+		return micro.HandlerFunc(func(req micro.Request) {
+			if !replyAllowed(client, req, log) {
+				return
+			}
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			ans, err := f(rctx, req.Data())
+			if err != nil {
+				respondError(req, err, log)
+				return
+			}
+			_ = req.RespondJSON(ans)
+		})
+	}
+	deploy := serve(func(ctx context.Context, body []byte) (any, error) {
+		if len(body) > runs.MaxCommandBytes {
+			return nil, &runs.InputError{Msg: fmt.Sprintf("body is %d bytes; the limit is %d", len(body), runs.MaxCommandBytes)}
+		}
+		return client.Deploy(ctx, runs.DeployCommand{Workflow: body, By: "pal.api", Rights: runs.RightDeploy})
+	})
+	get := serve(func(ctx context.Context, body []byte) (any, error) {
+		var r workflowGetRequest
+		if err := runs.DecodeStrict(body, &r); err != nil {
+			return nil, err
+		}
+		return client.Workflow(ctx, runs.WorkflowRef{Name: r.Name, Version: r.Version})
+	})
+	list := serve(func(ctx context.Context, body []byte) (any, error) {
+		if b := bytes.TrimSpace(body); len(b) > 0 && string(b) != "{}" {
+			return nil, &runs.InputError{Msg: "pal.api.workflows.list takes no body (or {})"}
+		}
+		return client.Workflows(ctx)
+	})
+	g := svc.AddGroup(workflowGroup)
+	for _, ep := range []struct {
+		name string
+		h    micro.Handler
+	}{{"deploy", deploy}, {"get", get}, {"list", list}} {
+		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// workflowGroup is the NATS service's group of the workflow registry;
+// its deploy endpoint is eventstore.WorkflowDeploySubject.
+const workflowGroup = "pal.api.workflows"
 
 // replyAllowed refuses a request whose reply subject is not one PAL may
 // publish on (runs.Client.CheckReply): it is not answered, and the refusal

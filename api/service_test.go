@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/api"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/runs"
 )
@@ -36,7 +37,8 @@ func TestNATSService(t *testing.T) {
 		subjects = append(subjects, ep.Subject)
 	}
 	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget",
-		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry"}, subjects)
+		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry",
+		eventstore.WorkflowDeploySubject, "pal.api.workflows.get", "pal.api.workflows.list"}, subjects)
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()
@@ -47,12 +49,29 @@ func TestNATSService(t *testing.T) {
 		return out, m
 	}
 	wf := `{"name":"one","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`
-	out, m := req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
+	// A start over NATS names a deployed workflow; pal.api.workflows.deploy
+	// (which only the deploying roles may request) deploys it.
+	out, m := req(eventstore.WorkflowDeploySubject, wf)
+	require.Empty(t, m.Header.Get(micro.ErrorHeader), out)
+	require.Equal(t, map[string]any{"name": "one", "version": float64(1), "sha256": out["sha256"]}, out)
+	out, _ = req("pal.api.workflows.get", `{"name":"one"}`)
+	got, err := json.Marshal(out["workflow"])
+	require.NoError(t, err)
+	require.JSONEq(t, wf, string(got))
+	require.Equal(t, float64(1), out["latest"])
+	out, _ = req("pal.api.workflows.list", ``)
+	require.Len(t, out["workflows"], 1)
+	out, m = req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1}}`, wf))
+	require.Equal(t, "forbidden", out["code"], "an inline definition over NATS")
+	require.Equal(t, "workflow", out["field"])
+	require.Contains(t, out["error"], "scope deploy")
+	require.Equal(t, "403", m.Header.Get(micro.ErrorCodeHeader))
+	out, m = req("pal.api.runs.start", `{"workflow":"one@1","input":{"x":1},"idempotency_key":"k1"}`)
 	require.Empty(t, m.Header.Get(micro.ErrorHeader))
 	runID, _ := out["run_id"].(string)
 	require.Equal(t, runs.RunIDForKey("k1"), runID)
 	require.Equal(t, true, out["created"])
-	out, _ = req("pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"input":{"x":1},"idempotency_key":"k1"}`, wf))
+	out, _ = req("pal.api.runs.start", `{"workflow":"one","input":{"x":1},"idempotency_key":"k1"}`)
 	require.Equal(t, runID, out["run_id"])
 	require.Equal(t, false, out["created"], "the same key creates one run")
 
@@ -68,7 +87,12 @@ func TestNATSService(t *testing.T) {
 		{"pal.api.runs.cancel", `{"run_id":"missing"}`, "not_found", "404"},
 		{"pal.api.runs.budget", fmt.Sprintf(`{"run_id":%q,"add_usd":1}`, runID), "bad_input", "400"}, // it has no budget
 		{"pal.api.runs.budget", `{"run_id":"missing","add_usd":1}`, "not_found", "404"},
-		{"pal.api.runs.start", fmt.Sprintf(`{"workflow":%s,"budget":{"maxCostUsd":-1}}`, wf), "bad_input", "400"},
+		{"pal.api.runs.start", `{"workflow":"one","budget":{"maxCostUsd":-1}}`, "bad_input", "400"},
+		{"pal.api.runs.start", `{"workflow":"two"}`, "not_found", "404"},
+		{"pal.api.workflows.get", `{"name":"one","version":2}`, "not_found", "404"},
+		{"pal.api.workflows.get", `{"name":"a.b"}`, "bad_input", "400"},
+		{"pal.api.workflows.list", `{"x":1}`, "bad_input", "400"},
+		{eventstore.WorkflowDeploySubject, `{"name":"bad name","nodes":[{"id":"start","type":"trigger"}]}`, "bad_input", "400"},
 	} {
 		out, m := req(tc.subject, tc.body)
 		require.Equal(t, tc.code, out["code"], tc.body)

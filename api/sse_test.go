@@ -92,7 +92,7 @@ func TestSSEReconnect(t *testing.T) {
 func TestSSEKeepAliveAndStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withKeepAlive(20*time.Millisecond)) // no worker: the run stays queued
-	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
+	_, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: "run_idle", Workflow: json.RawMessage(echoWorkflow)})
 	require.NoError(t, err)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()

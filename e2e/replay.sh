@@ -12,8 +12,11 @@
 #   nats kv watch PAL_LEASES
 #   nats micro ls
 #   nats req pal.api.runs.get '{"run_id":"<run_id>"}'
+#   nats req pal.api.workflows.list ''
+#   nats req pal.api.runs.start '{"workflow":"hello","input":{"text":"over NATS"}}'
 #
-# and checks the client role cannot write the journal (nats pub pal.events.…).
+# and checks the client role cannot write the journal (nats pub pal.events.…)
+# nor start an inline definition.
 #
 # Usage: PAL=bin/pal NATS=bin/nats bash e2e/replay.sh   (make e2e does this)
 set -euo pipefail
@@ -148,12 +151,26 @@ grep -q "\"last_seq\":$last_seq," "$work/req" || fail "nats req: last_seq is not
 nats req pal.api.runs.get '{"run_id":"pal.events.>"}' >"$work/bad" 2>&1 || true
 grep -q '"code":"bad_input"' "$work/bad" || { cat "$work/bad" >&2; fail "nats req with a subject-widening run id was not refused"; }
 
+# 6. The deployed workflows (pal run start --workflow deployed hello), and
+# a start by name; a definition is refused: NATS callers start deployed
+# workflows only.
+echo "e2e: nats req pal.api.workflows.list ''"
+nats req pal.api.workflows.list '' >"$work/wfs" 2>"$work/wfs.err" || { cat "$work/wfs.err" >&2; fail "nats req pal.api.workflows.list failed"; }
+grep -q '"name":"hello","version":1,' "$work/wfs" || { cat "$work/wfs" >&2; fail "nats req: hello@1 is not deployed"; }
+echo "e2e: nats req pal.api.runs.start '{\"workflow\":\"hello\",\"input\":{\"text\":\"over NATS\"}}'"
+nats req pal.api.runs.start '{"workflow":"hello","input":{"text":"over NATS"}}' >"$work/start" 2>"$work/start.err" ||
+	{ cat "$work/start.err" >&2; fail "nats req pal.api.runs.start failed"; }
+by_name=$(grep -oE '"run_id":"[A-Za-z0-9_-]+"' "$work/start" | cut -d'"' -f4) || { cat "$work/start" >&2; fail "nats req: no run started"; }
+"$PAL" run watch "$by_name" >/dev/null || fail "the run of hello started by name did not succeed"
+nats req pal.api.runs.start "{\"workflow\":$(cat "$root/examples/hello.json")}" >"$work/inline" 2>&1 || true
+grep -q '"code":"forbidden"' "$work/inline" || { cat "$work/inline" >&2; fail "an inline definition over NATS was not refused"; }
+
 # The client role was enough for all of it.
-if grep -il "permissions violation" "$work/sub" "$work/get" "$work/kv" "$work/micro" "$work/req" "$work/req.err"; then
+if grep -il "permissions violation" "$work/sub" "$work/get" "$work/kv" "$work/micro" "$work/req" "$work/req.err" "$work/wfs" "$work/start"; then
 	fail "a replay command hit a permissions violation"
 fi
 
-# 6. The client role cannot write the journal: the server refuses the
+# 7. The client role cannot write the journal: the server refuses the
 # publish and the run's journal is as it was.
 echo "e2e: nats pub pal.events.$run_id (refused)"
 nats pub "pal.events.$run_id" '{"forged":true}' >"$work/pub" 2>&1 || true

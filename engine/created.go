@@ -33,6 +33,10 @@ type Creation struct {
 	IdempotencyKey string
 	// ForkedFrom is set for a fork or a retry of another run.
 	ForkedFrom *event.ForkedFrom
+	// Deployed names the deployed workflow version Workflow is (nil for a
+	// plain-LLM run): journaled, so the run never changes under a
+	// redeploy, and what lets its steps resolve secrets.
+	Deployed *event.Deployed
 	// By is the writer of run_created (its worker_id).
 	By string
 }
@@ -51,7 +55,7 @@ func RunCreated(c Creation) (event.Event, error) {
 		return event.Event{}, err
 	}
 	return created(c.Workflow, event.RunCreatedData{Input: c.Input, TriggerMeta: c.TriggerMeta,
-		IdempotencyKey: c.IdempotencyKey, Budget: budget, ForkedFrom: c.ForkedFrom}, c.Anomalies, c.Prices, c.By)
+		IdempotencyKey: c.IdempotencyKey, Budget: budget, ForkedFrom: c.ForkedFrom, Deployed: c.Deployed}, c.Anomalies, c.Prices, c.By)
 }
 
 // ChildRunCreated is the run_created of the child run that subagent step
@@ -59,13 +63,14 @@ func RunCreated(c Creation) (event.Event, error) {
 // what its parent has left of its budget (ChildBudget); its anomaly rules
 // are the settings' (anomalies) under wf's own; its prices are its
 // parent's (the parent's workflow names every model of the child's), so
-// one run and its children are priced alike. It fails only when input is
-// not JSON.
+// one run and its children are priced alike. The subagent node is part of
+// the parent's deployed workflow, so the child carries the parent's
+// deployed reference. It fails only when input is not JSON.
 func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, input json.RawMessage,
 	anomalies map[string]event.AnomalyRule, by string, now time.Time) (event.Event, error) {
 	return created(wf, event.RunCreatedData{Input: input, ParentRunID: parent.RunID, ParentStepID: stepID,
 		Depth: parent.Created.Depth + 1, TriggerMeta: ChildTriggerMeta(parent, stepID),
-		Budget: ChildBudget(parent, wf, now)}, anomalies, parent.Prices(), by)
+		Budget: ChildBudget(parent, wf, now), Deployed: parent.Created.Deployed}, anomalies, parent.Prices(), by)
 }
 
 // created completes d with what every run_created carries of its

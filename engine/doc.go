@@ -53,8 +53,9 @@
 // journaled in it, so that no worker decides it again: the effective
 // budget, the anomaly rules, and the prices of the models the workflow
 // names (PricesFor: its loops' and subagents' models and confidence judges
-// included, from the creating process's table, provider.Prices). A child
-// journals its parent's prices. The builders write no index: both callers
+// included, from the creating process's table, provider.Prices), and the
+// deployed workflow version the run executes (Creation.Deployed). A child
+// journals its parent's prices and deployed reference. The builders write no index: both callers
 // put the new run in PAL_INFLIGHT before they append its run_created
 // (eventstore.MarkInflight), a child as a start, so every run is in the
 // index from before its run_created to its end.

@@ -32,6 +32,12 @@ type RunCreatedData struct {
 	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
 	// ForkedFrom is set on a run made by a fork or a retry of another.
 	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
+	// Deployed names the deployed workflow (PAL_WORKFLOWS) the run was
+	// started from: Workflow is that version's definition, so a redeploy
+	// never changes the run. A child run carries its parent's. Absent: a
+	// plain-LLM run, or a run created before workflows were deployed;
+	// such a run resolves no {{secrets.NAME}}.
+	Deployed *Deployed `json:"deployed,omitempty"`
 	// Prices are the prices of the models the run's workflow names (in
 	// its loops and subagents too): what its budget checks and the cost
 	// of its calls are priced with. Written on every new run, empty when

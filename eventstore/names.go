@@ -47,6 +47,10 @@ const (
 	// consumer takes.
 	WorkPinSubject = "pal.workpin"
 	CommandPrefix  = "pal.cmd.runs."
+	// WorkflowDeploySubject is the NATS service's deploy endpoint: the
+	// roles that may deploy (eventstore/natsauth) are the only ones that
+	// may request it, so its callers get the right to deploy.
+	WorkflowDeploySubject = "pal.api.workflows.deploy"
 
 	// leaseStream is the stream behind the lease bucket.
 	leaseStream  = "KV_" + LeaseBucket

@@ -180,6 +180,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", InflightBucket, err)
 	}
+	// Deployed workflows (workflows.go): a version is kept for good, as the
+	// runs that name it keep its definition in their journals anyway.
+	if _, err = js.CreateOrUpdateKeyValue(ctx, workflowSetup(cfg.Replicas)); err != nil {
+		return fmt.Errorf("setting up KV bucket %s: %w", WorkflowBucket, err)
+	}
 	// Big step values, by sha256 (blob.go): kept like the journal that
 	// names them.
 	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{

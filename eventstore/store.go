@@ -73,6 +73,8 @@ type Store struct {
 	blobCache     *blobCache
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
 	snaps lazy[jetstream.ObjectStore]
+	// workflows is PAL_WORKFLOWS (workflows.go), opened on first use.
+	workflows lazy[jetstream.KeyValue]
 	// group commits packed appends in atomic batches (group.go); nil
 	// without packing.
 	group *groupCommit

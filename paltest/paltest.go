@@ -139,6 +139,7 @@ type workerConfig struct {
 	egress      *egress.Policy
 	egressSet   bool
 	secrets     map[string]string
+	secretHosts map[string]string
 	smtpURL     string
 	sandbox     *sandbox.Runner
 }
@@ -174,6 +175,13 @@ func Secrets(m map[string]string) WorkerOption {
 	return func(c *workerConfig) { c.secrets = m }
 }
 
+// SecretHosts binds the worker's secrets to hosts, by name, each a
+// PAL_SECRET_<NAME>_HOSTS list (default: none, so a secret is sent
+// nowhere).
+func SecretHosts(m map[string]string) WorkerOption {
+	return func(c *workerConfig) { c.secretHosts = m }
+}
+
 // Sandbox sets what runs the worker's process steps (default: a sandbox
 // with no mounts, made at the first process step).
 func Sandbox(r *sandbox.Runner) WorkerOption { return func(c *workerConfig) { c.sandbox = r } }
@@ -195,8 +203,9 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	wh := webhook.New(webhook.WithEgress(cfg.egress))
 	em := email.New(cfg.smtpURL, email.WithEgress(cfg.egress))
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
-	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress, Secrets: secret,
-		Sandbox: cfg.sandbox},
+	hosts := func(name string) (string, bool) { v, ok := cfg.secretHosts[name]; return v, ok }
+	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress,
+		Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)
@@ -233,14 +242,24 @@ func (s *Stack) Serve(tb testing.TB, name string, svc service.Service) {
 }
 
 // Start starts a run of workflow wf with input (JSON texts), written by
-// "test", and returns its id.
+// "test" with every right (wf is deployed first), and returns its id.
 func (s *Stack) Start(tb testing.TB, wf, input string) string {
 	tb.Helper()
 	res, err := s.Runs.Start(context.Background(), runs.StartCommand{
-		Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
+		Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test", Rights: runs.AllRights})
 	require.NoError(tb, err)
 	require.True(tb, res.Created)
 	return res.RunID
+}
+
+// Deploy deploys workflow wf (a JSON text), by "test", and returns the
+// version it made or found; a run starts it by name (NAME or
+// NAME@VERSION), as a caller with only the right to start does.
+func (s *Stack) Deploy(tb testing.TB, wf string) runs.DeployResult {
+	tb.Helper()
+	res, err := s.Runs.Deploy(context.Background(), runs.DeployCommand{Workflow: json.RawMessage(wf), By: "test", Rights: runs.AllRights})
+	require.NoError(tb, err)
+	return res
 }
 
 // WaitEnd waits up to a minute for the run's terminal event.

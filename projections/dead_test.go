@@ -37,7 +37,7 @@ func TestFoldPanicSkipsTheRun(t *testing.T) {
 	t.Cleanup(func() { stopProjector(t, p) })
 	b.worker(t, "w1")
 
-	_, err := b.Runs.Start(ctx, runs.StartCommand{RunID: bad, Workflow: json.RawMessage(echoChain(3)), Input: json.RawMessage(`{"v":"x"}`), By: "test"})
+	_, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: bad, Workflow: json.RawMessage(echoChain(3)), Input: json.RawMessage(`{"v":"x"}`), By: "test"})
 	require.NoError(t, err)
 	good := b.Start(t, echoChain(3), `{"v":"y"}`)
 	end := b.WaitEnd(t, bad)

@@ -103,7 +103,7 @@ func TestRebuildWhileLive(t *testing.T) {
 				return
 			default:
 			}
-			res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
+			res, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoChain(10)), Input: json.RawMessage(`{"v":"bg"}`)})
 			if err != nil {
 				t.Errorf("starting a run: %v", err)
 				return

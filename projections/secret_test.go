@@ -69,7 +69,8 @@ func TestSecretsInURLsAreNeverStored(t *testing.T) {
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	p := b.projector(t, projections.Config{Logger: logger})
-	b.Worker(t, "w1", paltest.WorkerLogger(logger), paltest.Secrets(map[string]string{"API_KEY": secret, "PW": "pw-" + secret}))
+	b.Worker(t, "w1", paltest.WorkerLogger(logger), paltest.Secrets(map[string]string{"API_KEY": secret, "PW": "pw-" + secret}),
+		paltest.SecretHosts(map[string]string{"API_KEY": host, "PW": host}))
 
 	flow := func(name, toolPath, hookPath string) string {
 		url := func(path string) string {

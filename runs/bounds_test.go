@@ -23,7 +23,7 @@ func TestIdempotencyKeyIsBounded(t *testing.T) {
 	var ie *runs.InputError
 
 	long := strings.Repeat("k", runs.MaxNameBytes+1)
-	_, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, IdempotencyKey: long})
+	_, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, IdempotencyKey: long})
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "idempotency_key", ie.Field)
 	require.Contains(t, ie.Msg, "the limit is 256")
@@ -31,15 +31,15 @@ func TestIdempotencyKeyIsBounded(t *testing.T) {
 	require.ErrorIs(t, err, eventstore.ErrRunNotFound, "nothing journaled")
 
 	body, _ := json.Marshal(map[string]any{"workflow": wf})
-	_, _, err = b.Runs.Do(ctx, runs.CmdStart, body, long, "pal.cmd")
+	_, _, err = b.Runs.Do(ctx, runs.CmdStart, body, long, "pal.cmd", runs.AllRights)
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "Nats-Msg-Id", ie.Field)
-	_, _, err = b.Runs.Do(ctx, runs.CmdFork, []byte(`{"run_id":"run_x","from":"t1"}`), long[:runs.MaxNameBytes], "pal.cmd")
+	_, _, err = b.Runs.Do(ctx, runs.CmdFork, []byte(`{"run_id":"run_x","from":"t1"}`), long[:runs.MaxNameBytes], "pal.cmd", runs.AllRights)
 	require.ErrorAs(t, err, &ie, "the fork's key is the id under the kind's name, over the limit too")
 	require.Equal(t, "Nats-Msg-Id", ie.Field)
 
 	at := strings.Repeat("k", runs.MaxNameBytes)
-	res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, IdempotencyKey: at})
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, IdempotencyKey: at})
 	require.NoError(t, err, "a key at the limit is taken")
 	require.Equal(t, runs.RunIDForKey(at), res.RunID)
 }

@@ -27,15 +27,15 @@ func TestBudgetCommandRaisesAPausedRun(t *testing.T) {
 	wf, err := json.Marshal(m)
 	require.NoError(t, err)
 
-	_, err = b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{MaxSteps: 4}})
+	_, err = b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, Budget: &workflow.Budget{MaxSteps: 4}})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "budget", ie.Field)
-	_, err = b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{WarnAt: 2}})
+	_, err = b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, Budget: &workflow.Budget{WarnAt: 2}})
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "budget.warnAt", ie.Field)
 
-	res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, Budget: &workflow.Budget{MaxSteps: 2}})
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, Budget: &workflow.Budget{MaxSteps: 2}})
 	require.NoError(t, err)
 	runID := res.RunID
 	created := data[event.RunCreatedData](t, b.Events(t, runID)[0])
@@ -90,11 +90,11 @@ func TestStartJournalsPrices(t *testing.T) {
 		{runs.New(b.Store, runs.WithPrices(event.Prices{"house-model": house, "gpt-4o-mini": mini, "gpt-4o": mini})),
 			event.Prices{"gpt-4o-mini": mini, "house-model": house}},
 	} {
-		res, err := tt.client.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(wf)})
+		res, err := tt.client.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(wf)})
 		require.NoError(t, err)
 		require.Equal(t, tt.want, data[event.RunCreatedData](t, b.Events(t, res.RunID)[0]).Prices)
 	}
-	res, err := b.Runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(1))})
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoChain(1))})
 	require.NoError(t, err)
 	prices := data[event.RunCreatedData](t, b.Events(t, res.RunID)[0]).Prices
 	require.NotNil(t, prices, "journaled, empty: no model to price")

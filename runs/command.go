@@ -23,6 +23,9 @@ const (
 	CmdCancel  = "cancel"
 	CmdSignal  = "signal"
 	CmdBudget  = "budget"
+	// CmdDeploy counts refused deploys (pal_commands_refused_total); a
+	// deploy is no durable command.
+	CmdDeploy = "deploy"
 )
 
 // MaxCommandBytes bounds a command body (and REST bodies, and what the
@@ -48,8 +51,10 @@ func checkLen(field, v string, limit int) error {
 // StartCommand starts a run: pal.cmd.runs.start, pal.api.runs.start,
 // POST /v1/runs, pal run start.
 type StartCommand struct {
-	// Workflow is the workflow graph; it is validated before anything is
-	// written.
+	// Workflow names a deployed workflow, a JSON string: "triage" (its
+	// latest version) or "triage@3". Or it is a definition, a JSON
+	// object, validated before anything is written and deployed first
+	// (RightDeploy), so the run is of a deployed version.
 	Workflow json.RawMessage `json:"workflow,omitempty"`
 	// LLM, instead of Workflow, starts a plain-LLM run: one model call, or
 	// with tools an agent loop, through the same journal as a graph.
@@ -72,8 +77,27 @@ type StartCommand struct {
 	// By names who creates the run (the worker_id of run_created); the
 	// transport sets it from the caller's identity.
 	By string `json:"-"`
+	// Rights is what the caller may do, as the transport established it:
+	// a deployed workflow needs RightStart, a definition or llm also
+	// RightDeploy.
+	Rights Rights `json:"-"`
 	// forkedFrom is set by Fork and Retry.
 	forkedFrom *event.ForkedFrom
+}
+
+// ref returns the deployed workflow the command names, ok false when it
+// brings a definition or an llm spec instead. Call after Validate.
+func (c *StartCommand) ref() (WorkflowRef, bool) {
+	b := bytes.TrimSpace(c.Workflow)
+	if len(b) == 0 || b[0] != '"' {
+		return WorkflowRef{}, false
+	}
+	var s string
+	if json.Unmarshal(b, &s) != nil {
+		return WorkflowRef{}, false
+	}
+	r, err := ParseWorkflowRef("workflow", s)
+	return r, err == nil
 }
 
 func (c *StartCommand) replySubject() string { return c.ReplyTo }
@@ -278,10 +302,20 @@ func (c *StartCommand) Validate() error {
 	case c.LLM != nil:
 		return c.validateBudget()
 	case !hasWF:
-		return &InputError{Field: "workflow", Msg: "required: the workflow graph as a JSON object (or llm for a plain model call)"}
+		return &InputError{Field: "workflow", Msg: "required: a deployed workflow's name (NAME or NAME@VERSION), or the workflow graph as a JSON object (or llm for a plain model call)"}
 	}
-	if b := bytes.TrimSpace(c.Workflow); b[0] != '{' {
-		return &InputError{Field: "workflow", Msg: "want a JSON object"}
+	switch b := bytes.TrimSpace(c.Workflow); b[0] {
+	case '{':
+	case '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return &InputError{Field: "workflow", Msg: "not a valid JSON string"}
+		}
+		if _, err := ParseWorkflowRef("workflow", s); err != nil {
+			return err
+		}
+	default:
+		return &InputError{Field: "workflow", Msg: "want a deployed workflow's name (a string: NAME or NAME@VERSION) or the workflow graph (a JSON object)"}
 	}
 	return c.validateBudget()
 }

@@ -21,7 +21,7 @@ func TestCommandsPublishedBeforeAnyWorkerRunLater(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	wf := json.RawMessage(echoChain(2))
+	wf := b.Deploy(t, echoChain(2)).Name // a durable start names a deployed workflow
 	body, _ := json.Marshal(map[string]any{"workflow": wf, "input": map[string]int{"n": 1}, "idempotency_key": "order-7"})
 	// Published three times while nothing consumes: by key, and twice with
 	// the same Nats-Msg-Id but no key.
@@ -84,8 +84,12 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		{"pal.cmd.runs.start", `{"workflow":`, "bad_input", "", "malformed JSON"},
 		{"pal.cmd.runs.start", `[1,2]`, "bad_input", "", "want a JSON object"},
 		{"pal.cmd.runs.start", `{"workflow":{"name":"x"},"extra":1}`, "bad_input", "extra", "unknown field"},
-		{"pal.cmd.runs.start", `{"workflow":"text"}`, "bad_input", "workflow", "want a JSON object"},
-		{"pal.cmd.runs.start", `{"workflow":{"name":"x","nodes":[],"edges":[]}}`, "bad_input", "workflow", "workflow \"x\""},
+		{"pal.cmd.runs.start", `{"workflow":42}`, "bad_input", "workflow", "want a deployed workflow's name"},
+		{"pal.cmd.runs.start", `{"workflow":"a.b"}`, "bad_input", "workflow", "invalid workflow name"},
+		{"pal.cmd.runs.start", `{"workflow":"text@0"}`, "bad_input", "workflow", "want a whole number from 1"},
+		{"pal.cmd.runs.start", `{"workflow":"text"}`, "not_found", "", "workflow text: workflow not deployed"},
+		{"pal.cmd.runs.start", `{"workflow":{"name":"x","nodes":[],"edges":[]}}`, "forbidden", "workflow", "needs the right to deploy (scope deploy)"},
+		{"pal.cmd.runs.start", `{"llm":{"provider":"openai","model":"gpt-4o","prompt":"hi"}}`, "forbidden", "llm", "scope deploy"},
 		{"pal.cmd.runs.start", `{"workflow":{"name":"x"},"run_id":"a.b"}`, "bad_input", "run_id", "invalid run id"},
 		{"pal.cmd.runs.cancel", `{"run_id":42}`, "bad_input", "run_id", "wrong type"},
 		{"pal.cmd.runs.cancel", `{"run_id":"run.*"}`, "bad_input", "run_id", "invalid run id"},
@@ -101,6 +105,7 @@ func TestBadCommandsAreAnsweredAndAnnounced(t *testing.T) {
 		{"pal.cmd.runs.resume", `{"run_id":"run_unknown"}`, "not_found", "", "run not found"},
 		{"pal.cmd.runs.fork", fmt.Sprintf(`{"run_id":%q}`, runID), "bad_input", "from", "required"},
 		{"pal.cmd.runs.fork", fmt.Sprintf(`{"run_id":%q,"from":"t9"}`, runID), "bad_input", "from", "never started step"},
+		{"pal.cmd.runs.fork", fmt.Sprintf(`{"run_id":%q,"from":"t1","workflow":%s}`, runID, echoChain(1)), "forbidden", "workflow", "forking a run with another workflow"},
 		{"pal.cmd.runs.retry", fmt.Sprintf(`{"run_id":%q}`, runID), "conflict", "", "it succeeded"},
 		{"pal.cmd.runs.approve", fmt.Sprintf(`{"run_id":%q,"step_id":"t1","decision":"approve","approver":"bo","comment":%q}`, runID, strings.Repeat("c", runs.MaxTextBytes+1)), "bad_input", "comment", "the limit is 4096"},
 		{"pal.cmd.runs.cancel", fmt.Sprintf(`{"run_id":%q,"reason":%q}`, runID, strings.Repeat("r", runs.MaxTextBytes+1)), "bad_input", "reason", "the limit is 4096"},
@@ -225,7 +230,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		var cmds = []any{&runs.StartCommand{}, &runs.ApproveCommand{}, &runs.CancelCommand{}, &runs.SignalCommand{}}
+		var cmds = []any{&runs.StartCommand{Rights: runs.AllRights}, &runs.ApproveCommand{}, &runs.CancelCommand{}, &runs.SignalCommand{}}
 		for _, c := range cmds {
 			err := runs.DecodeStrict([]byte(body), c)
 			if err == nil {

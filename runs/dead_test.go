@@ -49,8 +49,9 @@ func TestPanickingCommandIsDeadLettered(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
+	wf := b.Deploy(t, echoChain(1)).Ref()
 	start := func(key string) []byte {
-		body, _ := json.Marshal(map[string]any{"workflow": json.RawMessage(echoChain(1)), "idempotency_key": key})
+		body, _ := json.Marshal(map[string]any{"workflow": wf, "idempotency_key": key})
 		return body
 	}
 	poison, err := b.JS.Publish(ctx, "pal.cmd.runs.start", start("poison-key"))

@@ -3,13 +3,20 @@
 //
 // Every transport decodes its request into a command struct
 // (StartCommand, ApproveCommand, CancelCommand, SignalCommand,
-// ResumeCommand, ForkCommand, RetryCommand) that
+// ResumeCommand, ForkCommand, RetryCommand, DeployCommand) that
 // validates itself, and calls the same Client method: REST (package api),
-// the NATS micro service pal.api.runs.*, the durable commands of
-// PAL_CMDS (CommandProcessor, consumer pal-commands) and the pal CLI.
-// Errors are typed (*InputError, ErrInvalidRunID, ErrRunNotFound,
-// ErrRunFinished, ErrNotWaiting, ErrRunExists) and Classify maps them to
-// answer codes with errors.Is and errors.As.
+// the NATS micro service pal.api.runs.* and pal.api.workflows.*, the
+// durable commands of PAL_CMDS (CommandProcessor, consumer pal-commands)
+// and the pal CLI. Errors are typed (*InputError, *ForbiddenError,
+// ErrInvalidRunID, ErrRunNotFound, ErrWorkflowNotFound, ErrRunFinished,
+// ErrNotWaiting, ErrRunExists) and Classify maps them to answer codes
+// with errors.Is and errors.As.
+//
+// What runs is what was deployed (deploy.go): a start names a workflow
+// of the registry PAL_WORKFLOWS ("triage", its latest version, or
+// "triage@3"), and run_created journals that version's definition and
+// names it (deployed), so a run never changes under a redeploy. A start
+// or fork that brings its own definition deploys it first.
 //
 // Invariants:
 //
@@ -20,6 +27,15 @@
 //     workers' alone. A fork or retry only reads its source and starts a
 //     new run; a resume writes no event (it replaces the work message, and
 //     with force breaks the lease; fencing does the rest).
+//   - The caller's rights travel on the command (Rights), set by the
+//     transport: REST from the token's scopes, PAL_CMDS and the NATS
+//     service NATSRights (whoever may publish there: start deployed
+//     workflows only), the CLI AllRights (its NATS credentials bound
+//     it). The Client checks them, so one rule holds on every path: a
+//     deployed workflow needs RightStart, a definition (an inline start,
+//     a plain-LLM start, a fork with another workflow, a deploy) also
+//     RightDeploy. The zero value may do nothing. A refusal is a
+//     *ForbiddenError, and nothing is written or deployed.
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.

@@ -12,7 +12,9 @@ import (
 
 // Errors of the commands. Callers map them to answers with Classify: an
 // *InputError (or ErrInvalidRunID, *workflow.ValidationError,
-// ErrPayloadTooLarge) is the caller's mistake (400), ErrRunNotFound 404,
+// ErrPayloadTooLarge) is the caller's mistake (400), a *ForbiddenError
+// what the caller may not do (403), ErrRunNotFound and
+// ErrWorkflowNotFound 404,
 // ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
 // 409; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
 // anything else is the infrastructure (503) and worth retrying.
@@ -86,6 +88,7 @@ const (
 func Classify(err error) (code string, field string, final bool) {
 	var ie *InputError
 	var ve *workflow.ValidationError
+	var fe *ForbiddenError
 	switch {
 	case errors.As(err, &ie):
 		return CodeBadInput, ie.Field, true
@@ -93,9 +96,13 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "workflow", true
 	case errors.Is(err, ErrInvalidRunID):
 		return CodeBadInput, "run_id", true
+	case errors.Is(err, event.ErrInvalidWorkflowName):
+		return CodeBadInput, "name", true
 	case errors.Is(err, ErrPayloadTooLarge):
 		return CodeBadInput, "", true
-	case errors.Is(err, ErrRunNotFound):
+	case errors.As(err, &fe):
+		return CodeForbidden, fe.Field, true
+	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err):
 		return CodeNotFound, "", true
 	case errLeaseHeld(err):
 		return CodeLeaseHeld, "", true

@@ -142,6 +142,9 @@ type ForkCommand struct {
 	ReplyTo  string `json:"reply_to,omitempty"`
 	// By names who forks (the worker_id of the new run_created).
 	By string `json:"-"`
+	// Rights is what the caller may do: RightStart, and RightDeploy for a
+	// fork with a workflow (which is deployed, as an inline start's).
+	Rights Rights `json:"-"`
 	// IdempotencyKey, set by the transport (a durable command's
 	// Nats-Msg-Id), makes the fork idempotent as it does a start: the
 	// same key finds the run it made.
@@ -162,6 +165,9 @@ type RetryCommand struct {
 	NewRunID string `json:"new_run_id,omitempty"`
 	ReplyTo  string `json:"reply_to,omitempty"`
 	By       string `json:"-"`
+	// Rights is what the caller may do (RightStart: a retry keeps the
+	// source's workflow).
+	Rights Rights `json:"-"`
 	// IdempotencyKey is ForkCommand's.
 	IdempotencyKey string `json:"-"`
 }
@@ -221,9 +227,13 @@ func (c *ForkCommand) Validate() error {
 // one that is not copied is not copied either: it may have read that
 // step's output. ForkResult.Rerun says which steps run again and why.
 //
-// Errors: *InputError (a step the source never started), ErrRunNotFound,
-// *workflow.ValidationError, ErrRunExists, ErrPayloadTooLarge (the copies
-// do not fit in one journal message).
+// The new run keeps the source's deployed workflow version; a fork with
+// another workflow deploys it first, as an inline start does, and needs
+// the same right (RightDeploy).
+//
+// Errors: *InputError (a step the source never started), *ForbiddenError,
+// ErrRunNotFound, *workflow.ValidationError, ErrRunExists,
+// ErrPayloadTooLarge (the copies do not fit in one journal message).
 func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (_ ForkResult, err error) {
 	defer observeRefusal(CmdFork, &err)
 	return c.fork(ctx, cmd)
@@ -233,6 +243,15 @@ func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (_ ForkResult, err e
 func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return ForkResult{}, err
+	}
+	changed := len(bytes.TrimSpace(cmd.Workflow)) > 0
+	if err := need(cmd.Rights, RightStart, "run_id", "forking a run"); err != nil {
+		return ForkResult{}, err
+	}
+	if changed {
+		if err := need(cmd.Rights, AllRights, "workflow", "forking a run with another workflow (a definition, which is deployed)"); err != nil {
+			return ForkResult{}, err
+		}
 	}
 	src, err := c.fold(ctx, cmd.RunID)
 	if err != nil {
@@ -249,13 +268,11 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 		return ForkResult{}, &InputError{Field: "from", Msg: fmt.Sprintf("run %s never started step %q (its steps: %s)",
 			cmd.RunID, truncate(cmd.From, 80), truncate(strings.Join(src.Order, ", "), 400))}
 	}
-	next := src.Workflow
-	raw := src.Created.Workflow
-	if len(bytes.TrimSpace(cmd.Workflow)) > 0 {
-		if next, err = workflow.ParseCached(cmd.Workflow); err != nil {
+	next, dep := src.Workflow, src.Created.Deployed
+	if changed {
+		if next, dep, err = c.deployInline(ctx, cmd.Workflow, nil, cmd.By); err != nil {
 			return ForkResult{}, err
 		}
-		raw = next.Raw()
 	}
 	ff := &event.ForkedFrom{RunID: cmd.RunID, StepID: cmd.From, Seq: from}
 	res := ForkResult{ForkedFrom: ForkPoint{RunID: cmd.RunID, StepID: cmd.From, Seq: from}, Copied: []string{}, Rerun: []event.RerunStep{}}
@@ -292,8 +309,8 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 	if by == "" {
 		by = "pal"
 	}
-	start, err := c.start(ctx, StartCommand{RunID: cmd.NewRunID, IdempotencyKey: cmd.IdempotencyKey,
-		Workflow: raw, Input: input, By: by, forkedFrom: ff})
+	start, err := c.create(ctx, StartCommand{RunID: cmd.NewRunID, IdempotencyKey: cmd.IdempotencyKey,
+		Input: input, By: by, forkedFrom: ff}, next, dep)
 	if err != nil && start.RunID == "" {
 		return ForkResult{}, err
 	}
@@ -315,6 +332,9 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err
 	if err := checkRunID("run_id", cmd.RunID); err != nil {
 		return ForkResult{}, err
 	}
+	if err := need(cmd.Rights, RightStart, "run_id", "retrying a run"); err != nil {
+		return ForkResult{}, err
+	}
 	src, err := c.fold(ctx, cmd.RunID)
 	if err != nil {
 		return ForkResult{}, err
@@ -334,7 +354,8 @@ func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err
 		}
 		return ForkResult{}, retryRefusal("retrying run %s: no step of it failed or was left unfinished (%s); fork it from a step instead", cmd.RunID, why)
 	}
-	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, IdempotencyKey: cmd.IdempotencyKey, at: at})
+	return c.fork(ctx, ForkCommand{RunID: cmd.RunID, From: from, NewRunID: cmd.NewRunID, By: cmd.By, Rights: cmd.Rights,
+		IdempotencyKey: cmd.IdempotencyKey, at: at})
 }
 
 // notWaitingError is a refusal of ErrNotWaiting's class (conflict) worded

@@ -35,8 +35,8 @@ type Answer struct {
 	// the new run).
 	Fork  *ForkResult `json:"fork,omitempty"`
 	Error string      `json:"error,omitempty"`
-	// Code classifies an error: bad_input, not_found, conflict, unavailable,
-	// internal.
+	// Code classifies an error: bad_input, forbidden, not_found,
+	// conflict, unavailable, internal.
 	Code  string `json:"code,omitempty"`
 	Field string `json:"field,omitempty"`
 }
@@ -125,10 +125,12 @@ func decodeCommand[C any, P interface {
 // empty, is the transport's deduplication id (Nats-Msg-Id): the start's
 // idempotency key when the body names none, and a fork's or retry's
 // (commandKey), so a command delivered again finds the run it made; by is
-// the transport's identity of the caller.
+// the transport's identity of the caller, and rights what the transport
+// established the caller may do (NATSRights for PAL_CMDS and the NATS
+// service): start, fork and retry check them.
 // It returns the answer and the reply subject named in the body, if any;
 // a reply subject CheckReply refuses refuses the whole command.
-func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
+func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string, rights Rights) (Answer, string, error) {
 	switch kind {
 	case CmdStart:
 		cmd, err := decodeCommand[StartCommand](c, body)
@@ -140,7 +142,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 				return Answer{}, cmd.ReplyTo, err
 			}
 		}
-		cmd.By = by
+		cmd.By, cmd.Rights = by, rights
 		res, err := c.Start(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
@@ -196,7 +198,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By = by
+		cmd.By, cmd.Rights = by, rights
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -210,7 +212,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By = by
+		cmd.By, cmd.Rights = by, rights
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -389,7 +391,9 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	if err == nil {
 		var bodyReply string
-		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), "pal.cmd")
+		// Whoever may publish on PAL_CMDS, the client role included: NATS
+		// establishes no more rights than NATSRights.
+		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), "pal.cmd", NATSRights)
 		if replyTo == "" {
 			replyTo = bodyReply
 		}

@@ -55,12 +55,12 @@ func TestRefusedCommandsAreCountedOnce(t *testing.T) {
 	require.ErrorIs(t, b.Runs.RaiseBudget(ctx, runs.BudgetCommand{RunID: "run_nope", AddSteps: 1}), runs.ErrRunNotFound)
 	_, err := b.Runs.Resume(ctx, runs.ResumeCommand{RunID: src})
 	require.ErrorIs(t, err, runs.ErrRunFinished)
-	_, err = b.Runs.Fork(ctx, runs.ForkCommand{RunID: src, From: "nope"})
+	_, err = b.Runs.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src, From: "nope"})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
-	_, err = b.Runs.Fork(ctx, runs.ForkCommand{RunID: src, From: "t1", NewRunID: src})
+	_, err = b.Runs.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src, From: "t1", NewRunID: src})
 	require.ErrorIs(t, err, runs.ErrRunExists)
-	_, err = b.Runs.Retry(ctx, runs.RetryCommand{RunID: src})
+	_, err = b.Runs.Retry(ctx, runs.RetryCommand{Rights: runs.AllRights, RunID: src})
 	require.ErrorIs(t, err, runs.ErrNotWaiting)
 
 	want := map[count]float64{{"budget", "not_found"}: 1, {"resume", "run_finished"}: 1, {"fork", "bad_input"}: 1,

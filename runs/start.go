@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -29,39 +30,106 @@ func RunIDForKey(key string) string {
 
 // Start validates the command, appends run_created (fenced on an empty
 // subject, so a run id is created at most once) and enqueues the run.
-// Invalid commands write nothing. A result with a RunID and an error
-// means the run was created but not queued: the recovery sweep queues it.
+// The workflow is a deployed one, by name (RightStart), or a definition
+// the command brings, which is deployed first (RightStart and
+// RightDeploy); either way run_created journals the version's definition
+// and names it (deployed). Invalid commands write nothing. A result with
+// a RunID and an error means the run was created but not queued: the
+// recovery sweep queues it.
 //
-// Errors: *InputError; *workflow.ValidationError for an invalid workflow;
-// ErrRunExists when RunID is taken, unless by a start with the same
-// idempotency key (then the result names that run, Created false);
-// ErrPayloadTooLarge.
+// Errors: *InputError; *ForbiddenError for a caller without the rights;
+// *workflow.ValidationError for an invalid workflow; ErrWorkflowNotFound
+// for a name not deployed; ErrRunExists when RunID is taken, unless by a
+// start with the same idempotency key (then the result names that run,
+// Created false); ErrPayloadTooLarge.
 func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, err error) {
 	defer observeRefusal(CmdStart, &err)
-	return c.start(ctx, cmd)
-}
-
-// start is Start, its refusals uncounted (a fork counts its own).
-func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, error) {
 	if err := cmd.Validate(); err != nil {
 		return StartResult{}, err
 	}
+	var (
+		wf  *workflow.Workflow
+		dep *event.Deployed
+	)
+	switch ref, named := cmd.ref(); {
+	case named:
+		if err := need(cmd.Rights, RightStart, "workflow", "starting a deployed workflow"); err != nil {
+			return StartResult{}, err
+		}
+		w, d, err := c.resolve(ctx, ref)
+		if err != nil {
+			return StartResult{}, err
+		}
+		wf, dep = w, &d
+	case cmd.LLM != nil:
+		if err := need(cmd.Rights, AllRights, "llm", "starting a plain-LLM run (its spec is a workflow of its own)"); err != nil {
+			return StartResult{}, err
+		}
+		if wf, err = cmd.LLM.workflow(); err != nil {
+			return StartResult{}, err
+		}
+	default:
+		if err := need(cmd.Rights, AllRights, "workflow", "starting an inline workflow (a definition, which is deployed)"); err != nil {
+			return StartResult{}, err
+		}
+		if wf, dep, err = c.deployInline(ctx, cmd.Workflow, cmd.Budget, cmd.By); err != nil {
+			return StartResult{}, err
+		}
+	}
+	return c.create(ctx, cmd, wf, dep)
+}
+
+// deployInline deploys a definition a start or fork brings, once what
+// could still refuse the start has been checked (a budget wider than its
+// own), so a refused start deploys nothing.
+func (c *Client) deployInline(ctx context.Context, raw json.RawMessage, budget *workflow.Budget, by string) (*workflow.Workflow, *event.Deployed, error) {
+	wf, err := workflow.ParseCached(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkBudget(wf, budget); err != nil {
+		return nil, nil, err
+	}
+	wf, d, err := c.deploy(ctx, raw, by, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	return wf, &d.Deployed, nil
+}
+
+// checkBudget refuses a request budget wider than the workflow's own.
+func checkBudget(wf *workflow.Workflow, req *workflow.Budget) error {
+	var base *event.Budget
+	if wf.Policy != nil {
+		base = engine.BudgetOf(wf.Policy.Budget)
+	}
+	if _, err := engine.NarrowBudget(base, engine.BudgetOf(req)); err != nil {
+		return budgetInputError(err)
+	}
+	return nil
+}
+
+// budgetInputError makes a widening budget the caller's mistake.
+func budgetInputError(err error) error {
+	var we *engine.WideningError
+	if errors.As(err, &we) {
+		return &InputError{Field: "budget", Msg: err.Error()}
+	}
+	return err
+}
+
+// create makes the run of cmd: workflow wf, the deployed version dep (nil
+// for a plain-LLM run). What is decided at creation is journaled: the
+// effective budget, anomaly rules and prices. Replays and workers read
+// them from run_created, never from the request or a process's settings
+// again.
+func (c *Client) create(ctx context.Context, cmd StartCommand, wf *workflow.Workflow, dep *event.Deployed) (StartResult, error) {
 	runID := cmd.RunID
 	if runID == "" && cmd.IdempotencyKey != "" {
 		runID = RunIDForKey(cmd.IdempotencyKey)
 	}
 	if runID == "" {
 		runID = event.NewRunID()
-	}
-	var wf *workflow.Workflow
-	var err error
-	if cmd.LLM != nil {
-		wf, err = cmd.LLM.workflow()
-	} else {
-		wf, err = workflow.ParseCached(cmd.Workflow)
-	}
-	if err != nil {
-		return StartResult{}, err
 	}
 	input := bytes.TrimSpace(cmd.Input)
 	if len(input) == 0 {
@@ -71,18 +139,11 @@ func (c *Client) start(ctx context.Context, cmd StartCommand) (StartResult, erro
 	if writer == "" {
 		writer = "pal"
 	}
-	// What is decided at creation is journaled: the effective budget,
-	// anomaly rules and prices. Replays and workers read them from
-	// run_created, never from the request or a process's settings again.
 	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: input, Budget: engine.BudgetOf(cmd.Budget),
 		Anomalies: c.anomalies, Prices: c.prices, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
-		ForkedFrom: cmd.forkedFrom, By: writer})
+		ForkedFrom: cmd.forkedFrom, Deployed: dep, By: writer})
 	if err != nil {
-		var we *engine.WideningError
-		if errors.As(err, &we) {
-			return StartResult{}, &InputError{Field: "budget", Msg: err.Error()}
-		}
-		return StartResult{}, err
+		return StartResult{}, budgetInputError(err)
 	}
 	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
 	// The work message goes out beside run_created, not after its ack: a

@@ -21,7 +21,7 @@ func TestStartWithKeyIsADuplicateOnlyOfTheSameKey(t *testing.T) {
 	ctx := context.Background()
 	wf := json.RawMessage(echoChain(1))
 	start := func(runID, key string) (runs.StartResult, error) {
-		return b.Runs.Start(ctx, runs.StartCommand{Workflow: wf, RunID: runID, IdempotencyKey: key})
+		return b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, RunID: runID, IdempotencyKey: key})
 	}
 
 	res, err := start("run_same", "")

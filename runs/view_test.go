@@ -76,7 +76,7 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 	plain := b.Start(t, seqWorkflow(2, "anthropic"), `{"topic":"plain"}`)
 	b.WaitEnd(t, plain)
 	// A fork of it from its second step: s1 is copied, s2 runs again.
-	fork, err := b.Runs.Fork(ctx, runs.ForkCommand{RunID: plain, From: "s2", By: "ana"})
+	fork, err := b.Runs.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: plain, From: "s2", By: "ana"})
 	require.NoError(t, err)
 	forked := fork.RunID
 	b.WaitEnd(t, forked)

@@ -92,6 +92,7 @@ func samplePayloads() map[event.Kind]any {
 				Copies: []event.CopiedStep{{StepID: "draft", NodeID: "draft", NodeType: "ai-step", Output: json.RawMessage(`{"text":"x"}`),
 					Delivery: event.DeliveryDelivered, Seq: 5, NodeHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}},
 				Rerun: []event.RerunStep{{StepID: "plan", Reason: "node changed"}}},
+			Deployed: &event.Deployed{Name: "w", Version: 3, SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
 		},
 		event.RunResumed:  event.RunResumedData{Worker: "w1", ResumeCount: 2, Crashed: true, CrashesAtStep: 1},
 		event.StepStarted: event.StepStartedData{NodeID: "draft", NodeType: "ai-step", Input: json.RawMessage(`{"prompt":"x"}`), IdempotencyKey: key},
@@ -223,6 +224,10 @@ func TestInvalidEvents(t *testing.T) {
 			"invalid event: /data/prices/gpt-4o/input_per_mtok: minimum: got -1, want 0"},
 		{"half a price", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"prices":{"gpt-4o":{"input_per_mtok":1}}}}`,
 			"invalid event: /data/prices/gpt-4o: missing property 'output_per_mtok'"},
+		{"deployed version zero", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"deployed":{"name":"triage","version":0,"sha256":"` + strings.Repeat("a", 64) + `"}}}`,
+			"invalid event: /data/deployed/version: minimum: got 0, want 1"},
+		{"deployed name with a dot", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"deployed":{"name":"a.b","version":1,"sha256":"` + strings.Repeat("a", 64) + `"}}}`,
+			"invalid event: /data/deployed/name: 'a.b' does not match pattern '^[A-Za-z0-9_-]{1,128}$'"},
 		{"second of batch bad", `[{` + valid + `,"kind":"run_cancelled","data":{}},{` + valid + `,"kind":"run_succeeded","data":{}}]`,
 			"invalid event: /1/data: missing property 'output' or 'output_blob'"},
 	}

@@ -51,7 +51,7 @@ func TestApprovalWaitSurvivesRestartOfEveryProcess(t *testing.T) {
 	}
 	w1 := worker("w1")
 	proj := projector()
-	parked, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(approvalWorkflow("")), Input: json.RawMessage(`{"v":"7"}`)})
+	parked, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(approvalWorkflow("")), Input: json.RawMessage(`{"v":"7"}`)})
 	require.NoError(t, err)
 	// A second run will get its approval before it reaches the step.
 	early := event.NewRunID()
@@ -60,7 +60,7 @@ func TestApprovalWaitSurvivesRestartOfEveryProcess(t *testing.T) {
 		{"id":"think","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"think"}},
 		{"id":"ok","type":"approval"},{"id":"done","type":"tool","data":{"tool":"echo"}}],
 		"edges":[{"from":"start","to":"think"},{"from":"think","to":"ok"},{"from":"ok","to":"done"}]}`
-	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: early, Workflow: json.RawMessage(earlyWF)})
+	_, err = runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: early, Workflow: json.RawMessage(earlyWF)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		v, err := runs.New(store).Get(ctx, parked.RunID)
@@ -107,7 +107,7 @@ func TestKill9MidLoopResumesAtTheIteration(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "each[2].ask", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"xs":[1,2,3,4,5]}`)})
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"xs":[1,2,3,4,5]}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
@@ -133,7 +133,7 @@ func TestKill9AfterChildCreatedAdoptsIt(t *testing.T) {
 	childID := event.ChildRunID(runID, "kid")
 	hold := p.LLM.Hold(providertest.ByKey(key(childID, "think", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID,
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: runID,
 		Workflow: json.RawMessage(subagentWorkflow(1, child)), Input: json.RawMessage(`{"q":"x"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -183,7 +183,7 @@ func TestKill9MidAgentTurnResumesAtThatTurn(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "ask.turn[2]", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)

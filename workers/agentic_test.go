@@ -272,7 +272,7 @@ func TestPlainLLMRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	res, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+	res, err := runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		LLM:   &runs.LLMSpec{Provider: "anthropic", Model: "claude-sonnet-4-5", System: "terse", Prompt: "hello {{input.name}}"},
 		Input: json.RawMessage(`{"name":"pal"}`)})
 	require.NoError(t, err)
@@ -284,7 +284,7 @@ func TestPlainLLMRun(t *testing.T) {
 	require.Len(t, calls, 1)
 	require.Equal(t, "hello pal", calls[0].LastUser())
 
-	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{
+	_, err = runs.New(b.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		Workflow: json.RawMessage(leafWorkflow), LLM: &runs.LLMSpec{Provider: "openai", Model: "m", Prompt: "x"}})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
@@ -307,7 +307,7 @@ func TestChildIsIndexedAndPricedAsItsParent(t *testing.T) {
 	hold := b.LLM.Hold(providertest.ByKey(key(childID, "think", 1)))
 	b.worker(t, "w1", nil)
 	_, err := runs.New(b.Store, runs.WithPrices(event.Prices{"house-model": house})).Start(ctx,
-		runs.StartCommand{RunID: runID, Workflow: json.RawMessage(subagentWorkflow(1, child)), Input: json.RawMessage(`{"q":"two words"}`)})
+		runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(subagentWorkflow(1, child)), Input: json.RawMessage(`{"q":"two words"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctx)
 	require.NoError(t, err)

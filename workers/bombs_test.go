@@ -49,7 +49,7 @@ func TestEvaluationBombsFailTheirRunWithinBounds(t *testing.T) {
 	for name, tc := range cases {
 		in, err := json.Marshal(tc.input)
 		require.NoError(t, err)
-		res, err := p.Runs.Start(ctx, runs.StartCommand{Workflow: tc.wf, Input: in})
+		res, err := p.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: tc.wf, Input: in})
 		require.NoError(t, err, name)
 		end := p.WaitEnd(t, res.RunID)
 		require.Equal(t, event.RunFailed, end.Kind, "%s: %s", name, end.Data)

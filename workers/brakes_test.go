@@ -213,7 +213,7 @@ func TestKill9DuringABudgetedRunNeitherDoubleCountsNorBypasses(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(p.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctx)
 	require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestBudgetPauseThenRaiseResumes(t *testing.T) {
 	require.Len(t, p.LLM.Calls(), 2)
 
 	// Widening at start is refused; raising a running run is how to widen.
-	_, err := p.Runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(wf), Budget: &workflow.Budget{MaxCostUSD: 5}})
+	_, err := p.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(wf), Budget: &workflow.Budget{MaxCostUSD: 5}})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Contains(t, err.Error(), "widens")

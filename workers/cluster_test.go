@@ -53,13 +53,13 @@ func TestClusterLeaderKills(t *testing.T) {
 		// waits on a held LLM call across the kill.
 		var ids []string
 		for range 4 {
-			res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(sleepChain(150, 20))})
+			res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(sleepChain(150, 20))})
 			require.NoError(t, err)
 			ids = append(ids, res.RunID)
 		}
 		heldID := event.NewRunID()
 		hold := llm.Hold(providertest.ByKey(key(heldID, "s2", 1)))
-		_, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: heldID, Workflow: json.RawMessage(seqWorkflow(3, "openai")),
+		_, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: heldID, Workflow: json.RawMessage(seqWorkflow(3, "openai")),
 			Input: json.RawMessage(`{"topic":"cluster"}`)})
 		require.NoError(t, err)
 		ids = append(ids, heldID)
@@ -173,7 +173,7 @@ func leaderKills(tb testing.TB, kills int, opts ...testenv.ClusterOption) []time
 		require.NoError(tb, c.WaitCurrent(ctx, js, streams...))
 		var ids []string
 		for range 3 {
-			res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(sleepChain(200, 20))})
+			res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(sleepChain(200, 20))})
 			require.NoError(tb, err)
 			ids = append(ids, res.RunID)
 		}

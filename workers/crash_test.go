@@ -63,7 +63,7 @@ func (p *procBundle) palWorker(t *testing.T, id string, env ...string) *testenv.
 func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
 	t.Helper()
 	runID := event.NewRunID()
-	res, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	res, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
 	require.NoError(t, err)
 	return res.RunID
@@ -72,7 +72,7 @@ func (p *procBundle) startWithID(t *testing.T, wf, input string) string {
 // startAs starts a run under the given id.
 func (p *procBundle) startAs(t *testing.T, runID, wf, input string) {
 	t.Helper()
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(wf), Input: json.RawMessage(input), By: "test"})
 	require.NoError(t, err)
 }
@@ -97,7 +97,7 @@ func TestKill9MidStepResumesOnAnotherWorker(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(6, "openai")), Input: json.RawMessage(`{"topic":"crash"}`)})
 	require.NoError(t, err)
 
@@ -133,7 +133,7 @@ func TestFrozenWorkerAppendsNothingAfterLosingTheRun(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(5, "openai")), Input: json.RawMessage(`{"topic":"freeze"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -195,7 +195,7 @@ func TestDeliveryCrashAfterDelivery(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "think", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err)
@@ -219,7 +219,7 @@ func TestSIGTERMHandsRunToAnotherWorkerAtOnce(t *testing.T) {
 	s2 := key(runID, "s2", 1)
 	hold := p.LLM.Hold(providertest.ByKey(s2))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"term"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -305,11 +305,11 @@ func brokerKill9MidRun(t *testing.T, strict bool) {
 	heldID := event.NewRunID()
 	hold := llm.Hold(providertest.ByKey(key(heldID, "s4", 1)))
 	wfA := strings.Replace(seqWorkflow(6, "openai"), `"name":"seq-6"`, `"name":"held"`, 1)
-	_, err = runs.New(store).Start(ctx, runs.StartCommand{RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
+	_, err = runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: heldID, Workflow: json.RawMessage(wfA), Input: json.RawMessage(`{"topic":"broker"}`)})
 	require.NoError(t, err)
 	var fast []string
 	for range nfast {
-		res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoChain(150))})
+		res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoChain(150))})
 		require.NoError(t, err)
 		fast = append(fast, res.RunID)
 	}

@@ -74,7 +74,7 @@ func Example_customTool() {
 	}
 	defer func() { _ = w.Stop(context.Background()) }()
 
-	res, err := runs.New(store).Start(ctx, runs.StartCommand{
+	res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights,
 		Workflow: json.RawMessage(`{"name":"shout","nodes":[
 			{"id":"start","type":"trigger"},
 			{"id":"loud","type":"tool","data":{"tool":"shout","input":{"text":"{{input.text}}"}}}],

@@ -316,7 +316,7 @@ func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
 	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultToolTimeout))
 	defer cancel()
 	ctx = context.WithValue(ctx, stepInfoKey{}, StepInfo{RunID: d.runID, StepID: p.StepID, Attempt: p.Attempt, IdempotencyKey: p.Key})
-	sec := d.w.secretsFor(p.Node)
+	sec := d.secretsFor(p.Node)
 	out, err := fn(context.WithValue(ctx, secretsKey{}, sec), in.Input)
 	if err != nil {
 		return stepResult{}, redact.Error(err, sec.used...)
@@ -350,10 +350,13 @@ func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
 	if err != nil {
 		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
-	sec := d.w.secretsFor(p.Node)
+	sec := d.secretsFor(p.Node)
 	url, headers, err := sec.expandAll(in.URL, in.Headers)
+	if err == nil {
+		err = sec.allowToURL(url) // a webhook follows no redirect: its URL is where it goes
+	}
 	if err != nil {
-		return stepResult{}, fmt.Errorf("step %s: %w", p.StepID, err)
+		return stepResult{}, redact.Error(fmt.Errorf("step %s: %w", p.StepID, err), sec.used...)
 	}
 	target := redact.URL(in.URL)
 	if in.Email != nil {

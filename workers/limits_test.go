@@ -112,7 +112,7 @@ func TestBigRunInputAndForkCopies(t *testing.T) {
 	srcOut := data[event.StepCompletedData](t, find(b.Events(t, src), event.StepCompleted, "b")[0]).Output
 	require.Contains(t, string(srcOut), big)
 
-	res, err := runs.New(b.Store).Fork(ctx, runs.ForkCommand{RunID: src, From: "e", By: "test"})
+	res, err := runs.New(b.Store).Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src, From: "e", By: "test"})
 	require.NoError(t, err)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, res.RunID).Kind)
 	require.Equal(t, int32(1), calls.Load(), "the copied step did not run again")

@@ -53,7 +53,7 @@ func BenchmarkLongRun(b *testing.B) {
 	defer cancel()
 	client := runs.New(env.Store)
 	for range b.N {
-		res, err := client.Start(ctx, runs.StartCommand{Workflow: loopWorkflow(n), By: "bench"})
+		res, err := client.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: loopWorkflow(n), By: "bench"})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -30,7 +30,7 @@ func TestMetricsOfATakeover(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(4, "openai")), Input: json.RawMessage(`{"topic":"metrics"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))

@@ -73,10 +73,10 @@ func TestSignalsSurviveKill9OfEveryProcess(t *testing.T) {
 	env := []string{"PAL_NATS_URL=" + nproc.URL(), "PAL_WORKER_ID=w1", "PAL_LEASE_TTL=1s", "PAL_LOG_LEVEL=debug"}
 
 	// Run early gets its signal before any worker has driven it.
-	early, err := client.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(waitSignalWorkflow)})
+	early, err := client.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(waitSignalWorkflow)})
 	require.NoError(t, err)
 	require.NoError(t, client.Signal(ctx, runs.SignalCommand{RunID: early.RunID, Signal: "go", Payload: json.RawMessage(`{"n":1}`), By: "ops"}))
-	late, err := client.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(waitSignalWorkflow)})
+	late, err := client.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(waitSignalWorkflow)})
 	require.NoError(t, err)
 
 	w := testenv.StartProcess(t, testenv.PalBinary(t), []string{"worker"}, env)
@@ -112,7 +112,7 @@ func TestForcedResumeTakesARunFromAFrozenWorker(t *testing.T) {
 	s3 := key(runID, "s3", 1)
 	hold := p.LLM.Hold(providertest.ByKey(s3))
 	w1 := p.palWorker(t, "w1")
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(4, "openai")), Input: json.RawMessage(`{"topic":"resume"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
@@ -167,7 +167,7 @@ func TestForkCopiesStepsBeforeTheForkStep(t *testing.T) {
 	client := runs.New(p.Store)
 	ctx := ctxFor(t, 2*time.Minute)
 	wf := seqWorkflow(6, "openai")
-	src, err := client.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"topic":"fork"}`)})
+	src, err := client.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"topic":"fork"}`)})
 	require.NoError(t, err)
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, src.RunID).Kind)
 
@@ -196,7 +196,7 @@ func TestForkCopiesStepsBeforeTheForkStep(t *testing.T) {
 		}
 	}
 
-	res, err := client.Fork(ctx, runs.ForkCommand{RunID: src.RunID, From: "s4"})
+	res, err := client.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src.RunID, From: "s4"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"s1", "s2", "s3"}, res.Copied)
 	check(res, []string{"s1", "s2", "s3"})
@@ -204,7 +204,7 @@ func TestForkCopiesStepsBeforeTheForkStep(t *testing.T) {
 	// A changed prompt on s2: s2 and everything after it runs again.
 	changed := strings.Replace(wf, "step 2 after", "step two after", 1)
 	require.NotEqual(t, wf, changed)
-	res, err = client.Fork(ctx, runs.ForkCommand{RunID: src.RunID, From: "s4", Workflow: json.RawMessage(changed)})
+	res, err = client.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src.RunID, From: "s4", Workflow: json.RawMessage(changed)})
 	require.NoError(t, err)
 	require.Equal(t, []string{"s1"}, res.Copied)
 	require.Len(t, res.Rerun, 2)
@@ -215,7 +215,7 @@ func TestForkCopiesStepsBeforeTheForkStep(t *testing.T) {
 	check(res, []string{"s1"})
 
 	// A step the source never ran cannot be forked from.
-	_, err = client.Fork(ctx, runs.ForkCommand{RunID: src.RunID, From: "s9"})
+	_, err = client.Fork(ctx, runs.ForkCommand{Rights: runs.AllRights, RunID: src.RunID, From: "s9"})
 	var ie *runs.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "from", ie.Field)

@@ -184,7 +184,7 @@ func TestProcessInputIsData(t *testing.T) {
 		processData(t, []string{"/bin/echo"}, map[string]string{"PATH": "/tmp"}, ""),
 		processData(t, []string{"/usr/bin/env", "{{input.prog}}"}, nil, ""),
 	} {
-		_, err := b.Runs.Start(context.Background(), runs.StartCommand{Workflow: json.RawMessage(oneProcess(d)),
+		_, err := b.Runs.Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(oneProcess(d)),
 			Input: json.RawMessage(`{"prog":"/bin/sh","name":"x; id","lib":"/tmp/x.so"}`)})
 		var ve *workflow.ValidationError
 		require.ErrorAs(t, err, &ve, d)

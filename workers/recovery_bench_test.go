@@ -86,7 +86,7 @@ func recoveryRun(tb testing.TB, kills int, ttl string) []time.Duration {
 	for i := range kills {
 		runID := event.NewRunID()
 		hold := llm.Hold(providertest.ByKey(event.IdempotencyKey(runID, "s2", 1)))
-		if _, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID,
+		if _, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID,
 			Workflow: json.RawMessage(seqWorkflow(3, "openai")), Input: json.RawMessage(`{"topic":"recovery"}`)}); err != nil {
 			tb.Fatal(err)
 		}

@@ -37,7 +37,7 @@ func TestStartWorkBeforeItsJournalWaitsForIt(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, pending, "the work waits for its run_created")
 
-	res, err := b.Runs.Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(echoChain(1))})
+	res, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(echoChain(1))})
 	require.NoError(t, err)
 	require.True(t, res.Created)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)

@@ -128,6 +128,9 @@ func httpTool(client *http.Client) Tool {
 		if err != nil {
 			return nil, &ToolError{Err: fmt.Errorf("http tool: url %q: %w", shown, unwrapURLError(err))}
 		}
+		if err := sec.allowTo(req.URL); err != nil {
+			return nil, fmt.Errorf("http tool: %s %s: %w", req.Method, shown, err)
+		}
 		if body != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
@@ -171,6 +174,26 @@ func httpTool(client *http.Client) Tool {
 		}
 		return json.Marshal(out)
 	}
+}
+
+// secretRedirects returns a copy of c whose redirects pass the secret
+// host check first (secrets.allowTo): a redirect to a host a secret the
+// request carries is not bound to is not followed, since net/http would
+// send it the request's headers and a Referer holding its URL. Then c's
+// own redirect check (the egress policy's) applies.
+func secretRedirects(c *http.Client) *http.Client {
+	cp := *c
+	next := c.CheckRedirect
+	if next == nil {
+		next = egress.CheckRedirect
+	}
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if err := secretsFromContext(req.Context()).allowTo(req.URL); err != nil {
+			return fmt.Errorf("redirect: %w", err)
+		}
+		return next(req, via)
+	}
+	return &cp
 }
 
 // unwrapURLError drops the *url.Error wrapper, whose message quotes the

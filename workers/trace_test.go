@@ -56,7 +56,7 @@ func TestTracesOfAKilledDrive(t *testing.T) {
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
 	w1 := p.palWorker(t, "w1", otlp.Env()...)
-	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{RunID: runID, Workflow: json.RawMessage(wf)})
+	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err, w1.Output())

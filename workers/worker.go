@@ -50,6 +50,10 @@ type Config struct {
 	// Secrets resolves {{secrets.NAME}} in the url and headers of the http
 	// tool and of connectors (default: the variable PAL_SECRET_NAME).
 	Secrets func(name string) (string, bool)
+	// SecretHosts returns the hosts secret NAME may be sent to, as
+	// PAL_SECRET_NAME_HOSTS lists them (ParseSecretHosts); default: that
+	// variable. A secret with none bound is sent nowhere.
+	SecretHosts func(name string) (string, bool)
 	// Clock tells the time for every decision a replay must repeat: the
 	// now given to engine.Next (an approval's deadline), the deadline a
 	// new wait journals, when a retry may start, and the ts of the events
@@ -105,6 +109,9 @@ func (c Config) withDefaults() Config {
 	c.HTTPClient = c.Egress.Secure(client)
 	if c.Secrets == nil {
 		c.Secrets = envSecret
+	}
+	if c.SecretHosts == nil {
+		c.SecretHosts = envSecretHosts
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -173,7 +180,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		slots:      newSlots(cfg.ProviderConcurrency),
 		folded:     newFoldedCache(foldedMax, foldedTTL),
 	}
-	w.tools[workflow.HTTPToolName] = httpTool(cfg.HTTPClient)
+	w.tools[workflow.HTTPToolName] = httpTool(secretRedirects(cfg.HTTPClient))
 	w.tools["echo"] = echoTool
 	w.tools["sleep"] = sleepTool
 	return w

@@ -210,10 +210,10 @@ func TestInvalidStartsWriteNothing(t *testing.T) {
 		{"space in run id", "run x", seqWorkflow(1, "openai"), `{}`, "invalid run id"},
 	}
 	for _, tc := range cases {
-		_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
+		_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: tc.runID, Workflow: json.RawMessage(tc.wf), Input: json.RawMessage(tc.input)})
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(cases[0].wf)})
+	_, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(cases[0].wf)})
 	var ve *workflow.ValidationError
 	require.ErrorAs(t, err, &ve)
 
@@ -228,7 +228,7 @@ func TestDuplicateStartCreatesOneRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	req := runs.StartCommand{Workflow: json.RawMessage(seqWorkflow(1, "openai")), IdempotencyKey: "order-42"}
+	req := runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(seqWorkflow(1, "openai")), IdempotencyKey: "order-42"}
 	first, err := b.Runs.Start(ctx, req)
 	require.NoError(t, err)
 	require.True(t, first.Created)
@@ -239,7 +239,7 @@ func TestDuplicateStartCreatesOneRun(t *testing.T) {
 	require.Len(t, b.Events(t, first.RunID), 1)
 
 	// A caller-chosen run id is created once; reusing it is an error.
-	req = runs.StartCommand{RunID: "my-run", Workflow: json.RawMessage(seqWorkflow(1, "openai"))}
+	req = runs.StartCommand{Rights: runs.AllRights, RunID: "my-run", Workflow: json.RawMessage(seqWorkflow(1, "openai"))}
 	_, err = b.Runs.Start(ctx, req)
 	require.NoError(t, err)
 	_, err = b.Runs.Start(ctx, req)
@@ -257,7 +257,7 @@ func TestClaimWithoutDeliveryIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
@@ -282,7 +282,7 @@ func TestDeliveredButNotCompletedIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(webhookWorkflow(b.Hook.URL()))})
 	require.NoError(t, err)
 	runID := res.RunID
 	k := key(runID, "notify", 1)
@@ -332,7 +332,7 @@ func TestCrashLoopFailsRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
+	res, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(seqWorkflow(1, "openai"))})
 	require.NoError(t, err)
 	// Five drives in a row died at s1 without completing it; the sixth
 	// gives up.

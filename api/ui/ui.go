@@ -4,7 +4,9 @@
 // (browser.go there) on the REST API's address.
 //
 // The pages draw what the server computed: the runs list from GET
-// /v1/runs (the Postgres projection) and a run's waterfall from GET
+// /v1/runs (the Postgres projection), the deployed workflows and their
+// versions from GET /v1/workflows and GET /v1/workflows/{name}, and a
+// run's waterfall from GET
 // /v1/runs/{id}/waterfall (the fold of its journal), refreshed while the
 // run is in flight on each event of GET /v1/runs/{id}/events. The scripts
 // never fold events themselves, and they write every value from a run
@@ -27,8 +29,8 @@ var templates embed.FS
 //go:embed static
 var static embed.FS
 
-// Pages returns the page templates (index.html, run.html, login.html,
-// error.html), parsed once.
+// Pages returns the page templates (index.html, run.html,
+// workflows.html, login.html, error.html), parsed once.
 var Pages = sync.OnceValues(func() (*template.Template, error) {
 	return template.ParseFS(templates, "templates/*.html")
 })

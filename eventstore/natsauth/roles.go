@@ -129,7 +129,7 @@ func For(role Role) Permissions {
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
 	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
-	eventstore.BlobRefsStream}
+	eventstore.BlobRefsStream, workflowStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -212,6 +212,10 @@ func worker() Permissions {
 	// (a put or delete purges the object's old chunks).
 	pub = append(pub, snapshotPrefix+">", jsAPI+"STREAM.PURGE."+snapshotStream)
 	pub = append(pub, readObjects(snapshotStream)...)
+	// Deployed workflows: read with the other streams above; listed and
+	// written here.
+	pub = append(pub, workflowPrefix+">")
+	pub = append(pub, ordered(workflowStream)...)
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
@@ -267,6 +271,7 @@ func api() Permissions {
 	// POST /v1/runs/{id}/resume: a forced resume purges the run's lease,
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
+	pub = append(pub, deployWorkflows()...)
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
@@ -286,6 +291,7 @@ func client() Permissions {
 	pub = append(pub, ordered(leaseStream)...)
 	// It reads the journal, so it reads the big values the journal names.
 	pub = append(pub, readBlobs()...)
+	pub = append(pub, readWorkflows()...)
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
@@ -296,6 +302,7 @@ func client() Permissions {
 		jsAPI + "CONSUMER.DURABLE.CREATE.>",
 	}
 	deny = append(deny, projectorNames()...)
+	deny = append(deny, eventstore.WorkflowDeploySubject)
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  deny,
@@ -311,3 +318,25 @@ func projectorNames() []string {
 	s := eventstore.EventsStream + "." + projectorConsumer
 	return []string{p + "CREATE." + s, p + "CREATE." + s + ".>", p + "DELETE." + s}
 }
+
+// Deployed workflows (PAL_WORKFLOWS, eventstore.WorkflowBucket). The
+// worker and api roles deploy: their processes serve PUT
+// /v1/workflows/{name} (pal server), the NATS service's
+// pal.api.workflows.deploy (both), and pal workflow deploy under dev.env
+// (the worker's seed). Every role that reads journals may read the
+// registry: a deployed definition is in the run_created of each of its
+// runs anyway. The client role may not request pal.api.workflows.deploy
+// (client's deny list): the service lets that endpoint's callers deploy
+// because only the deploying roles can reach it.
+const (
+	workflowStream = eventstore.WorkflowStream
+	workflowPrefix = "$KV." + eventstore.WorkflowBucket + "."
+)
+
+// readWorkflows is reading the registry: a version by Direct Get, a
+// listing with an ordered consumer (a KV watch).
+func readWorkflows() []string { return append(read(workflowStream), ordered(workflowStream)...) }
+
+// deployWorkflows is reading and writing the registry (KV create and
+// revision-checked update).
+func deployWorkflows() []string { return append(readWorkflows(), workflowPrefix+">") }

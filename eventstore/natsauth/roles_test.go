@@ -232,7 +232,7 @@ const approvalWF = `{"name":"gate","nodes":[{"id":"start","type":"trigger"},
 
 func (b *bundle) start(t *testing.T, wf string) string {
 	t.Helper()
-	res, err := b.runs.Start(context.Background(), runs.StartCommand{Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`), By: "test"})
+	res, err := b.runs.Start(context.Background(), runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(t, err)
 	return res.RunID
 }
@@ -460,7 +460,10 @@ func TestClientAllowed(t *testing.T) {
 		require.True(t, strings.HasPrefix(e.Key(), "w."), "lease %s before the run started", e.Key())
 	}
 
-	cmd := fmt.Sprintf(`{"workflow":%s,"input":{},"idempotency_key":"roles-1"}`, slowWF)
+	// The client starts a deployed workflow (the worker role deploys it).
+	_, err = b.runs.Deploy(ctx, runs.DeployCommand{Workflow: json.RawMessage(slowWF), Rights: runs.AllRights})
+	require.NoError(t, err)
+	cmd := `{"workflow":"slow","input":{},"idempotency_key":"roles-1"}`
 	_, err = b.cjs.Publish(ctx, eventstore.CommandPrefix+"start", []byte(cmd))
 	require.NoError(t, err)
 	runID := runs.RunIDForKey("roles-1")
@@ -561,7 +564,7 @@ func TestBigValuesUnderRoles(t *testing.T) {
 	// The api role keeps a start's big input (and a fork's big copies) as
 	// a blob: a value no worker put before.
 	in, _ := json.Marshal(map[string]string{"v": strings.Repeat("i", bigSize)})
-	res, err := runs.New(b.apiStore).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(bigWF), Input: in, By: "test"})
+	res, err := runs.New(b.apiStore).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(bigWF), Input: in, By: "test"})
 	require.NoError(t, err)
 	b.waitStatus(t, res.RunID, "succeeded")
 	evs, _, err = b.store.Read(ctx, res.RunID)
@@ -630,7 +633,7 @@ func TestWorkerTakeoverUnderRoles(t *testing.T) {
 		}
 	})
 	runID := event.NewRunID()
-	_, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: json.RawMessage(slowWF), Input: json.RawMessage(`{}`)})
+	_, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(slowWF), Input: json.RawMessage(`{}`)})
 	require.NoError(t, err)
 	first := <-started
 	closed := time.Now()
@@ -658,7 +661,7 @@ func TestRetentionUnderRoles(t *testing.T) {
 	require.NoError(t, err)
 	_, err = obs.PutBytes(ctx, "blob-old", []byte("old"))
 	require.NoError(t, err)
-	res, err := b.runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoWF),
+	res, err := b.runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWF),
 		Input: json.RawMessage(`{"doc":{"blob":"blob-old","size":3}}`), By: "test"})
 	require.NoError(t, err)
 	old := res.RunID
@@ -668,7 +671,7 @@ func TestRetentionUnderRoles(t *testing.T) {
 	sum := event.BlobSum([]byte(big))
 	var twins []string
 	for range 2 {
-		res, err := b.runs.Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoWF), Input: json.RawMessage(big), By: "test"})
+		res, err := b.runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWF), Input: json.RawMessage(big), By: "test"})
 		require.NoError(t, err)
 		b.waitStatus(t, res.RunID, "succeeded")
 		twins = append(twins, res.RunID)

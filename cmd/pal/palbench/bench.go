@@ -238,7 +238,7 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+			res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench", Rights: runs.AllRights})
 			if err != nil {
 				errs <- err
 				return
@@ -305,7 +305,7 @@ func (e *Env) Latencies(ctx context.Context, n, steps int) ([]time.Duration, err
 	out := make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
-		res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench"})
+		res, err := e.client.Start(ctx, runs.StartCommand{Workflow: wf, By: "bench", Rights: runs.AllRights})
 		if err != nil {
 			return out, err
 		}
@@ -378,7 +378,7 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 				mu.Lock()
 				waiting[id] = ch
 				mu.Unlock()
-				_, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench"})
+				_, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: wf, By: "bench", Rights: runs.AllRights})
 				if err == nil {
 					select {
 					case end := <-ch:

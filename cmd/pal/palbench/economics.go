@@ -171,7 +171,7 @@ func Economics(ctx context.Context, o EconomicsOptions) (EconomicsResult, error)
 		return res, err
 	}
 	defer fleet.stop()
-	if _, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: economicsWorkflow(o.Steps, o.Model), By: "bench"}); err != nil {
+	if _, err := runs.New(store).Start(ctx, runs.StartCommand{RunID: runID, Workflow: economicsWorkflow(o.Steps, o.Model), By: "bench", Rights: runs.AllRights}); err != nil {
 		return res, err
 	}
 	evs, err := fleet.until(ctx, store, runID)

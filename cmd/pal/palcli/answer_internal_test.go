@@ -28,6 +28,8 @@ func TestAnswerOf(t *testing.T) {
 		{&runs.InputError{Field: "budget", Err: errors.New("widens")}, ExitBadInput, runs.CodeBadInput},
 		{fmt.Errorf("approving: %w", runs.ErrRunFinished), ExitBadInput, runs.CodeConflict},
 		{fmt.Errorf("getting: %w", eventstore.ErrRunNotFound), ExitNotFound, runs.CodeNotFound},
+		{fmt.Errorf("starting: %w", eventstore.ErrWorkflowNotFound), ExitNotFound, runs.CodeNotFound},
+		{&runs.ForbiddenError{Need: runs.RightDeploy, Field: "workflow", What: "x"}, ExitBadInput, runs.CodeForbidden},
 		{fmt.Errorf("reading: %w", event.ErrBlob), ExitInternal, runs.CodeInternal},
 		{fmt.Errorf("folding: %w", engine.ErrUnfoldable), ExitInternal, runs.CodeInternal},
 		{errors.New("nats: timeout"), ExitUnavailable, runs.CodeUnavailable},

@@ -91,7 +91,7 @@ func answerOf(err error) (exit int, answer string) {
 // exitOfAnswer is the exit code of an answer code.
 func exitOfAnswer(answer string) int {
 	switch answer {
-	case runs.CodeBadInput, runs.CodeConflict, runs.CodeLeaseHeld:
+	case runs.CodeBadInput, runs.CodeForbidden, runs.CodeConflict, runs.CodeLeaseHeld:
 		return ExitBadInput
 	case runs.CodeNotFound:
 		return ExitNotFound
@@ -162,7 +162,7 @@ inspect runs.`,
 		PersistentPreRunE: e.useDevEnv,
 	}
 	root.PersistentFlags().String("nats-url", "", "NATS server URL (env PAL_NATS_URL, default nats://127.0.0.1:4222)")
-	root.AddCommand(e.workerCmd(), e.runCmd(), e.devCmd(), e.natsNodeCmd(), e.benchCmd())
+	root.AddCommand(e.workerCmd(), e.runCmd(), e.workflowCmd(), e.devCmd(), e.natsNodeCmd(), e.benchCmd())
 	root.AddCommand(e.serverCmd(), e.versionCmd())
 	root.AddCommand(e.migrateCmd(), e.projectorCmd(), e.projectionsCmd())
 	// Signed receipts.

@@ -17,8 +17,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/runs"
@@ -229,7 +231,28 @@ func TestDevNATSRoles(t *testing.T) {
 	require.NoError(t, err)
 	defer nc.Close()
 	wf := `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],"edges":[{"from":"start","to":"t1"}]}`
+	// The client role starts deployed workflows only: it may not deploy
+	// (the server refuses the request), and PAL refuses its inline
+	// definitions. pal workflow deploy, under dev.env, may.
+	require.NoError(t, nc.Publish(eventstore.WorkflowDeploySubject, []byte(wf)))
+	require.NoError(t, nc.Flush())
+	select {
+	case err := <-viol:
+		require.ErrorIs(t, err, nats.ErrPermissionViolation)
+		require.Contains(t, err.Error(), `"`+eventstore.WorkflowDeploySubject+`"`)
+	case <-ctx.Done():
+		t.Fatal("no permissions violation for the client's deploy")
+	}
 	m, err := nc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":`+wf+`,"input":{}}`))
+	require.NoError(t, err)
+	require.Equal(t, "403", m.Header.Get(micro.ErrorCodeHeader), "%s", m.Data)
+	require.Equal(t, "forbidden", decodeJSON[map[string]any](t, string(m.Data))["code"])
+	wfFile := filepath.Join(t.TempDir(), "echo.json")
+	require.NoError(t, os.WriteFile(wfFile, []byte(wf), 0o644))
+	r := runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "workflow", "deploy", wfFile)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Equal(t, "echo@1\n", r.stdout)
+	m, err = nc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":"echo","input":{}}`))
 	require.NoError(t, err)
 	started := decodeJSON[map[string]any](t, string(m.Data))
 	id, _ := started["run_id"].(string)
@@ -248,7 +271,7 @@ func TestDevNATSRoles(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no permissions violation for a publish to pal.events")
 	}
-	r := runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "run", "events", id, "--json")
+	r = runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "run", "events", id, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.NotContains(t, r.stdout, "forged")
 	require.NotContains(t, dev.Output(), "NATS error", "pal dev's own roles were refused something")

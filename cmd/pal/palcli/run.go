@@ -34,26 +34,28 @@ func (e *env) runCmd() *cobra.Command {
 
 func (e *env) runStartCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "start --workflow FILE [--input JSON] [--wait]",
+		Use:   "start NAME[@VERSION] | --workflow FILE [--input JSON] [--wait]",
 		Short: "Start a run of a workflow; prints the run id",
-		Long: `pal run start validates the workflow, creates the run (run_created in its
+		Long: `pal run start starts a deployed workflow, NAME (its latest version) or
+NAME@VERSION (pal workflow deploy), or with --workflow FILE the workflow in
+FILE, which it validates and deploys first: either way the run is of a
+deployed version, and keeps it. It creates the run (run_created in its
 journal) and queues it for the workers. It prints the run id alone on
 stdout, or with --json {"run_id":…,"created":…} (created is false when the
 idempotency key named a run that existed already). With --wait it then
 follows the run and exits 0 when it succeeds, 1 when it fails or is
 cancelled; progress goes to stderr.`,
-		Args: cobra.NoArgs,
+		Args: cobra.MaximumNArgs(1),
 		RunE: e.jsonErrors(e.withSettings(e.runStart)),
 	}
 	addJSONFlag(cmd, `print {"run_id":…,"created":…} instead of the bare run id`)
 	f := cmd.Flags()
-	f.StringP("workflow", "w", "", "workflow JSON file ('-' for stdin)")
+	f.StringP("workflow", "w", "", "workflow JSON file ('-' for stdin), deployed before the start; instead of NAME")
 	f.StringP("input", "i", "{}", "run input as JSON, or @FILE")
 	f.Bool("wait", false, "wait for the run to end; exit non-zero unless it succeeded")
 	f.String("run-id", "", "run id to use (letters, digits, '_' and '-'); generated when empty")
 	f.String("idempotency-key", "", "start at most one run for this key")
 	f.String("budget", "", `narrow the workflow's policy.budget for this run, e.g. '{"maxCostUsd":1}' (a wider limit is refused)`)
-	_ = cmd.MarkFlagRequired("workflow")
 	return cmd
 }
 
@@ -91,18 +93,11 @@ func readFileLimited(path string) ([]byte, error) {
 	return readLimited(f, path)
 }
 
-func (e *env) runStart(cmd *cobra.Command, _ []string, s *settings) error {
+func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 	ctx := cmd.Context()
-	wfPath, _ := cmd.Flags().GetString("workflow")
-	var wf []byte
-	var err error
-	if wfPath == "-" {
-		wf, err = readArg("-", cmd.InOrStdin())
-	} else {
-		wf, err = readFileLimited(wfPath)
-	}
+	wf, err := startWorkflow(cmd, args)
 	if err != nil {
-		return badInput("reading workflow: %v", err)
+		return err
 	}
 	inArg, _ := cmd.Flags().GetString("input")
 	input, err := readArg(inArg, cmd.InOrStdin())
@@ -132,8 +127,9 @@ func (e *env) runStart(cmd *cobra.Command, _ []string, s *settings) error {
 		return err
 	}
 	defer closeNC()
+	// The CLI acts as itself: its NATS credentials bound what it may do.
 	res, err := client.Start(ctx, runs.StartCommand{
-		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli"})
+		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli", Rights: runs.AllRights})
 	if err != nil {
 		if res.RunID == "" {
 			return err // its exit code by runs.Classify: a refused budget is bad input
@@ -151,6 +147,34 @@ func (e *env) runStart(cmd *cobra.Command, _ []string, s *settings) error {
 		return nil
 	}
 	return e.follow(ctx, client.Store(), res.RunID, func(ev event.Event) { e.progress(ev) })
+}
+
+// startWorkflow is the start's workflow: a deployed one's name (a JSON
+// string) from the argument, or the definition in --workflow's file.
+func startWorkflow(cmd *cobra.Command, args []string) (json.RawMessage, error) {
+	wfPath, _ := cmd.Flags().GetString("workflow")
+	switch {
+	case len(args) == 1 && wfPath != "":
+		return nil, badInput("give a deployed workflow's NAME[@VERSION] or --workflow FILE, not both")
+	case len(args) == 1:
+		if _, err := runs.ParseWorkflowRef("workflow", args[0]); err != nil {
+			return nil, withCode(ExitBadInput, err)
+		}
+		return json.Marshal(args[0])
+	case wfPath == "":
+		return nil, badInput("name the workflow: pal run start NAME[@VERSION] (pal workflow deploy FILE deploys one), or --workflow FILE")
+	}
+	var wf []byte
+	var err error
+	if wfPath == "-" {
+		wf, err = readArg("-", cmd.InOrStdin())
+	} else {
+		wf, err = readFileLimited(wfPath)
+	}
+	if err != nil {
+		return nil, badInput("reading workflow: %v", err)
+	}
+	return wf, nil
 }
 
 // startOutput is what pal run start --json prints, the REST API's answer.

@@ -143,7 +143,7 @@ Exit codes: 0 started, 2 bad input, 3 unknown run, 4 NATS unreachable.`,
 func (e *env) runFork(cmd *cobra.Command, args []string, s *settings) error {
 	from, _ := cmd.Flags().GetString("from")
 	newID, _ := cmd.Flags().GetString("run-id")
-	c := runs.ForkCommand{RunID: args[0], From: from, NewRunID: newID, By: "pal-cli"}
+	c := runs.ForkCommand{RunID: args[0], From: from, NewRunID: newID, By: "pal-cli", Rights: runs.AllRights}
 	if p, _ := cmd.Flags().GetString("workflow"); p != "" {
 		wf, err := readFileLimited(p)
 		if err != nil {
@@ -199,7 +199,7 @@ func (e *env) runRetry(cmd *cobra.Command, args []string, s *settings) error {
 		return err
 	}
 	defer closeNC()
-	res, err := client.Retry(cmd.Context(), runs.RetryCommand{RunID: args[0], NewRunID: newID, By: "pal-cli"})
+	res, err := client.Retry(cmd.Context(), runs.RetryCommand{RunID: args[0], NewRunID: newID, By: "pal-cli", Rights: runs.AllRights})
 	return e.printFork(cmd, res, err)
 }
 

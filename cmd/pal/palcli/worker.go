@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -135,6 +136,12 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.providerConcurrency, err = workers.ParseProviderConcurrency(e.getenv(workers.EnvProviderConcurrency)); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	// Secrets and their hosts are read from the process's own
+	// environment as a step sends (never dev.env); a bad host list stops
+	// the worker here instead.
+	if err := workers.CheckSecretHosts(os.Environ()); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
