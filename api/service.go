@@ -6,12 +6,14 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/runs"
 )
 
@@ -46,8 +48,11 @@ type getRequest struct {
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
-// set (400 bad input, 404 not found, 409 conflict, 500 internal, 503
-// unavailable).
+// set (400 bad input, 403 forbidden, 404 not found, 409 conflict, 500
+// internal, 503 unavailable). The caller is who the server says
+// (runs.Client.Requester): a client user, with its scopes, or PAL's own
+// account. The endpoint consumer answers the client account's consumer
+// creates (natsauth.Guard).
 // get answers a run whose journal retention removed from its rows when
 // given WithRunReader, as REST's GET /v1/runs/{id} does. Stop the returned
 // service to deregister it.
@@ -76,7 +81,12 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api")
+			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err != nil {
+				respondError(req, err, log)
+				return
+			}
+			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), caller)
 			if err != nil {
 				respondError(req, err, log)
 				return
@@ -90,6 +100,10 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		if _, err := client.Requester(nats.Header(req.Headers()), "pal.api"); err != nil {
+			respondError(req, err, log)
+			return
+		}
 		var r getRequest
 		if err := runs.DecodeStrict(req.Data(), &r); err != nil {
 			respondError(req, err, log)
@@ -116,13 +130,32 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			return nil, err
 		}
 	}
+	guard, err := natsauth.NewGuard(nc)
+	if err == nil {
+		err = svc.AddEndpoint("consumer", micro.HandlerFunc(func(req micro.Request) {
+			_ = req.Respond(guard.Create(ctx, req.Subject(), nats.Header(req.Headers()), req.Data()))
+		}), micro.WithEndpointSubject(natsauth.GuardPrefix+"CONSUMER.CREATE.>"))
+	}
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
 	return svc, nil
 }
 
+// importReplyPrefix is the reply subject the server gives a request that
+// crossed the client account's import: it leads back only to the client
+// account, whatever reply the client named.
+const importReplyPrefix = "_R_."
+
 // replyAllowed refuses a request whose reply subject is not one PAL may
-// publish on (runs.Client.CheckReply): it is not answered, and the refusal
-// is logged and announced on pal.cmd.rejected.
+// publish on (the server's reply of an import, or runs.Client.CheckReply):
+// it is not answered, and the refusal is logged and announced on
+// pal.cmd.rejected.
 func replyAllowed(client *runs.Client, req micro.Request, log *slog.Logger) bool {
+	if strings.HasPrefix(req.Reply(), importReplyPrefix) {
+		return true
+	}
 	err := client.CheckReply(req.Reply())
 	if err == nil {
 		return true

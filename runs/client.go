@@ -14,6 +14,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -28,6 +29,8 @@ type Client struct {
 	nc        *nats.Conn
 	reply     []string
 	anomalies map[string]event.AnomalyRule
+	// users are the client users PAL knows (WithUsers).
+	users natsauth.Users
 }
 
 // WithAnomalyDefaults sets the settings' anomaly rules (PAL_ANOMALY_*,

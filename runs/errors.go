@@ -14,7 +14,7 @@ import (
 // *InputError (or ErrInvalidRunID, *workflow.ValidationError,
 // ErrPayloadTooLarge) is the caller's mistake (400), ErrRunNotFound 404,
 // ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
-// 409; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
+// 409; a *ForbiddenError (the caller's scopes) 403; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
 // anything else is the infrastructure (503) and worth retrying.
 var (
 	// ErrInvalidRunID is wrapped by every refused run id: one that is not
@@ -86,7 +86,10 @@ const (
 func Classify(err error) (code string, field string, final bool) {
 	var ie *InputError
 	var ve *workflow.ValidationError
+	var fe *ForbiddenError
 	switch {
+	case errors.As(err, &fe):
+		return CodeForbidden, fe.Field, true
 	case errors.As(err, &ie):
 		return CodeBadInput, ie.Field, true
 	case errors.As(err, &ve):

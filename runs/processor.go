@@ -121,14 +121,20 @@ func decodeCommand[C any, P interface {
 }
 
 // Do carries out one command of the given kind (start, approve, cancel,
-// budget, signal, resume, fork, retry) from its JSON body. key, when not
-// empty, is the transport's deduplication id (Nats-Msg-Id): the start's
-// idempotency key when the body names none, and a fork's or retry's
-// (commandKey), so a command delivered again finds the run it made; by is
-// the transport's identity of the caller.
+// budget, signal, resume, fork, retry) from its JSON body, for caller.
+// key, when not empty, is the transport's deduplication id
+// (Nats-Msg-Id): the start's idempotency key when the body names none,
+// and a fork's or retry's (commandKey), so a command delivered again
+// finds the run it made. The caller's scopes must allow the kind
+// (natsauth.CommandScope), a forced resume needs scope admin, and a body's
+// by or approver may only repeat the caller's name unless it has admin
+// (Caller); else a *ForbiddenError.
 // It returns the answer and the reply subject named in the body, if any;
 // a reply subject CheckReply refuses refuses the whole command.
-func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string) (Answer, string, error) {
+func (c *Client) Do(ctx context.Context, kind string, body []byte, key string, caller Caller) (Answer, string, error) {
+	if err := caller.may(kind); err != nil {
+		return Answer{}, "", err
+	}
 	switch kind {
 	case CmdStart:
 		cmd, err := decodeCommand[StartCommand](c, body)
@@ -140,7 +146,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 				return Answer{}, cmd.ReplyTo, err
 			}
 		}
-		cmd.By = by
+		cmd.By = caller.Name
 		res, err := c.Start(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
@@ -152,6 +158,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
+		if cmd.Approver, err = caller.actingAs("approver", cmd.Approver, true); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		err = c.Approve(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdCancel:
@@ -159,8 +168,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.Cancel(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -169,8 +178,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.RaiseBudget(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -179,8 +188,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.Signal(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -189,6 +198,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
+		if err := caller.force(cmd.Force); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Resume(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID, Broke: res.Broke, TakenBy: res.TakenBy}, cmd.ReplyTo, err
 	case CmdFork:
@@ -196,7 +208,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By = by
+		cmd.By = caller.Name
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -210,7 +222,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By = by
+		cmd.By = caller.Name
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -220,7 +232,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		}
 		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	default:
-		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
+		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", truncate(kind, 64))}
 	}
 }
 
@@ -364,7 +376,7 @@ func (p *CommandProcessor) Stop(ctx context.Context) error {
 }
 
 func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
-	kind := strings.TrimPrefix(m.Subject(), eventstore.CommandPrefix)
+	kind, caller, callerErr := p.client.commandCaller(m.Subject())
 	hdr := m.Headers()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -388,8 +400,11 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if err == nil {
+		err = callerErr
+	}
+	if err == nil {
 		var bodyReply string
-		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), "pal.cmd")
+		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), caller)
 		if replyTo == "" {
 			replyTo = bodyReply
 		}

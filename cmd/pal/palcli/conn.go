@@ -101,7 +101,10 @@ func (e *env) connectNow(t natsTarget, name string) (*nats.Conn, error) {
 			go c.Close()
 		}
 	})
-	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError}, t.auth...)...)
+	// A one-shot command connects as one of PAL's roles: its replies stay
+	// in PAL's account (_PAL_INBOX; _INBOX crosses to the clients).
+	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError,
+		natsauth.InboxOption()}, t.auth...)...)
 	if refusedLogin(err) {
 		// Refused for good, as a permissions violation is: exit 2.
 		return nil, &natsRefusal{who: who, err: err, login: true}
