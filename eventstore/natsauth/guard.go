@@ -70,8 +70,8 @@ type apiError struct {
 
 // Error codes of the JetStream API the guard answers with.
 const (
-	errCodeCreate    = 10012 // consumer create error: a refused config
-	errCodeMaxLimit  = 10026 // maximum consumers limit reached
+	errCodeCreate      = 10012 // consumer create error: a refused config
+	errCodeMaxLimit    = 10026 // maximum consumers limit reached
 	errCodeUnavailable = 10008 // JetStream system temporarily unavailable
 )
 

@@ -460,11 +460,11 @@ func (e *env) devVars(d devConfig, abs string, n *devNATS, dbURL string, rest *a
 		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
 		// and know the client users as pal dev does.
 		natsauth.EnvUsers: n.users.String(),
-		"DATABASE_URL":   dbURL,
-		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
-		"PAL_DURABILITY": d.wc.durability,
-		"PAL_LEASE_TTL":  d.wc.leaseTTL.String(),
-		"PAL_REPLICAS":   strconv.Itoa(d.wc.replicas),
+		"DATABASE_URL":    dbURL,
+		"PAL_HTTP_ADDR":   strings.TrimPrefix(rest.URL(), "http://"),
+		"PAL_DURABILITY":  d.wc.durability,
+		"PAL_LEASE_TTL":   d.wc.leaseTTL.String(),
+		"PAL_REPLICAS":    strconv.Itoa(d.wc.replicas),
 		// The pal worker processes beside pal dev --no-worker call the
 		// tour's local receivers too.
 		egress.EnvAllow: d.wc.egress.String(),
