@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -311,7 +310,7 @@ func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 // Nats-Msg-Id.
 func journalMsg(runID string, evs []event.Event, body []byte, idSuffix string) (*nats.Msg, string) {
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
-	msg.Header.Set(kindHeader, kindsOf(evs))
+	msg.Header.Set(kindHeader, event.KindsOf(evs))
 	return msg, runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
 }
 
@@ -443,8 +442,8 @@ func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve 
 	}
 	chain := head.chain(runID)
 	var out []event.Event
-	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
-		evs, _ := chain.Next(body) // a bad message is recorded in chain.Corrupt
+	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte, st event.Stamp) bool {
+		evs, _ := chain.NextStamped(body, st) // a bad message is recorded in chain.Corrupt
 		out, head = append(out, evs...), after(&chain, streamSeq)
 		return true
 	})
@@ -467,19 +466,20 @@ func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve 
 
 // Scan passes the exact bytes of every message on a run's subject after
 // stream sequence after and before stream sequence before (0: no bound),
-// in order, to fn, which must verify them (event.Chain): the projector
-// folds its runs this way from where its own chain stands.
-func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte)) error {
+// in order, with its stamp (StampOf), to fn, which must verify them
+// (event.Chain.NextStamped): the projector folds its runs this way from
+// where its own chain stands.
+func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte, st event.Stamp)) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}
-	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte) bool { fn(seq, body); return true })
+	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte, st event.Stamp) bool { fn(seq, body, st); return true })
 }
 
 // scan is Scan without the run id check, and fn may stop it by returning
 // false. Each message reaches fn once: a batch that fails is retried from
 // the message after the last one fn took.
-func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte) bool) error {
+func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte, event.Stamp) bool) error {
 	subj := EventsSubject(runID)
 	first := true
 	return retry.Do(ctx, jsRetry, func() error {
@@ -516,7 +516,7 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 // sequence after (and before before, unless 0), passing each to fn. It
 // returns the stream sequence of the last message fn took, how many
 // matching messages are still pending, and whether fn stopped the read.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte, event.Stamp) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
 	pending = 1 // unknown until a reply says otherwise
 	errBefore, errStop := errors.New("past before"), errors.New("stopped")
@@ -534,7 +534,7 @@ func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64
 				// Before fn takes the message, so a retry reads it again.
 				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
 			}
-			more := fn(m.Sequence, m.Data)
+			more := fn(m.Sequence, m.Data, StampOf(m.Header, Answered))
 			after, pending, read = m.Sequence, n, true
 			if !more {
 				return errStop
@@ -574,17 +574,6 @@ func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
 	}
 	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence, Hash: event.Hash(m.Data)}, nil
-}
-
-func kindsOf(evs []event.Event) string {
-	if len(evs) == 1 {
-		return string(evs[0].Kind)
-	}
-	ks := make([]string, len(evs))
-	for i, ev := range evs {
-		ks[i] = string(ev.Kind)
-	}
-	return strings.Join(ks, ",")
 }
 
 func isWrongLastSeq(err error) bool {

@@ -160,7 +160,7 @@ func (w *watch) take(ctx context.Context, m *nats.Msg) error {
 		return w.catchUp(ctx)
 	}
 	c := w.chain
-	evs, _ := c.Next(m.Data)
+	evs, _ := c.NextStamped(m.Data, StampOf(m.Header, Answered))
 	if c.Corrupt != nil {
 		// Not the stream's own copy, or the journal is bad: the stream
 		// says which.
@@ -173,10 +173,10 @@ func (w *watch) take(ctx context.Context, m *nats.Msg) error {
 // catchUp reads and passes on everything stored after the head.
 func (w *watch) catchUp(ctx context.Context) error {
 	var ended error
-	err := w.s.scan(ctx, w.runID, w.head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
+	err := w.s.scan(ctx, w.runID, w.head.StreamSeq, 0, func(streamSeq uint64, body []byte, st event.Stamp) bool {
 		// A message that does not verify is skipped, and so is everything
 		// after it but the seal (event.Chain).
-		evs, _ := w.chain.Next(body)
+		evs, _ := w.chain.NextStamped(body, st)
 		w.head = after(&w.chain, streamSeq)
 		ended = w.deliver(evs)
 		return ended == nil

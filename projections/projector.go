@@ -592,7 +592,7 @@ func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
 		p.log.Error("skipping a message without JetStream metadata", "subject", m.Subject(), "err", err)
 		return decoded{}, false
 	}
-	d, ok := decodedOf(md.Sequence.Stream, m.Subject(), m.Data())
+	d, ok := decodedOf(md.Sequence.Stream, m.Subject(), m.Data(), m.Headers())
 	if !ok {
 		p.stats.malformed.Add(1)
 		p.log.Error("skipping a message off the runs' subjects", "stream_seq", md.Sequence.Stream, "subject", m.Subject())

@@ -294,7 +294,7 @@ func (r *replayer) replayTo(ctx context.Context, db sender, target uint64, phase
 					return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
 				}
 				r.seq = md.Sequence.Stream
-				d, ok := decodedOf(r.seq, m.Subject(), m.Data())
+				d, ok := decodedOf(r.seq, m.Subject(), m.Data(), m.Headers())
 				if !ok {
 					r.f.log.Error("skipping a message off the runs' subjects", "stream_seq", r.seq, "subject", m.Subject())
 					d = decoded{streamSeq: r.seq}

@@ -85,7 +85,12 @@ var ErrNotEnded = errors.New("the run has not ended")
 // ErrNotEnded. A sealed corrupt journal (ended by run_failed with code
 // journal_corrupt) still gets a receipt: it covers the sound prefix and the
 // seal, and the unsound messages are counted but not folded.
-func Build(runID string, msgs [][]byte) (*Receipt, error) {
+func Build(runID string, msgs [][]byte) (*Receipt, error) { return BuildStamped(runID, msgs, nil) }
+
+// BuildStamped is Build for messages read from the stream with their
+// stamps (event.Chain.NextStamped): a message PAL did not write is
+// unsound however sound its bytes.
+func BuildStamped(runID string, msgs [][]byte, stamps []event.Stamp) (*Receipt, error) {
 	if len(msgs) > MaxMessages {
 		return nil, fmt.Errorf("the journal has %d messages; a receipt covers at most %d", len(msgs), MaxMessages)
 	}
@@ -93,7 +98,13 @@ func Build(runID string, msgs [][]byte) (*Receipt, error) {
 	r := &Receipt{V: Version, RunID: runID}
 	var usage event.Usage
 	for i, body := range msgs {
-		evs, err := c.Next(body)
+		var evs []event.Event
+		var err error
+		if stamps != nil {
+			evs, err = c.NextStamped(body, stamps[i])
+		} else {
+			evs, err = c.Next(body)
+		}
 		if err != nil && !c.Ended {
 			var ce *event.CorruptError
 			if errors.As(err, &ce) && i+1 < len(msgs) {
