@@ -159,10 +159,10 @@ func (s *Stamp) check(runID string, evs []Event, seal bool) string {
 		id += ":seal-" + evs[0].Prev[:min(16, len(evs[0].Prev))]
 	}
 	if s.MsgID != id {
-		return fmt.Sprintf("Nats-Msg-Id %q, want %q: not a message PAL wrote", short(s.MsgID), id)
+		return fmt.Sprintf("Nats-Msg-Id %q, want %q: not a message PAL wrote", clip(s.MsgID), id)
 	}
 	if kinds := KindsOf(evs); s.Kinds != kinds {
-		return fmt.Sprintf("Pal-Kind %q, want %q: not a message PAL wrote", short(s.Kinds), kinds)
+		return fmt.Sprintf("Pal-Kind %q, want %q: not a message PAL wrote", clip(s.Kinds), kinds)
 	}
 	return ""
 }
@@ -230,6 +230,14 @@ func (c *Chain) isSeal(evs []Event) bool {
 	}
 	var d RunFailedData
 	return json.Unmarshal(ev.Data, &d) == nil && d.Code == CodeJournalCorrupt
+}
+
+// clip bounds a header's value in a reason: it is whoever wrote it's.
+func clip(s string) string {
+	if len(s) > 80 {
+		return strings.ToValidUTF8(s[:80], "") + "…"
+	}
+	return s
 }
 
 // short abbreviates a hash for a message.

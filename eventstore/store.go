@@ -368,8 +368,9 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
 		m, err := s.events.GetMsg(gctx, head.StreamSeq+1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
 		cancel()
-		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
-			return advance(evs, body, m.Sequence), nil
+		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) &&
+			StampOf(m.Header, Answered).Echo == "" {
+			return advance(evs, body, storedSeq(m)), nil
 		}
 		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			ce := &ConflictError{RunID: runID, Expected: head.Seq}
@@ -529,7 +530,7 @@ func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64
 			if before > 0 && m.Sequence >= before {
 				return errBefore
 			}
-			n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			n, perr := strconv.ParseUint(served(m.Header, numPendingHeader), 10, 64)
 			if perr != nil {
 				// Before fn takes the message, so a retry reads it again.
 				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
@@ -573,7 +574,18 @@ func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 	if err != nil {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
 	}
-	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence, Hash: event.Hash(m.Data)}, nil
+	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: storedSeq(m), Hash: event.Hash(m.Data)}, nil
+}
+
+// storedSeq is the stream sequence of a journal message read by Direct
+// Get (PAL_EVENTS allows it): the server's own Nats-Sequence (served),
+// which nats.go's m.Sequence is not when the message carries one of its
+// own (a stored answer).
+func storedSeq(m *jetstream.RawStreamMsg) uint64 {
+	if seq, err := strconv.ParseUint(served(m.Header, jetstream.SequenceHeader), 10, 64); err == nil {
+		return seq
+	}
+	return m.Sequence
 }
 
 func isWrongLastSeq(err error) bool {

@@ -148,14 +148,14 @@ func (w *watch) deliver(evs []event.Event) error {
 // take applies a republished copy if it directly follows the head and is
 // a sound continuation, and otherwise reads the stream from the head.
 func (w *watch) take(ctx context.Context, m *nats.Msg) error {
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-	if err != nil || m.Header.Get(jetstream.StreamHeader) != EventsStream {
+	seq, err := strconv.ParseUint(served(m.Header, jetstream.SequenceHeader), 10, 64)
+	if err != nil || served(m.Header, jetstream.StreamHeader) != EventsStream {
 		return nil // not a republished copy
 	}
 	if seq <= w.head.StreamSeq {
 		return nil // read already
 	}
-	prev, err := strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
+	prev, err := strconv.ParseUint(served(m.Header, "Nats-Last-Sequence"), 10, 64)
 	if err != nil || prev != w.head.StreamSeq || w.chain.Corrupt != nil {
 		return w.catchUp(ctx)
 	}
