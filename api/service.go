@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -118,7 +119,13 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			respondError(req, err, log)
 			return
 		}
-		_ = req.RespondJSON(v)
+		if err := req.RespondJSON(v); errors.Is(err, nats.ErrMaxPayload) {
+			// A run whose big values make its view more than a NATS
+			// message carries is answered, not left to time out.
+			body, _ := json.Marshal(runs.Answer{Error: fmt.Sprintf("run %s: its view is more than a NATS message carries (%d bytes); read it with GET /v1/runs/%s",
+				r.RunID, nc.MaxPayload(), r.RunID), Code: codeTooLarge})
+			_ = req.Error(strconv.Itoa(answerCodes[codeTooLarge].http), "run view too large", body)
+		}
 	})
 	for _, ep := range []struct {
 		name string
@@ -133,7 +140,12 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	guard, err := natsauth.NewGuard(nc)
 	if err == nil {
 		err = svc.AddEndpoint("consumer", micro.HandlerFunc(func(req micro.Request) {
-			_ = req.Respond(guard.Create(ctx, req.Subject(), nats.Header(req.Headers()), req.Data()))
+			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err != nil {
+				_ = req.Respond(natsauth.GuardRefusal(err.Error()))
+				return
+			}
+			_ = req.Respond(guard.Create(ctx, req.Subject(), caller.Name, req.Data()))
 		}), micro.WithEndpointSubject(natsauth.GuardPrefix+"CONSUMER.CREATE.>"))
 	}
 	if err != nil {

@@ -75,6 +75,9 @@ const (
 	errCodeUnavailable = 10008 // JetStream system temporarily unavailable
 )
 
+// GuardRefusal is the guard's answer to a create it refuses for why.
+func GuardRefusal(why string) []byte { return apiErr(403, errCodeCreate, "PAL: "+why) }
+
 func apiErr(status, code int, desc string) []byte {
 	var a apiError
 	a.Type = "io.nats.jetstream.api.v1.consumer_create_response"
@@ -84,13 +87,10 @@ func apiErr(status, code int, desc string) []byte {
 }
 
 // Create answers one consumer create sent to subject
-// (GuardPrefix+"CONSUMER.CREATE.<stream>[.…]") with the headers hdr (the
-// server's Nats-Request-Info names the user) and body: the JetStream
-// API's answer, or a refusal in its form.
-func (g *Guard) Create(ctx context.Context, subject string, hdr nats.Header, body []byte) []byte {
-	var ri requestInfo
-	_ = json.Unmarshal([]byte(hdr.Get(RequestInfoHeader)), &ri)
-	user := ri.User
+// (GuardPrefix+"CONSUMER.CREATE.<stream>[.…]") with body by the client
+// user user (Users.Requester): the JetStream API's answer, or a refusal
+// in its form.
+func (g *Guard) Create(ctx context.Context, subject, user string, body []byte) []byte {
 	tail, ok := strings.CutPrefix(subject, GuardPrefix+"CONSUMER.CREATE.")
 	stream, _, _ := strings.Cut(tail, ".")
 	if !ok || !consumable(stream) {
@@ -187,9 +187,6 @@ func checkCreate(body []byte, user string) ([]byte, error) {
 		if err := json.Unmarshal(raw, &md); err != nil {
 			return nil, errors.New("metadata is not an object of strings")
 		}
-	}
-	if user == "" {
-		user = "client"
 	}
 	md[ClientMetadata] = user
 	var err error

@@ -85,10 +85,12 @@ func (v *violations) wait(tb testing.TB, subject string) {
 
 // The client users of setup besides natsauth.DefaultUser (every scope):
 // starter may read and start, ana (the approver approvalWF names) may
-// read and approve.
+// read and approve; ghost may read and start as far as NATS is concerned,
+// but PAL does not know it (PAL_NATS_USERS).
 const (
 	starter = "starter"
 	ana     = "ana"
+	ghost   = "ghost"
 )
 
 // bundle is PAL with its accounts as pal dev sets them up: a worker (with
@@ -117,16 +119,29 @@ type bundle struct {
 	slowCancelled atomic.Bool
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t *testing.T) *bundle { t.Helper(); return setupWith(t, true) }
+
+// setupWith is setup; journalCheck false is for a test that corrupts a
+// journal on purpose (testenv.CheckJournalOnCleanup).
+func setupWith(t *testing.T, journalCheck bool) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	srv := testenv.NATS(t, testenv.ClientUsers(
 		natsauth.User{Name: starter, Scopes: natsauth.ScopeRead | natsauth.ScopeStart},
-		natsauth.User{Name: ana, Scopes: natsauth.ScopeRead | natsauth.ScopeApprove}))
+		natsauth.User{Name: ana, Scopes: natsauth.ScopeRead | natsauth.ScopeApprove},
+		natsauth.User{Name: ghost, Scopes: natsauth.ScopeRead | natsauth.ScopeStart}))
+	var known natsauth.Users // what PAL's processes are told
+	for _, u := range srv.Users() {
+		if u.Name != ghost {
+			known = append(known, u)
+		}
+	}
 	b := &bundle{srv: srv, cviol: newViolations(), palViol: newViolations(),
 		slowStarted: make(chan struct{}, 1), slowRelease: make(chan struct{})}
 	b.admin = b.srv.Conn(t)
-	testenv.CheckJournalOnCleanup(t, b.admin)
+	if journalCheck {
+		testenv.CheckJournalOnCleanup(t, b.admin)
+	}
 	log := paltest.Logger(t)
 
 	wnc := b.srv.ConnAs(t, natsauth.Worker, b.palViol.option())
@@ -159,7 +174,7 @@ func setup(t *testing.T) *bundle {
 	})
 	require.NoError(t, w.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
-	b.runs = runs.New(b.store, runs.WithUsers(srv.Users()))
+	b.runs = runs.New(b.store, runs.WithUsers(known))
 	cmds := runs.NewCommandProcessor(b.runs, log)
 	require.NoError(t, cmds.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, cmds.Stop(context.Background())) })
@@ -169,7 +184,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b.apiStore, err = eventstore.Open(ctx, ajs)
 	require.NoError(t, err)
-	svc, err := api.StartService(ctx, anc, runs.New(b.apiStore, runs.WithUsers(srv.Users())), log)
+	svc, err := api.StartService(ctx, anc, runs.New(b.apiStore, runs.WithUsers(known)), log)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
 
