@@ -1,7 +1,6 @@
 package runs
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -49,7 +48,7 @@ func (c Caller) may(kind string) error {
 	if !ok || c.Scopes.Has(need) {
 		return nil // an unknown kind is refused by Do itself
 	}
-	return &ForbiddenError{Msg: fmt.Sprintf("NATS user %s lacks scope %s, which %s needs", c.Name, scopeName(need), kind)}
+	return &ForbiddenError{Msg: fmt.Sprintf("NATS user %s lacks scope %s, which %s needs", c.Name, need, kind)}
 }
 
 // actingAs returns the name the command acts as when its body names one
@@ -79,8 +78,6 @@ func (c Caller) force(force bool) error {
 	}
 	return nil
 }
-
-func scopeName(s natsauth.Scopes) string { return s.String() }
 
 // WithUsers sets the client users PAL knows (PAL_NATS_USERS): a request
 // from any other user of the client account is refused.
@@ -119,9 +116,3 @@ func (c *Client) commandCaller(subject string) (string, Caller, error) {
 }
 
 func clipName(s string) string { return truncate(s, 64) }
-
-// isForbidden reports a *ForbiddenError.
-func isForbidden(err error) (*ForbiddenError, bool) {
-	var fe *ForbiddenError
-	return fe, errors.As(err, &fe)
-}

@@ -62,7 +62,7 @@ func (r *natsRefusal) Error() string {
 	}
 	what := strings.TrimPrefix(r.err.Error(), nats.ErrPermissionViolation.Error()+": ")
 	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role (.pal/%s under pal dev) "+
-		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
+		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); a client user reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.<kind>.<user>",
 		r.who, what, natsauth.SeedFile(natsauth.API), natsauth.SeedFile(natsauth.Worker))
 }
 

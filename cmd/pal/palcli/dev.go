@@ -293,6 +293,7 @@ PAL dev is running.
   worker     %s
   LLM        %s
 `, n.url, natsStoreNote(abs, n.cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+	fmt.Fprintf(e.stderr, "  clients    %s   (NATS users of the client account; PAL_NATS_USERS=name:scope+… adds more)\n", clientsNote(n.users))
 	if n.cluster != nil {
 		fmt.Fprintf(e.stderr, "  cluster    %s   (PAL_REPLICAS=3; kill -9 one to watch a failover: pal dev starts it again after 2 s)\n",
 			n.cluster.pids(n.cluster.nodes))
@@ -310,6 +311,15 @@ Try it (%s):
 
 Press Ctrl-C to stop.
 `, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(n.url, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
+}
+
+// clientsNote lists the client users for the banner: name, scopes, seed.
+func clientsNote(users natsauth.Users) string {
+	parts := make([]string, len(users))
+	for i, u := range users {
+		parts[i] = fmt.Sprintf("%s (%s, %s)", u.Name, u.Scopes, natsauth.UserSeedFile(u.Name))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // devNATS is pal dev's NATS: one server in this process, or a cluster of
