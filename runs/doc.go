@@ -20,6 +20,15 @@
 //     workers' alone. A fork or retry only reads its source and starts a
 //     new run; a resume writes no event (it replaces the work message, and
 //     with force breaks the lease; fencing does the rest).
+//   - Over NATS a caller is who the server says (Caller): a durable
+//     command on pal.cmd.runs.<kind>.<user> is that client user's (the
+//     server lets a user publish only under its own name), one on
+//     pal.cmd.runs.<kind> PAL's own account's; a service request's caller
+//     is named in the server's Nats-Request-Info (Client.Requester). Its
+//     scopes must allow the kind, a forced resume needs admin, and a
+//     body's by or approver may only repeat the caller's name unless it
+//     has admin; else *ForbiddenError. A user PAL does not know
+//     (WithUsers, PAL_NATS_USERS) is refused.
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.
