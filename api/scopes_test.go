@@ -45,7 +45,7 @@ func TestParseTokenScopes(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"ci=s3cr3t:", "token 1 (ci): no scopes after ':'"},
 		{"ci=s3cr3t: ", "no scopes after ':'"},
-		{"ci=s3cr3t:+", "scope 1 of 2 after the last ':' is not one of read, start, approve, cancel or admin"},
+		{"ci=s3cr3t:+", "scope 1 of 2 after the last ':' is not one of read, start, approve, cancel, deploy or admin"},
 		{"ci=s3cr3t:read+", "scope 2 of 2"},
 		{"ci=s3cr3t:raed", "scope 1 of 1"},
 		{"ci=s3cr3t:READ", "scope 1 of 1"},

@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// Scopes is what a client user may do, a set of Scope bits, as a REST
-// token's scopes say it for REST. The server enforces them by subject
+// Scopes is what a client user or a REST token (api.Scopes, the same
+// type) may do, a set of Scope bits. The server enforces them by subject
 // (each scope renders into the user's publish permissions, Permissions
 // of User), and PAL's NATS service and command processor check them
 // again, with what a subject cannot say: a forced resume, and naming
@@ -48,9 +48,23 @@ func (ss Scopes) String() string {
 	return strings.Join(parts, "+")
 }
 
+// ScopeWords is how the scopes are written, for a message that lists
+// them.
+const ScopeWords = "read, start, approve, cancel, deploy or admin, joined by '+'"
+
+// ScopeOf returns the scope written word; ok is false for none.
+func ScopeOf(word string) (s Scopes, ok bool) {
+	for _, n := range scopeNames {
+		if n.name == word {
+			return n.s, true
+		}
+	}
+	return 0, false
+}
+
 // ParseScopes reads "read+start". An unknown word is named by position.
 func ParseScopes(list string) (Scopes, error) {
-	const want = "read, start, approve, cancel, deploy or admin, joined by '+'"
+	const want = ScopeWords
 	if strings.TrimSpace(list) == "" {
 		return 0, fmt.Errorf("no scopes (want %s)", want)
 	}
@@ -58,13 +72,8 @@ func ParseScopes(list string) (Scopes, error) {
 	var ss Scopes
 	for i, w := range words {
 		w = strings.TrimSpace(w)
-		var s Scopes
-		for _, n := range scopeNames {
-			if n.name == w {
-				s = n.s
-			}
-		}
-		if s == 0 {
+		s, ok := ScopeOf(w)
+		if !ok {
 			return 0, fmt.Errorf("scope %d of %d is not one of %s", i+1, len(words), want)
 		}
 		if ss&s != 0 {
