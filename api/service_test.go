@@ -36,7 +36,8 @@ func TestNATSService(t *testing.T) {
 		subjects = append(subjects, ep.Subject)
 	}
 	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget",
-		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry"}, subjects)
+		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry",
+		"pal.guard.CONSUMER.CREATE.>"}, subjects, "the runs' endpoints, and the guard of the client account's consumer creates")
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()

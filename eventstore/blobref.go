@@ -133,7 +133,7 @@ func (s *Store) BlobsOf(ctx context.Context, runID string) ([]string, error) {
 	}
 	var set event.BlobSet
 	msgs := 0
-	err := s.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte, _ event.Stamp) {
+	err := s.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte) {
 		msgs++
 		// A message that is not PAL's, or a malformed reference, names no
 		// blob PAL can trust.

@@ -467,10 +467,17 @@ func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve 
 
 // Scan passes the exact bytes of every message on a run's subject after
 // stream sequence after and before stream sequence before (0: no bound),
-// in order, with its stamp (StampOf), to fn, which must verify them
-// (event.Chain.NextStamped): the projector folds its runs this way from
-// where its own chain stands.
-func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte, st event.Stamp)) error {
+// in order, to fn: what an export writes. A reader that folds them uses
+// ScanStamped.
+func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte)) error {
+	return s.ScanStamped(ctx, runID, after, before, func(seq uint64, body []byte, _ event.Stamp) { fn(seq, body) })
+}
+
+// ScanStamped is Scan with each message's stamp (StampOf), for fn to
+// verify them (event.Chain.NextStamped): the projector folds its runs
+// this way from where its own chain stands, and the receipt signer signs
+// only what PAL wrote.
+func (s *Store) ScanStamped(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte, st event.Stamp)) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}

@@ -50,7 +50,7 @@ func forge(t *testing.T, k event.Kind, runID string, seq uint64, prev, worker st
 func rawKinds(t *testing.T, b *bundle, runID string) (kinds map[event.Kind]int, msgs int) {
 	t.Helper()
 	kinds = map[event.Kind]int{}
-	err := b.Store.Scan(context.Background(), runID, 0, 0, func(_ uint64, body []byte, _ event.Stamp) {
+	err := b.Store.Scan(context.Background(), runID, 0, 0, func(_ uint64, body []byte) {
 		msgs++
 		if evs, err := event.Decode(body); err == nil {
 			for _, ev := range evs {

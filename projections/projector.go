@@ -140,7 +140,7 @@ func New(pool *pgxpool.Pool, store *eventstore.Store, cfg Config) *Projector {
 		log:       cfg.Logger.With("projector", cfg.Name),
 		ckChanged: make(chan struct{}),
 	}
-	p.f = &folder{cache: newStateCache(cfg.CacheSize), scan: store.Scan, earlier: store.Earlier, resolve: store.ResolveBlobs, log: p.log, stats: &p.stats}
+	p.f = &folder{cache: newStateCache(cfg.CacheSize), scan: store.ScanStamped, earlier: store.Earlier, resolve: store.ResolveBlobs, log: p.log, stats: &p.stats}
 	return p
 }
 

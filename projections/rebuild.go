@@ -182,7 +182,7 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 		it:   it,
 		w:    newWriter(StagingSchema),
 		opts: opts,
-		f:    &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats, scan: store.Scan, earlier: store.Earlier, resolve: store.ResolveBlobs},
+		f:    &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats, scan: store.ScanStamped, earlier: store.Earlier, resolve: store.ResolveBlobs},
 	}
 
 	// Replay without holding anything, until what is left is small.

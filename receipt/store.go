@@ -74,7 +74,7 @@ func (s *Store) Ensure(ctx context.Context, key *Key, runID string) (*Receipt, e
 	}
 	var msgs [][]byte
 	var stamps []event.Stamp // only what PAL wrote is folded into a receipt
-	err := s.events.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte, st event.Stamp) {
+	err := s.events.ScanStamped(ctx, runID, 0, 0, func(_ uint64, body []byte, st event.Stamp) {
 		if len(msgs) <= MaxMessages {
 			msgs, stamps = append(msgs, body), append(stamps, st)
 		}

@@ -56,7 +56,7 @@ func TestEnsureStoresOneReceiptPerRun(t *testing.T) {
 	require.Equal(t, uint64(1), e.Revision())
 
 	var msgs [][]byte
-	require.NoError(t, s.Store.Scan(ctx, id, 0, 0, func(_ uint64, b []byte, _ event.Stamp) { msgs = append(msgs, append([]byte(nil), b...)) }))
+	require.NoError(t, s.Store.Scan(ctx, id, 0, 0, func(_ uint64, b []byte) { msgs = append(msgs, append([]byte(nil), b...)) }))
 	pubs := []receipt.PublicKey{keys[0].PublicKey, keys[1].PublicKey}
 	require.NoError(t, receipt.Verify(got[0], pubs, msgs))
 	require.Equal(t, uint64(len(msgs)), uint64(got[0].Messages))

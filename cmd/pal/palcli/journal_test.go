@@ -29,7 +29,7 @@ func stackBundle(t *testing.T, opts ...paltest.Option) *bundle {
 func stored(t *testing.T, b *bundle, runID string) [][]byte {
 	t.Helper()
 	var out [][]byte
-	require.NoError(t, b.Store.Scan(context.Background(), runID, 0, 0, func(_ uint64, body []byte, _ event.Stamp) {
+	require.NoError(t, b.Store.Scan(context.Background(), runID, 0, 0, func(_ uint64, body []byte) {
 		out = append(out, append([]byte(nil), body...))
 	}))
 	return out

@@ -61,7 +61,7 @@ DIR cannot be written, 3 unknown run, 4 NATS unreachable.`,
 			var blobs event.BlobSet
 			var refErr error // the first malformed reference: reported once the rest is out
 			n, werr := 0, error(nil)
-			err = store.Scan(cmd.Context(), runID, 0, 0, func(_ uint64, body []byte, _ event.Stamp) {
+			err = store.Scan(cmd.Context(), runID, 0, 0, func(_ uint64, body []byte) {
 				n++
 				if blobsDir != "" {
 					// A message that is not PAL's names no blob; verify reports it.
