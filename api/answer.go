@@ -45,6 +45,7 @@ var answerCodes = map[string]transportCode{
 	runs.CodeLeaseHeld:   {http.StatusConflict, codes.FailedPrecondition},
 	codeJournalRemoved:   {http.StatusGone, codes.FailedPrecondition},
 	codeForbidden:        {http.StatusForbidden, codes.PermissionDenied},
+	codeReceiptInvalid:   {http.StatusInternalServerError, codes.DataLoss},
 	codeTooLarge:         {http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
 	runs.CodeInternal:    {http.StatusInternalServerError, codes.Internal},
 	runs.CodeUnavailable: {http.StatusServiceUnavailable, codes.Unavailable},

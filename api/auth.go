@@ -9,52 +9,33 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/palrun/pal/eventstore/natsauth"
 )
 
 // DefaultTokenName is the identity of a token configured without a name.
 const DefaultTokenName = "api"
 
-// Scopes is what a token may do, a set of Scope bits.
-type Scopes uint8
+// Scopes is what a token may do: natsauth.Scopes, the scopes of NATS
+// client users too, so a REST token and a NATS user that may do the
+// same are written the same.
+type Scopes = natsauth.Scopes
 
 // The scopes of PAL_API_TOKENS. Each /v1 route needs one (Routes lists
 // which); ScopeAdmin implies all of them and also lets a request name
 // another approver or canceller than the token's own name.
 const (
-	ScopeRead    Scopes = 1 << iota // reading: every GET /v1 route
-	ScopeStart                      // making runs: start, resume, fork, retry
-	ScopeApprove                    // a run's inputs: approve, budget, signals
-	ScopeCancel                     // cancel
-	ScopeAdmin                      // all of the above, and speaking for others
-	// ScopeDeploy deploys workflows: PUT /v1/workflows/{name}, and a
-	// start or fork that brings its own definition (deployed first). With
-	// start alone a token starts deployed workflows only.
-	ScopeDeploy
+	ScopeRead    = natsauth.ScopeRead    // reading: every GET /v1 route
+	ScopeStart   = natsauth.ScopeStart   // making runs: start, resume, fork, retry
+	ScopeApprove = natsauth.ScopeApprove // a run's inputs: approve, budget, signals
+	ScopeCancel  = natsauth.ScopeCancel  // cancel
+	ScopeDeploy  = natsauth.ScopeDeploy  // deploying workflows, and a start or fork that brings a definition
+	ScopeAdmin   = natsauth.ScopeAdmin   // all of the above, and speaking for others
 
 	// DefaultScopes is what a token written without scopes gets: every
 	// route, as before scopes existed, but it acts only as itself.
-	DefaultScopes = ScopeRead | ScopeStart | ScopeApprove | ScopeCancel | ScopeDeploy
+	DefaultScopes = natsauth.DefaultScopes
 )
-
-// scopeNames lists the scopes in the order they are written.
-var scopeNames = []struct {
-	s    Scopes
-	name string
-}{{ScopeRead, "read"}, {ScopeStart, "start"}, {ScopeApprove, "approve"}, {ScopeCancel, "cancel"}, {ScopeDeploy, "deploy"}, {ScopeAdmin, "admin"}}
-
-// Has reports whether ss grants s; admin grants everything.
-func (ss Scopes) Has(s Scopes) bool { return ss&ScopeAdmin != 0 || ss&s == s }
-
-// String writes ss as PAL_API_TOKENS does: "read+start".
-func (ss Scopes) String() string {
-	var parts []string
-	for _, n := range scopeNames {
-		if ss&n.s != 0 {
-			parts = append(parts, n.name)
-		}
-	}
-	return strings.Join(parts, "+")
-}
 
 // Token is one API bearer token and the identity it stands for: the name
 // is the starter of run_created, the canceller of run_cancelled and the
@@ -133,7 +114,7 @@ func ParseTokens(s string) ([]Token, error) {
 // parseScopes reads "read+start". An unknown word is named by position
 // only: it may be the tail of a token that contains ':'.
 func parseScopes(list string) (Scopes, error) {
-	const want = "read, start, approve, cancel, deploy or admin, joined by '+'"
+	const want = natsauth.ScopeWords
 	if strings.TrimSpace(list) == "" {
 		return 0, fmt.Errorf("no scopes after ':' (want %s; leave out the ':' for the default scopes)", want)
 	}
@@ -141,13 +122,8 @@ func parseScopes(list string) (Scopes, error) {
 	var ss Scopes
 	for i, w := range words {
 		w = strings.TrimSpace(w)
-		var s Scopes
-		for _, n := range scopeNames {
-			if w == n.name {
-				s = n.s
-			}
-		}
-		if s == 0 {
+		s, ok := natsauth.ScopeOf(w)
+		if !ok {
 			return 0, fmt.Errorf("scope %d of %d after the last ':' is not one of %s "+
 				"(a token that contains ':' must be followed by ':' and its scopes)", i+1, len(words), want)
 		}

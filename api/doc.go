@@ -51,16 +51,22 @@
 //     canceller journaled. A body's approver or by that differs from it is
 //     refused (403 forbidden, field approver or by) unless the token has
 //     scope admin. A token without a route's scope gets 403 before its
-//     body is read. The NATS service and the durable commands have no
-//     tokens: there the command's own approver and by are journaled, and
-//     NATS permissions decide who may send one.
+//     body is read. On the NATS service (and the durable commands) the
+//     caller is the NATS user the server authenticated, with the same
+//     rule: a client user (PAL_NATS_USERS, its scopes), named in the
+//     server's Nats-Request-Info across the client account's import
+//     (runs.Client.Requester); a body that names another approver or by,
+//     or forces a resume, needs scope admin (403 forbidden). Its endpoint
+//     consumer answers the client account's consumer creates
+//     (natsauth.Guard).
+//   - A receipt is served only when its signature verifies against the
+//     server's keys and it is the run's own (500 receipt_invalid).
 //   - What a caller may run is checked in runs, on the rights the
 //     transport sets on the command: REST's from the token's scopes
-//     start and deploy (rightsOf), the NATS service's runs.NATSRights
-//     (deployed workflows only; pal.api.workflows.deploy, which only the
-//     deploying NATS roles may request, deploys). A token with start
-//     alone starts deployed workflows; a definition in a start or fork
-//     gets 403 naming scope deploy.
+//     start and deploy (rightsOf), the NATS service's from the caller's
+//     (runs.Caller.Rights; pal.api.workflows.deploy needs scope deploy).
+//     A token or user with start alone starts deployed workflows; a
+//     definition in a start or fork gets 403 naming scope deploy.
 //   - An event stream sends each event of the run once, in seq order, from
 //     after Last-Event-ID (or ?after=), and ends after the terminal event.
 //     All streams of one run share one journal watch (one consumer on

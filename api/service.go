@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/runs"
 )
 
@@ -45,13 +47,17 @@ type getRequest struct {
 // StartService registers the NATS micro service "pal" with the endpoints
 // pal.api.runs.start, .get, .approve, .cancel, .budget, .signal, .resume,
 // .fork and .retry, and pal.api.workflows.deploy, .get and .list, on nc.
-// A pal.api.runs request acts with runs.NATSRights: it starts deployed
-// workflows only. Each takes a JSON
+// A request acts with its caller's rights (runs.Caller.Rights): scope
+// start starts deployed workflows, scope deploy definitions too. Each
+// takes a JSON
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
-// set (400 bad input, 404 not found, 409 conflict, 500 internal, 503
-// unavailable).
+// set (400 bad input, 403 forbidden, 404 not found, 409 conflict, 500
+// internal, 503 unavailable). The caller is who the server says
+// (runs.Client.Requester): a client user, with its scopes, or PAL's own
+// account. The endpoint consumer answers the client account's consumer
+// creates (natsauth.Guard).
 // get answers a run whose journal retention removed from its rows when
 // given WithRunReader, as REST's GET /v1/runs/{id} does. Stop the returned
 // service to deregister it.
@@ -80,7 +86,12 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), "pal.api", runs.NATSRights)
+			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err != nil {
+				respondError(req, err, log)
+				return
+			}
+			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), caller)
 			if err != nil {
 				respondError(req, err, log)
 				return
@@ -94,6 +105,10 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		if _, err := client.Requester(nats.Header(req.Headers()), "pal.api"); err != nil {
+			respondError(req, err, log)
+			return
+		}
 		var r getRequest
 		if err := runs.DecodeStrict(req.Data(), &r); err != nil {
 			respondError(req, err, log)
@@ -108,7 +123,13 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 			respondError(req, err, log)
 			return
 		}
-		_ = req.RespondJSON(v)
+		if err := req.RespondJSON(v); errors.Is(err, nats.ErrMaxPayload) {
+			// A run whose big values make its view more than a NATS
+			// message carries is answered, not left to time out.
+			body, _ := json.Marshal(runs.Answer{Error: fmt.Sprintf("run %s: its view is more than a NATS message carries (%d bytes); read it with GET /v1/runs/%s",
+				r.RunID, nc.MaxPayload(), r.RunID), Code: codeTooLarge})
+			_ = req.Error(strconv.Itoa(answerCodes[codeTooLarge].http), "run view too large", body)
+		}
 	})
 	for _, ep := range []struct {
 		name string
@@ -124,6 +145,21 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 		_ = svc.Stop()
 		return nil, err
 	}
+	guard, err := natsauth.NewGuard(nc)
+	if err == nil {
+		err = svc.AddEndpoint("consumer", micro.HandlerFunc(func(req micro.Request) {
+			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err != nil {
+				_ = req.Respond(natsauth.GuardRefusal(err.Error()))
+				return
+			}
+			_ = req.Respond(guard.Create(ctx, req.Subject(), caller.Name, req.Data()))
+		}), micro.WithEndpointSubject(natsauth.GuardPrefix+"CONSUMER.CREATE.>"))
+	}
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
 	return svc, nil
 }
 
@@ -136,18 +172,23 @@ type workflowGetRequest struct {
 // addWorkflowEndpoints adds the group pal.api.workflows: deploy (the body
 // is the workflow; answers {name, version, sha256}), get ({"name",
 // "version"?}: the version, its definition and the versions) and list
-// (body empty or {}). Who may request deploy is NATS's to say: only the
-// roles that may deploy (eventstore/natsauth denies the client role
-// eventstore.WorkflowDeploySubject), so its callers get RightDeploy.
+// (body empty or {}). A deploy acts with its caller's rights
+// (runs.Caller.Rights: scope deploy, or PAL's own account); the server
+// lets only client users with scope deploy request it at all.
 func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.Client, log *slog.Logger) error {
-	serve := func(f func(ctx context.Context, body []byte) (any, error)) micro.Handler {
+	serve := func(f func(ctx context.Context, caller runs.Caller, body []byte) (any, error)) micro.Handler {
 		return micro.HandlerFunc(func(req micro.Request) {
 			if !replyAllowed(client, req, log) {
 				return
 			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			ans, err := f(rctx, req.Data())
+			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err != nil {
+				respondError(req, err, log)
+				return
+			}
+			ans, err := f(rctx, caller, req.Data())
 			if err != nil {
 				respondError(req, err, log)
 				return
@@ -155,20 +196,20 @@ func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.C
 			_ = req.RespondJSON(ans)
 		})
 	}
-	deploy := serve(func(ctx context.Context, body []byte) (any, error) {
+	deploy := serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
 		if len(body) > runs.MaxCommandBytes {
 			return nil, &runs.InputError{Msg: fmt.Sprintf("body is %d bytes; the limit is %d", len(body), runs.MaxCommandBytes)}
 		}
-		return client.Deploy(ctx, runs.DeployCommand{Workflow: body, By: "pal.api", Rights: runs.RightDeploy})
+		return client.Deploy(ctx, runs.DeployCommand{Workflow: body, By: caller.Name, Rights: caller.Rights()})
 	})
-	get := serve(func(ctx context.Context, body []byte) (any, error) {
+	get := serve(func(ctx context.Context, _ runs.Caller, body []byte) (any, error) {
 		var r workflowGetRequest
 		if err := runs.DecodeStrict(body, &r); err != nil {
 			return nil, err
 		}
 		return client.Workflow(ctx, runs.WorkflowRef{Name: r.Name, Version: r.Version})
 	})
-	list := serve(func(ctx context.Context, body []byte) (any, error) {
+	list := serve(func(ctx context.Context, _ runs.Caller, body []byte) (any, error) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && string(b) != "{}" {
 			return nil, &runs.InputError{Msg: "pal.api.workflows.list takes no body (or {})"}
 		}
@@ -190,10 +231,19 @@ func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.C
 // its deploy endpoint is eventstore.WorkflowDeploySubject.
 const workflowGroup = "pal.api.workflows"
 
+// importReplyPrefix is the reply subject the server gives a request that
+// crossed the client account's import: it leads back only to the client
+// account, whatever reply the client named.
+const importReplyPrefix = "_R_."
+
 // replyAllowed refuses a request whose reply subject is not one PAL may
-// publish on (runs.Client.CheckReply): it is not answered, and the refusal
-// is logged and announced on pal.cmd.rejected.
+// publish on (the server's reply of an import, or runs.Client.CheckReply):
+// it is not answered, and the refusal is logged and announced on
+// pal.cmd.rejected.
 func replyAllowed(client *runs.Client, req micro.Request, log *slog.Logger) bool {
+	if strings.HasPrefix(req.Reply(), importReplyPrefix) {
+		return true
+	}
 	err := client.CheckReply(req.Reply())
 	if err == nil {
 		return true

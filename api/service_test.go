@@ -38,7 +38,8 @@ func TestNATSService(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget",
 		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry",
-		eventstore.WorkflowDeploySubject, "pal.api.workflows.get", "pal.api.workflows.list"}, subjects)
+		eventstore.WorkflowDeploySubject, "pal.api.workflows.get", "pal.api.workflows.list",
+		"pal.guard.CONSUMER.CREATE.>"}, subjects, "the runs' and workflows' endpoints, and the guard of the client account's consumer creates")
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()

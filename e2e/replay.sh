@@ -3,9 +3,13 @@
 # and check what each command prints.
 #
 # It starts `pal dev` in a temporary data directory on free loopback ports,
-# saves the nats context for the client role with the line pal dev prints
-# (in a temporary nats config home), runs examples/hello.json to the end,
-# then runs the README's commands, as written, with that context:
+# saves the nats context for pal dev's own client user with the line pal
+# dev prints (in a temporary nats config home): a user of the client
+# account, which reaches PAL only through its imports. It runs
+# examples/hello.json to the end, then runs the README's commands, as
+# written, with that context (no flag: the imports keep the JetStream
+# API's subjects, and a consumer the client makes, through PAL's guard,
+# delivers to its own inbox):
 #
 #   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 #   nats stream get PAL_EVENTS --last-for 'pal.events.<run_id>'
@@ -15,8 +19,12 @@
 #   nats req pal.api.workflows.list ''
 #   nats req pal.api.runs.start '{"workflow":"hello","input":{"text":"over NATS"}}'
 #
-# and checks the client role cannot write the journal (nats pub pal.events.…)
-# nor start an inline definition.
+# and checks the client cannot write the journal (nats pub pal.events.…)
+# nor start an inline definition,
+# that a durable command it publishes on pal.cmd.runs.start.client starts
+# a run as that user, and that a responder it aims at the journal with
+# its reply subject (nats pub --reply pal.events.<run> to the JetStream
+# API and the service's discovery) changes nothing.
 #
 # Usage: PAL=bin/pal NATS=bin/nats bash e2e/replay.sh   (make e2e does this)
 set -euo pipefail
@@ -152,8 +160,8 @@ nats req pal.api.runs.get '{"run_id":"pal.events.>"}' >"$work/bad" 2>&1 || true
 grep -q '"code":"bad_input"' "$work/bad" || { cat "$work/bad" >&2; fail "nats req with a subject-widening run id was not refused"; }
 
 # 6. The deployed workflows (pal run start --workflow deployed hello), and
-# a start by name; a definition is refused: NATS callers start deployed
-# workflows only.
+# a start by name; a definition is refused: the client user has no scope
+# deploy, so it starts deployed workflows only.
 echo "e2e: nats req pal.api.workflows.list ''"
 nats req pal.api.workflows.list '' >"$work/wfs" 2>"$work/wfs.err" || { cat "$work/wfs.err" >&2; fail "nats req pal.api.workflows.list failed"; }
 grep -q '"name":"hello","version":1,' "$work/wfs" || { cat "$work/wfs" >&2; fail "nats req: hello@1 is not deployed"; }
@@ -165,16 +173,44 @@ by_name=$(grep -oE '"run_id":"[A-Za-z0-9_-]+"' "$work/start" | cut -d'"' -f4) ||
 nats req pal.api.runs.start "{\"workflow\":$(cat "$root/examples/hello.json")}" >"$work/inline" 2>&1 || true
 grep -q '"code":"forbidden"' "$work/inline" || { cat "$work/inline" >&2; fail "an inline definition over NATS was not refused"; }
 
-# The client role was enough for all of it.
+# The client account was enough for all of it.
 if grep -il "permissions violation" "$work/sub" "$work/get" "$work/kv" "$work/micro" "$work/req" "$work/req.err" "$work/wfs" "$work/start"; then
 	fail "a replay command hit a permissions violation"
 fi
 
-# 7. The client role cannot write the journal: the server refuses the
+# 7. The client cannot write the journal: the server refuses the
 # publish and the run's journal is as it was.
 echo "e2e: nats pub pal.events.$run_id (refused)"
 nats pub "pal.events.$run_id" '{"forged":true}' >"$work/pub" 2>&1 || true
 grep -qi "permissions violation" "$work/pub" || { cat "$work/pub" >&2; fail "nats pub to pal.events was not refused"; }
 [[ $("$PAL" run events "$run_id" --json | wc -l) -eq $last_seq ]] || fail "the journal of $run_id changed"
 
-echo "e2e: OK: the README's replay commands work against a live run ($last_seq events), as the client role"
+# 8. Nor can it aim a responder at the journal: across the import the
+# server answers on a reply subject of its own, back in the client
+# account.
+echo "e2e: nats pub --reply pal.events.$run_id to the JetStream API and \$SRV (nothing lands)"
+for subj in '$JS.API.STREAM.INFO.PAL_EVENTS' '$SRV.PING' '$SRV.INFO.pal'; do
+	nats pub --reply "pal.events.$run_id" "$subj" '' >"$work/deputy" 2>&1 || { cat "$work/deputy" >&2; fail "nats pub $subj failed"; }
+done
+nats pub --reply "pal.events.$run_id" '$JS.API.DIRECT.GET.PAL_EVENTS' "{\"last_by_subj\":\"pal.events.$run_id\"}" >"$work/deputy" 2>&1 ||
+	{ cat "$work/deputy" >&2; fail "nats pub DIRECT.GET failed"; }
+nats req pal.api.runs.get "{\"run_id\":\"$run_id\"}" >/dev/null 2>&1 || fail "the service stopped answering"
+[[ $("$PAL" run events "$run_id" --json | wc -l) -eq $last_seq ]] || fail "a deputy's answer landed in the journal of $run_id"
+"$PAL" run get "$run_id" --json | grep -q '"status":"succeeded"' || fail "run $run_id is no longer succeeded"
+
+# 9. A durable command runs as the client user that published it: the
+# server lets it publish under its own name only.
+echo "e2e: nats pub pal.cmd.runs.start.client (a durable start, by the client user)"
+nats pub --no-templates pal.cmd.runs.start.client '{"workflow": "hello", "input": {"text": "durable"}, "idempotency_key": "e2e-durable"}' >"$work/cmd" 2>&1 ||
+	{ cat "$work/cmd" >&2; fail "nats pub pal.cmd.runs.start.client failed"; }
+durable=$("$PAL" run id --key e2e-durable)
+for i in $(seq 1 300); do
+	"$PAL" run get "$durable" --json 2>/dev/null | grep -q '"status":"succeeded"' && break
+	[[ $i -lt 300 ]] || fail "the durable start $durable did not succeed"
+	sleep 0.1
+done
+"$PAL" run events "$durable" --json | head -n 1 | grep -q '"worker_id":"client"' || fail "the durable start is not the client user's"
+nats pub pal.cmd.runs.start.ana '{}' >"$work/pub" 2>&1 || true
+grep -qi "permissions violation" "$work/pub" || { cat "$work/pub" >&2; fail "the client user published a command in another's name"; }
+
+echo "e2e: OK: the README's replay commands work against a live run ($last_seq events), from the client account"

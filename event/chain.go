@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Hash returns the hex sha256 of a journal message's exact bytes: the prev
@@ -89,8 +91,29 @@ type Chain struct {
 
 // Next verifies the next message and returns its events if they may be
 // folded: nil and Corrupt for a message that is not sound (or any after
-// it, bar the seal), nil and nil after the seal.
-func (c *Chain) Next(body []byte) ([]Event, error) {
+// it, bar the seal), nil and nil after the seal. It checks the bytes
+// only: what an exported journal holds (pal run verify, receipts).
+func (c *Chain) Next(body []byte) ([]Event, error) { return c.next(body, nil) }
+
+// Stamp is what the transport says of a journal message besides its
+// bytes: the Nats-Msg-Id and Pal-Kind headers PAL's writer sets, and why
+// the message is a server's answer that was stored in the journal (a
+// Direct Get answer, a republished copy: its own Nats-Stream or
+// Nats-Sequence header), "" when it is not.
+type Stamp struct {
+	MsgID string
+	Kinds string
+	Echo  string
+}
+
+// NextStamped is Next for a message read from the stream, with its
+// stamp: a message is sound only when PAL wrote it, its Nats-Msg-Id
+// "<run_id>:<first seq>" (the seal's "<run_id>:<seq>:seal-<16 hex of
+// its prev>") and its Pal-Kind its events' kinds, and it is no stored
+// answer. Everything else Next says holds.
+func (c *Chain) NextStamped(body []byte, s Stamp) ([]Event, error) { return c.next(body, &s) }
+
+func (c *Chain) next(body []byte, s *Stamp) ([]Event, error) {
 	h := Hash(body)
 	defer func() { c.Hash = h }()
 	if c.Sealed {
@@ -98,7 +121,7 @@ func (c *Chain) Next(body []byte) ([]Event, error) {
 	}
 	evs, err := Decode(body)
 	if c.Corrupt != nil {
-		if err == nil && c.isSeal(evs) {
+		if err == nil && c.isSeal(evs) && (s == nil || s.check(c.RunID, evs, true) == "") {
 			c.Sealed, c.Ended, c.Seq = true, true, evs[0].Seq
 			return evs, nil
 		}
@@ -110,6 +133,11 @@ func (c *Chain) Next(body []byte) ([]Event, error) {
 	if reason := c.check(evs); reason != "" {
 		return nil, c.fail(reason)
 	}
+	if s != nil {
+		if reason := s.check(c.RunID, evs, false); reason != "" {
+			return nil, c.fail(reason)
+		}
+	}
 	for _, ev := range evs {
 		if ev.Kind == RunResumed {
 			c.Driver, c.Tail = ev.WorkerID, false
@@ -118,6 +146,38 @@ func (c *Chain) Next(body []byte) ([]Event, error) {
 	}
 	c.Seq = evs[len(evs)-1].Seq
 	return evs, nil
+}
+
+// check returns why evs, the events of one message with stamp s, were
+// not written by PAL, or "". seal allows the seal's Nats-Msg-Id.
+func (s *Stamp) check(runID string, evs []Event, seal bool) string {
+	if s.Echo != "" {
+		return "a stored answer, not a message PAL wrote: " + s.Echo
+	}
+	id := runID + ":" + strconv.FormatUint(evs[0].Seq, 10)
+	if seal && evs[0].Prev != "" {
+		id += ":seal-" + evs[0].Prev[:min(16, len(evs[0].Prev))]
+	}
+	if s.MsgID != id {
+		return fmt.Sprintf("Nats-Msg-Id %q, want %q: not a message PAL wrote", clip(s.MsgID), id)
+	}
+	if kinds := KindsOf(evs); s.Kinds != kinds {
+		return fmt.Sprintf("Pal-Kind %q, want %q: not a message PAL wrote", clip(s.Kinds), kinds)
+	}
+	return ""
+}
+
+// KindsOf is a message's Pal-Kind header: its events' kinds, joined by
+// commas.
+func KindsOf(evs []Event) string {
+	if len(evs) == 1 {
+		return string(evs[0].Kind)
+	}
+	ks := make([]string, len(evs))
+	for i, ev := range evs {
+		ks[i] = string(ev.Kind)
+	}
+	return strings.Join(ks, ",")
 }
 
 func (c *Chain) fail(reason string) error {
@@ -170,6 +230,14 @@ func (c *Chain) isSeal(evs []Event) bool {
 	}
 	var d RunFailedData
 	return json.Unmarshal(ev.Data, &d) == nil && d.Code == CodeJournalCorrupt
+}
+
+// clip bounds a header's value in a reason: it is whoever wrote it's.
+func clip(s string) string {
+	if len(s) > 80 {
+		return strings.ToValidUTF8(s[:80], "") + "…"
+	}
+	return s
 }
 
 // short abbreviates a hash for a message.

@@ -118,11 +118,23 @@ func directReply(m *nats.Msg, fn func(directMsg) error) (done bool, _ error) {
 			return true, fmt.Errorf("direct get: status %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
 		}
 	}
-	seq, perr := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	seq, perr := strconv.ParseUint(served(m.Header, jetstream.SequenceHeader), 10, 64)
 	if perr != nil {
-		return true, fmt.Errorf("direct get: bad %s header %q", jetstream.SequenceHeader, m.Header.Get(jetstream.SequenceHeader))
+		return true, fmt.Errorf("direct get: bad %s header %q", jetstream.SequenceHeader, served(m.Header, jetstream.SequenceHeader))
 	}
-	return false, fn(directMsg{Subject: m.Header.Get(jetstream.SubjectHeader), Sequence: seq, Header: m.Header, Data: m.Data})
+	return false, fn(directMsg{Subject: served(m.Header, jetstream.SubjectHeader), Sequence: seq, Header: m.Header, Data: m.Data})
+}
+
+// served is the server's own value of one of the headers it adds to an
+// answer: the last, as it appends them after the stored message's own. A
+// stored message that carries one too (a stored answer, StampOf) must not
+// change where the read stands.
+func served(h nats.Header, key string) string {
+	vs := h.Values(key)
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[len(vs)-1]
 }
 
 // apiPrefix is the subject prefix of the JetStream API js talks to.

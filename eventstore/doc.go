@@ -46,6 +46,13 @@
 //     Watch pass every message through event.Chain and never return what
 //     does not verify (Read returns *event.CorruptError with the sound
 //     events and the head a Seal is appended after).
+//   - A message PAL did not write is not sound, however sound its bytes:
+//     every reader (Read, Watch, Scan's callers: the projector and the
+//     receipt signer) checks its stamp (StampOf, event.Chain.NextStamped):
+//     Nats-Msg-Id "<run_id>:<first seq>" and Pal-Kind must be its events',
+//     and it must carry no Nats-Stream, Nats-Subject or Nats-Sequence of
+//     its own (a server's answer stored in the journal). Where a read
+//     stands is the server's own header, the last (served).
 //   - Every method that takes a run id refuses one that is not a single
 //     NATS subject token (event.ValidateRunID) before touching JetStream,
 //     so no run id can widen a subject or a lease key.
@@ -54,5 +61,7 @@
 //   - A lease is a KV entry created with a per-key TTL and renewed by a
 //     sequence-checked publish that carries a fresh TTL. A lease is never
 //     assumed held past its TTL measured from before the last renewal was
-//     sent.
+//     sent. A value on a lease key that PAL did not write (no TTL, not an
+//     owner string, a stored answer) is broken by the next Acquire and
+//     logged, never honoured.
 package eventstore

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,16 +18,28 @@ type Leases struct {
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
 	ttl time.Duration
+	log *slog.Logger
 }
+
+// LeaseOption configures OpenLeases.
+type LeaseOption func(*Leases)
+
+// WithLeaseLogger sets where a broken foreign lease is logged (default
+// slog.Default()).
+func WithLeaseLogger(log *slog.Logger) LeaseOption { return func(l *Leases) { l.log = log } }
 
 // OpenLeases returns the lease bucket created by Setup, handing out leases
 // of the given TTL (rounded to whole seconds, at least 1s).
-func OpenLeases(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Leases, error) {
+func OpenLeases(ctx context.Context, js jetstream.JetStream, ttl time.Duration, opts ...LeaseOption) (*Leases, error) {
 	kv, err := js.KeyValue(ctx, LeaseBucket)
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", LeaseBucket, err)
 	}
-	return &Leases{js: js, kv: kv, ttl: Config{LeaseTTL: ttl}.withDefaults().LeaseTTL}, nil
+	l := &Leases{js: js, kv: kv, ttl: Config{LeaseTTL: ttl}.withDefaults().LeaseTTL, log: slog.Default()}
+	for _, o := range opts {
+		o(l)
+	}
+	return l, nil
 }
 
 // TTL is the lease time-to-live.
@@ -42,25 +56,81 @@ type Lease struct {
 	sent time.Time
 }
 
-// Acquire takes the run's lease for owner. Errors: *LeaseHeldError
-// (matches ErrLeaseHeld) when someone holds it.
+// Acquire takes the run's lease for owner. A value there that is no
+// lease PAL wrote (notALease) is broken first, and logged: it would
+// otherwise be honoured for ever. Errors: *LeaseHeldError (matches
+// ErrLeaseHeld) when someone holds it.
 func (l *Leases) Acquire(ctx context.Context, runID, owner string) (*Lease, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, fmt.Errorf("acquiring lease: %w", err)
 	}
-	sent := time.Now()
-	rev, err := l.kv.Create(ctx, runID, []byte(owner), jetstream.KeyTTL(l.ttl))
-	if err == nil {
-		return &Lease{RunID: runID, Owner: owner, Revision: rev, ttl: l.ttl, sent: sent}, nil
-	}
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	for broke := false; ; broke = true {
+		sent := time.Now()
+		rev, err := l.kv.Create(ctx, runID, []byte(owner), jetstream.KeyTTL(l.ttl))
+		if err == nil {
+			return &Lease{RunID: runID, Owner: owner, Revision: rev, ttl: l.ttl, sent: sent}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("acquiring lease on run %s: %w", runID, err)
+		}
 		holder := "another worker"
-		if e, gerr := l.kv.Get(ctx, runID); gerr == nil {
-			holder = string(e.Value())
+		m, gerr := l.last(ctx, runID)
+		if gerr == nil {
+			why := notALease(m)
+			if why != "" && !broke {
+				if err := l.breakForeign(ctx, runID, m, why); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			holder = string(m.Data)
 		}
 		return nil, &LeaseHeldError{RunID: runID, Owner: holder}
 	}
-	return nil, fmt.Errorf("acquiring lease on run %s: %w", runID, err)
+}
+
+// last is the last message of a run's lease key, read as it is stored.
+func (l *Leases) last(ctx context.Context, runID string) (*jetstream.RawStreamMsg, error) {
+	st, err := l.js.Stream(ctx, leaseStream)
+	if err != nil {
+		return nil, err
+	}
+	return st.GetLastMsgForSubject(ctx, leasePrefix+runID)
+}
+
+// maxOwner bounds a lease value: a worker id (event.ValidateRunID's
+// alphabet, at most 128), "/" and 8 hex of nonce (workers.New).
+const maxOwner = 128 + 1 + 8
+
+// notALease says why m, the last value of a run's lease key, is not a
+// lease PAL wrote, or "": a lease carries a TTL, as every acquire and
+// renewal writes it (a value without one never expires), and is a short
+// owner string, not a stored answer aimed at the key.
+func notALease(m *jetstream.RawStreamMsg) string {
+	switch {
+	case StampOf(m.Header, Answered).Echo != "":
+		return "a stored answer: " + StampOf(m.Header, Answered).Echo
+	case served(m.Header, jetstream.MsgTTLHeader) == "":
+		return "no TTL"
+	case len(m.Data) == 0 || len(m.Data) > maxOwner || strings.ContainsFunc(string(m.Data), func(r rune) bool {
+		return r <= ' ' || r == '{' || r == '"' || r > '~'
+	}):
+		return "not a worker's owner string"
+	}
+	return ""
+}
+
+// breakForeign purges a run's lease key holding m, a value that is not
+// a lease, at its revision (a lease taken meanwhile is left alone).
+func (l *Leases) breakForeign(ctx context.Context, runID string, m *jetstream.RawStreamMsg, why string) error {
+	rev := storedSeq(m)
+	l.log.Warn("breaking a lease value PAL did not write", "run_id", runID, "revision", rev, "reason", why,
+		"value", strings.ToValidUTF8(string(m.Data[:min(len(m.Data), 80)]), ""))
+	err := l.kv.Purge(ctx, runID, jetstream.LastRevision(rev), jetstream.PurgeTTL(time.Minute))
+	if err != nil && !isWrongLastSeq(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("breaking the foreign lease value on run %s: %w", runID, err)
+	}
+	return nil
 }
 
 // Renew extends the lease by its TTL. Errors: ErrLeaseLost when another

@@ -1,7 +1,10 @@
 package eventstore_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -403,4 +406,57 @@ func TestLeaseBreak(t *testing.T) {
 	require.NoError(t, l.Release(ctx, ls), "the old holder's release leaves the new lease alone")
 	requireHeldBy(t, l, "run_b", "w2")
 	require.NoError(t, l.Renew(ctx, ls2))
+}
+
+// TestLeaseForeignValueBroken: a value on a run's lease key that PAL did
+// not write (no TTL, not an owner string, a stored answer) is broken by
+// the next Acquire, which takes the lease, and logged; a worker's lease
+// (and a renewed one) is not.
+func TestLeaseForeignValueBroken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{LeaseTTL: leaseTTL})
+	var logged bytes.Buffer
+	l, err := eventstore.OpenLeases(t.Context(), b.js, leaseTTL,
+		eventstore.WithLeaseLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	require.NoError(t, err)
+	ctx := t.Context()
+	subj := func(run string) string { return "$KV." + eventstore.LeaseBucket + "." + run }
+	for _, tc := range []struct {
+		run, reason string
+		forge       func(run string)
+	}{
+		{"run_nottl", "no TTL", func(run string) {
+			// A worker's value, but without a TTL: it would never expire.
+			_, err := b.js.Publish(ctx, subj(run), []byte("w9/0badc0de"))
+			require.NoError(t, err)
+		}},
+		{"run_json", "not a worker's owner string", func(run string) {
+			_, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: subj(run), Data: []byte(`{"stream":"PAL_CMDS","seq":7}`)}, jetstream.WithMsgTTL(time.Hour))
+			require.NoError(t, err)
+		}},
+		{"run_answer", "a stored answer", func(run string) {
+			ls, err := l.Acquire(ctx, "run_src", "w1/00000001")
+			require.NoError(t, err)
+			req := fmt.Appendf(nil, `{"seq":%d}`, ls.Revision)
+			require.NoError(t, b.nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+eventstore.LeaseBucket, subj(run), req))
+			eventually(t, 10*time.Second, 10*time.Millisecond, func() bool {
+				h, err := l.Holder(ctx, run)
+				return err == nil && h != ""
+			}, "the answer never landed on the key")
+		}},
+	} {
+		tc.forge(tc.run)
+		ls, err := l.Acquire(ctx, tc.run, "w2/00000002")
+		require.NoError(t, err, "%s: the foreign value is broken and the lease taken", tc.run)
+		require.Equal(t, "w2/00000002", ls.Owner)
+		requireHeldBy(t, l, tc.run, "w2/00000002")
+		require.Contains(t, logged.String(), "run_id="+tc.run)
+		require.Contains(t, logged.String(), tc.reason)
+	}
+	// A worker's lease, renewed, is honoured.
+	ls, err := l.Acquire(ctx, "run_ok", "w1/00000001")
+	require.NoError(t, err)
+	require.NoError(t, l.Renew(ctx, ls))
+	requireHeldBy(t, l, "run_ok", "w1/00000001")
+	require.NotContains(t, logged.String(), "run_ok")
 }

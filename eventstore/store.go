@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -317,7 +316,7 @@ func (s *Store) encode(runID string, evs []event.Event) ([]byte, error) {
 // Nats-Msg-Id.
 func journalMsg(runID string, evs []event.Event, body []byte, idSuffix string) (*nats.Msg, string) {
 	msg := &nats.Msg{Subject: EventsSubject(runID), Data: body, Header: nats.Header{}}
-	msg.Header.Set(kindHeader, kindsOf(evs))
+	msg.Header.Set(kindHeader, event.KindsOf(evs))
 	return msg, runID + ":" + strconv.FormatUint(evs[0].Seq, 10) + idSuffix
 }
 
@@ -375,8 +374,9 @@ func (s *Store) checkLanded(ctx context.Context, runID string, head Head, msgID 
 		gctx, cancel := context.WithTimeout(ctx, s.timeout)
 		m, err := s.events.GetMsg(gctx, head.StreamSeq+1, jetstream.WithGetMsgSubject(EventsSubject(runID)))
 		cancel()
-		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) {
-			return advance(evs, body, m.Sequence), nil
+		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == msgID && bytes.Equal(m.Data, body) &&
+			StampOf(m.Header, Answered).Echo == "" {
+			return advance(evs, body, storedSeq(m)), nil
 		}
 		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			ce := &ConflictError{RunID: runID, Expected: head.Seq}
@@ -449,8 +449,8 @@ func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve 
 	}
 	chain := head.chain(runID)
 	var out []event.Event
-	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
-		evs, _ := chain.Next(body) // a bad message is recorded in chain.Corrupt
+	err := s.scan(ctx, runID, head.StreamSeq, 0, func(streamSeq uint64, body []byte, st event.Stamp) bool {
+		evs, _ := chain.NextStamped(body, st) // a bad message is recorded in chain.Corrupt
 		out, head = append(out, evs...), after(&chain, streamSeq)
 		return true
 	})
@@ -473,19 +473,27 @@ func (s *Store) readAfter(ctx context.Context, runID string, head Head, resolve 
 
 // Scan passes the exact bytes of every message on a run's subject after
 // stream sequence after and before stream sequence before (0: no bound),
-// in order, to fn, which must verify them (event.Chain): the projector
-// folds its runs this way from where its own chain stands.
+// in order, to fn: what an export writes. A reader that folds them uses
+// ScanStamped.
 func (s *Store) Scan(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte)) error {
+	return s.ScanStamped(ctx, runID, after, before, func(seq uint64, body []byte, _ event.Stamp) { fn(seq, body) })
+}
+
+// ScanStamped is Scan with each message's stamp (StampOf), for fn to
+// verify them (event.Chain.NextStamped): the projector folds its runs
+// this way from where its own chain stands, and the receipt signer signs
+// only what PAL wrote.
+func (s *Store) ScanStamped(ctx context.Context, runID string, after, before uint64, fn func(streamSeq uint64, body []byte, st event.Stamp)) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("reading: %w", err)
 	}
-	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte) bool { fn(seq, body); return true })
+	return s.scan(ctx, runID, after, before, func(seq uint64, body []byte, st event.Stamp) bool { fn(seq, body, st); return true })
 }
 
 // scan is Scan without the run id check, and fn may stop it by returning
 // false. Each message reaches fn once: a batch that fails is retried from
 // the message after the last one fn took.
-func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte) bool) error {
+func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte, event.Stamp) bool) error {
 	subj := EventsSubject(runID)
 	first := true
 	return retry.Do(ctx, jsRetry, func() error {
@@ -522,7 +530,7 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 // sequence after (and before before, unless 0), passing each to fn. It
 // returns the stream sequence of the last message fn took, how many
 // matching messages are still pending, and whether fn stopped the read.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte) bool) (last, pending uint64, stopped bool, err error) {
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte, event.Stamp) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
 	pending = 1 // unknown until a reply says otherwise
 	errBefore, errStop := errors.New("past before"), errors.New("stopped")
@@ -535,12 +543,12 @@ func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64
 			if before > 0 && m.Sequence >= before {
 				return errBefore
 			}
-			n, perr := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			n, perr := strconv.ParseUint(served(m.Header, numPendingHeader), 10, 64)
 			if perr != nil {
 				// Before fn takes the message, so a retry reads it again.
 				return fmt.Errorf("stream seq %d: bad %s header", m.Sequence, numPendingHeader)
 			}
-			more := fn(m.Sequence, m.Data)
+			more := fn(m.Sequence, m.Data, StampOf(m.Header, Answered))
 			after, pending, read = m.Sequence, n, true
 			if !more {
 				return errStop
@@ -579,18 +587,18 @@ func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 	if err != nil {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
 	}
-	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: m.Sequence, Hash: event.Hash(m.Data)}, nil
+	return Head{Seq: evs[len(evs)-1].Seq, StreamSeq: storedSeq(m), Hash: event.Hash(m.Data)}, nil
 }
 
-func kindsOf(evs []event.Event) string {
-	if len(evs) == 1 {
-		return string(evs[0].Kind)
+// storedSeq is the stream sequence of a journal message read by Direct
+// Get (PAL_EVENTS allows it): the server's own Nats-Sequence (served),
+// which nats.go's m.Sequence is not when the message carries one of its
+// own (a stored answer).
+func storedSeq(m *jetstream.RawStreamMsg) uint64 {
+	if seq, err := strconv.ParseUint(served(m.Header, jetstream.SequenceHeader), 10, 64); err == nil {
+		return seq
 	}
-	ks := make([]string, len(evs))
-	for i, ev := range evs {
-		ks[i] = string(ev.Kind)
-	}
-	return strings.Join(ks, ",")
+	return m.Sequence
 }
 
 func isWrongLastSeq(err error) bool {

@@ -148,19 +148,19 @@ func (w *watch) deliver(evs []event.Event) error {
 // take applies a republished copy if it directly follows the head and is
 // a sound continuation, and otherwise reads the stream from the head.
 func (w *watch) take(ctx context.Context, m *nats.Msg) error {
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-	if err != nil || m.Header.Get(jetstream.StreamHeader) != EventsStream {
+	seq, err := strconv.ParseUint(served(m.Header, jetstream.SequenceHeader), 10, 64)
+	if err != nil || served(m.Header, jetstream.StreamHeader) != EventsStream {
 		return nil // not a republished copy
 	}
 	if seq <= w.head.StreamSeq {
 		return nil // read already
 	}
-	prev, err := strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
+	prev, err := strconv.ParseUint(served(m.Header, "Nats-Last-Sequence"), 10, 64)
 	if err != nil || prev != w.head.StreamSeq || w.chain.Corrupt != nil {
 		return w.catchUp(ctx)
 	}
 	c := w.chain
-	evs, _ := c.Next(m.Data)
+	evs, _ := c.NextStamped(m.Data, StampOf(m.Header, Answered))
 	if c.Corrupt != nil {
 		// Not the stream's own copy, or the journal is bad: the stream
 		// says which.
@@ -173,10 +173,10 @@ func (w *watch) take(ctx context.Context, m *nats.Msg) error {
 // catchUp reads and passes on everything stored after the head.
 func (w *watch) catchUp(ctx context.Context) error {
 	var ended error
-	err := w.s.scan(ctx, w.runID, w.head.StreamSeq, 0, func(streamSeq uint64, body []byte) bool {
+	err := w.s.scan(ctx, w.runID, w.head.StreamSeq, 0, func(streamSeq uint64, body []byte, st event.Stamp) bool {
 		// A message that does not verify is skipped, and so is everything
 		// after it but the seal (event.Chain).
-		evs, _ := w.chain.Next(body)
+		evs, _ := w.chain.NextStamped(body, st)
 		w.head = after(&w.chain, streamSeq)
 		ended = w.deliver(evs)
 		return ended == nil

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/nats-io/nats.go"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
@@ -36,16 +37,18 @@ type decoded struct {
 	streamSeq uint64
 	runID     string
 	body      []byte
+	stamp     event.Stamp
 }
 
-// decodedOf is the message at streamSeq on subject; ok is false for a
-// subject that names no run.
-func decodedOf(streamSeq uint64, subject string, body []byte) (decoded, bool) {
+// decodedOf is the message at streamSeq on subject, delivered by a
+// consumer with the headers hdr; ok is false for a subject that names no
+// run.
+func decodedOf(streamSeq uint64, subject string, body []byte, hdr nats.Header) (decoded, bool) {
 	runID, ok := eventstore.RunIDFromEvents(subject)
 	if !ok {
 		return decoded{}, false
 	}
-	return decoded{streamSeq: streamSeq, runID: runID, body: body}, true
+	return decoded{streamSeq: streamSeq, runID: runID, body: body, stamp: eventstore.StampOf(hdr, eventstore.Delivered)}, true
 }
 
 // batch is what one transaction writes.
@@ -101,7 +104,7 @@ type folder struct {
 	cache *stateCache
 	// scan reads a run's messages between two stream sequences
 	// (eventstore.Store.Scan).
-	scan func(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte)) error
+	scan func(ctx context.Context, runID string, after, before uint64, fn func(uint64, []byte, event.Stamp)) error
 	// earlier reports which runs have a message at or before a stream
 	// sequence (eventstore.Store.Earlier).
 	earlier func(ctx context.Context, runIDs []string, upTo uint64) (map[string]bool, error)
@@ -250,7 +253,7 @@ func (f *folder) foldRun(ctx context.Context, pb *pending, runID string, msgs []
 	var foldErr error
 	panicked := false
 	for _, m := range msgs {
-		evs, err := e.chain.Next(m.body)
+		evs, err := e.chain.NextStamped(m.body, m.stamp)
 		e.stream = m.streamSeq
 		if err != nil {
 			f.stats.malformed.Add(1)
@@ -351,8 +354,8 @@ func (f *folder) rebuild(ctx context.Context, runID string, before uint64) (*cac
 	e := &cacheEntry{st: &engine.RunState{}, chain: event.Chain{RunID: runID}}
 	f.stats.loads.Add(1)
 	var evs []event.Event
-	err := f.scan(ctx, runID, 0, before, func(streamSeq uint64, body []byte) {
-		got, _ := e.chain.Next(body)
+	err := f.scan(ctx, runID, 0, before, func(streamSeq uint64, body []byte, st event.Stamp) {
+		got, _ := e.chain.NextStamped(body, st)
 		evs, e.stream = append(evs, got...), streamSeq
 	})
 	if err != nil {

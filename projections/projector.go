@@ -140,7 +140,7 @@ func New(pool *pgxpool.Pool, store *eventstore.Store, cfg Config) *Projector {
 		log:       cfg.Logger.With("projector", cfg.Name),
 		ckChanged: make(chan struct{}),
 	}
-	p.f = &folder{cache: newStateCache(cfg.CacheSize), scan: store.Scan, earlier: store.Earlier, resolve: store.ResolveBlobs, log: p.log, stats: &p.stats}
+	p.f = &folder{cache: newStateCache(cfg.CacheSize), scan: store.ScanStamped, earlier: store.Earlier, resolve: store.ResolveBlobs, log: p.log, stats: &p.stats}
 	return p
 }
 
@@ -592,7 +592,7 @@ func (p *Projector) decode(m jetstream.Msg) (decoded, bool) {
 		p.log.Error("skipping a message without JetStream metadata", "subject", m.Subject(), "err", err)
 		return decoded{}, false
 	}
-	d, ok := decodedOf(md.Sequence.Stream, m.Subject(), m.Data())
+	d, ok := decodedOf(md.Sequence.Stream, m.Subject(), m.Data(), m.Headers())
 	if !ok {
 		p.stats.malformed.Add(1)
 		p.log.Error("skipping a message off the runs' subjects", "stream_seq", md.Sequence.Stream, "subject", m.Subject())

@@ -182,7 +182,7 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, op
 		it:   it,
 		w:    newWriter(StagingSchema),
 		opts: opts,
-		f:    &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats, scan: store.Scan, earlier: store.Earlier, resolve: store.ResolveBlobs},
+		f:    &folder{cache: newStateCache(opts.CacheSize), log: log, stats: &stats, scan: store.ScanStamped, earlier: store.Earlier, resolve: store.ResolveBlobs},
 	}
 
 	// Replay without holding anything, until what is left is small.
@@ -294,7 +294,7 @@ func (r *replayer) replayTo(ctx context.Context, db sender, target uint64, phase
 					return fmt.Errorf("rebuild: reading %s at seq %d: %w", eventstore.EventsStream, r.seq+1, err)
 				}
 				r.seq = md.Sequence.Stream
-				d, ok := decodedOf(r.seq, m.Subject(), m.Data())
+				d, ok := decodedOf(r.seq, m.Subject(), m.Data(), m.Headers())
 				if !ok {
 					r.f.log.Error("skipping a message off the runs' subjects", "stream_seq", r.seq, "subject", m.Subject())
 					d = decoded{streamSeq: r.seq}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 )
 
@@ -73,15 +74,16 @@ func (s *Store) Ensure(ctx context.Context, key *Key, runID string) (*Receipt, e
 		return r, err
 	}
 	var msgs [][]byte
-	err := s.events.Scan(ctx, runID, 0, 0, func(_ uint64, body []byte) {
+	var stamps []event.Stamp // only what PAL wrote is folded into a receipt
+	err := s.events.ScanStamped(ctx, runID, 0, 0, func(_ uint64, body []byte, st event.Stamp) {
 		if len(msgs) <= MaxMessages {
-			msgs = append(msgs, body)
+			msgs, stamps = append(msgs, body), append(stamps, st)
 		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading the journal of run %s: %w", runID, err)
 	}
-	r, err := Build(runID, msgs)
+	r, err := BuildStamped(runID, msgs, stamps)
 	if err != nil {
 		return nil, err
 	}

@@ -31,10 +31,10 @@ func TestIdempotencyKeyIsBounded(t *testing.T) {
 	require.ErrorIs(t, err, eventstore.ErrRunNotFound, "nothing journaled")
 
 	body, _ := json.Marshal(map[string]any{"workflow": wf})
-	_, _, err = b.Runs.Do(ctx, runs.CmdStart, body, long, "pal.cmd", runs.AllRights)
+	_, _, err = b.Runs.Do(ctx, runs.CmdStart, body, long, runs.PALCaller("pal.cmd"))
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "Nats-Msg-Id", ie.Field)
-	_, _, err = b.Runs.Do(ctx, runs.CmdFork, []byte(`{"run_id":"run_x","from":"t1"}`), long[:runs.MaxNameBytes], "pal.cmd", runs.AllRights)
+	_, _, err = b.Runs.Do(ctx, runs.CmdFork, []byte(`{"run_id":"run_x","from":"t1"}`), long[:runs.MaxNameBytes], runs.PALCaller("pal.cmd"))
 	require.ErrorAs(t, err, &ie, "the fork's key is the id under the kind's name, over the limit too")
 	require.Equal(t, "Nats-Msg-Id", ie.Field)
 

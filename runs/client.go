@@ -15,6 +15,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -30,6 +31,8 @@ type Client struct {
 	reply     []string
 	anomalies map[string]event.AnomalyRule
 	prices    event.Prices
+	// users are the client users PAL knows (WithUsers).
+	users natsauth.Users
 }
 
 // WithPrices sets the price table the runs this client creates journal

@@ -27,15 +27,24 @@
 //     workers' alone. A fork or retry only reads its source and starts a
 //     new run; a resume writes no event (it replaces the work message, and
 //     with force breaks the lease; fencing does the rest).
-//   - The caller's rights travel on the command (Rights), set by the
-//     transport: REST from the token's scopes, PAL_CMDS and the NATS
-//     service NATSRights (whoever may publish there: start deployed
-//     workflows only), the CLI AllRights (its NATS credentials bound
-//     it). The Client checks them, so one rule holds on every path: a
-//     deployed workflow needs RightStart, a definition (an inline start,
-//     a plain-LLM start, a fork with another workflow, a deploy) also
-//     RightDeploy. The zero value may do nothing. A refusal is a
-//     *ForbiddenError, and nothing is written or deployed.
+//   - Over NATS a caller is who the server says (Caller): a durable
+//     command on pal.cmd.runs.<kind>.<user> is that client user's (the
+//     server lets a user publish only under its own name), one on
+//     pal.cmd.runs.<kind> PAL's own account's; a service request's caller
+//     is named in the server's Nats-Request-Info (Client.Requester). Its
+//     scopes must allow the kind, a forced resume needs admin, and a
+//     body's by or approver may only repeat the caller's name unless it
+//     has admin; else *ForbiddenError. A user PAL does not know
+//     (WithUsers, PAL_NATS_USERS) is refused.
+//   - What a caller may run travels on the command (Rights), set by the
+//     transport: REST from the token's scopes, NATS from the caller's
+//     (Caller.Rights: a client user's scopes; PAL's own account may do
+//     all), the CLI AllRights (its NATS credentials bound it). The Client
+//     checks them, so one rule holds on every path: a deployed workflow
+//     needs RightStart, a definition (an inline start, a plain-LLM start,
+//     a fork with another workflow, a deploy) also RightDeploy. The zero
+//     value may do nothing. A refusal is a *ForbiddenError, and nothing
+//     is written or deployed.
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.

@@ -16,7 +16,7 @@ import (
 // what the caller may not do (403), ErrRunNotFound and
 // ErrWorkflowNotFound 404,
 // ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
-// 409; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
+// 409; a *ForbiddenError (the caller's scopes) 403; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
 // anything else is the infrastructure (503) and worth retrying.
 var (
 	// ErrInvalidRunID is wrapped by every refused run id: one that is not
@@ -90,6 +90,8 @@ func Classify(err error) (code string, field string, final bool) {
 	var ve *workflow.ValidationError
 	var fe *ForbiddenError
 	switch {
+	case errors.As(err, &fe):
+		return CodeForbidden, fe.Field, true
 	case errors.As(err, &ie):
 		return CodeBadInput, ie.Field, true
 	case errors.As(err, &ve):

@@ -90,7 +90,7 @@ func TestRedeliveredForkAndRetryFindTheRunTheyMade(t *testing.T) {
 		require.True(t, ans.OK, ans.Error)
 		first[kind] = ans
 
-		again, _, err := b.Runs.Do(ctx, kind, []byte(body), "req-"+kind, "pal.cmd", runs.NATSRights)
+		again, _, err := b.Runs.Do(ctx, kind, []byte(body), "req-"+kind, runs.PALCaller("pal.cmd"))
 		require.NoError(t, err)
 		require.Equal(t, ans.RunID, again.RunID, "%s delivered again finds its run", kind)
 		require.NotNil(t, ans.Created)
@@ -101,19 +101,19 @@ func TestRedeliveredForkAndRetryFindTheRunTheyMade(t *testing.T) {
 		require.Equal(t, []string{"t1"}, again.Fork.Copied)
 		require.Len(t, find(b.Events(t, ans.RunID), event.RunCreated, ""), 1)
 	}
-	retry, _, err := b.Runs.Do(ctx, runs.CmdRetry, []byte(bodies[runs.CmdRetry]), "req-fork", "pal.cmd", runs.NATSRights)
+	retry, _, err := b.Runs.Do(ctx, runs.CmdRetry, []byte(bodies[runs.CmdRetry]), "req-fork", runs.PALCaller("pal.cmd"))
 	require.NoError(t, err)
 	require.True(t, *retry.Created)
 	require.NotEqual(t, first[runs.CmdFork].RunID, retry.RunID, "a fork and a retry with one Nats-Msg-Id are two commands")
 
-	other, _, err := b.Runs.Do(ctx, runs.CmdFork, []byte(bodies[runs.CmdFork]), "req-2", "pal.cmd", runs.NATSRights)
+	other, _, err := b.Runs.Do(ctx, runs.CmdFork, []byte(bodies[runs.CmdFork]), "req-2", runs.PALCaller("pal.cmd"))
 	require.NoError(t, err)
 	require.NotEqual(t, first[runs.CmdFork].RunID, other.RunID, "another command is another run")
 
 	// With new_run_id too, the redelivery answers the run, not a conflict.
 	named := fmt.Sprintf(`{"run_id":%q,"from":"t2","new_run_id":"run_named_fork"}`, src)
 	for i, created := range []bool{true, false} {
-		ans, _, err := b.Runs.Do(ctx, runs.CmdFork, []byte(named), "req-3", "pal.cmd", runs.NATSRights)
+		ans, _, err := b.Runs.Do(ctx, runs.CmdFork, []byte(named), "req-3", runs.PALCaller("pal.cmd"))
 		require.NoError(t, err, "delivery %d", i+1)
 		require.Equal(t, "run_named_fork", ans.RunID)
 		require.Equal(t, created, *ans.Created)

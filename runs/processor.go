@@ -121,16 +121,21 @@ func decodeCommand[C any, P interface {
 }
 
 // Do carries out one command of the given kind (start, approve, cancel,
-// budget, signal, resume, fork, retry) from its JSON body. key, when not
-// empty, is the transport's deduplication id (Nats-Msg-Id): the start's
-// idempotency key when the body names none, and a fork's or retry's
-// (commandKey), so a command delivered again finds the run it made; by is
-// the transport's identity of the caller, and rights what the transport
-// established the caller may do (NATSRights for PAL_CMDS and the NATS
-// service): start, fork and retry check them.
+// budget, signal, resume, fork, retry) from its JSON body, for caller.
+// key, when not empty, is the transport's deduplication id
+// (Nats-Msg-Id): the start's idempotency key when the body names none,
+// and a fork's or retry's (commandKey), so a command delivered again
+// finds the run it made. The caller's scopes must allow the kind
+// (natsauth.CommandScope), a forced resume needs scope admin, and a body's
+// by or approver may only repeat the caller's name unless it has admin
+// (Caller); else a *ForbiddenError. Start, fork and retry check the
+// caller's rights (Caller.Rights).
 // It returns the answer and the reply subject named in the body, if any;
 // a reply subject CheckReply refuses refuses the whole command.
-func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by string, rights Rights) (Answer, string, error) {
+func (c *Client) Do(ctx context.Context, kind string, body []byte, key string, caller Caller) (Answer, string, error) {
+	if err := caller.may(kind); err != nil {
+		return Answer{}, "", err
+	}
 	switch kind {
 	case CmdStart:
 		cmd, err := decodeCommand[StartCommand](c, body)
@@ -142,7 +147,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 				return Answer{}, cmd.ReplyTo, err
 			}
 		}
-		cmd.By, cmd.Rights = by, rights
+		cmd.By, cmd.Rights = caller.Name, caller.Rights()
 		res, err := c.Start(ctx, *cmd)
 		if err != nil && res.RunID == "" {
 			return Answer{}, cmd.ReplyTo, err
@@ -154,6 +159,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
+		if cmd.Approver, err = caller.actingAs("approver", cmd.Approver, true); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		err = c.Approve(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
 	case CmdCancel:
@@ -161,8 +169,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.Cancel(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -171,8 +179,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.RaiseBudget(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -181,8 +189,8 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		if cmd.By == "" {
-			cmd.By = by
+		if cmd.By, err = caller.actingAs("by", cmd.By, false); err != nil {
+			return Answer{}, cmd.ReplyTo, err
 		}
 		err = c.Signal(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID}, cmd.ReplyTo, err
@@ -191,6 +199,9 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
+		if err := caller.force(cmd.Force); err != nil {
+			return Answer{}, cmd.ReplyTo, err
+		}
 		res, err := c.Resume(ctx, *cmd)
 		return Answer{OK: err == nil, RunID: cmd.RunID, Broke: res.Broke, TakenBy: res.TakenBy}, cmd.ReplyTo, err
 	case CmdFork:
@@ -198,7 +209,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By, cmd.Rights = by, rights
+		cmd.By, cmd.Rights = caller.Name, caller.Rights()
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -212,7 +223,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		if err != nil {
 			return Answer{}, "", err
 		}
-		cmd.By, cmd.Rights = by, rights
+		cmd.By, cmd.Rights = caller.Name, caller.Rights()
 		if cmd.IdempotencyKey, err = commandKey(kind, key); err != nil {
 			return Answer{}, cmd.ReplyTo, err
 		}
@@ -222,7 +233,7 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key, by strin
 		}
 		return Answer{OK: true, RunID: res.RunID, Created: &res.Created, Fork: &res}, cmd.ReplyTo, nil
 	default:
-		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", kind)}
+		return Answer{}, "", &InputError{Msg: fmt.Sprintf("unknown command %q (want start, approve, cancel, budget, signal, resume, fork or retry)", truncate(kind, 64))}
 	}
 }
 
@@ -366,7 +377,7 @@ func (p *CommandProcessor) Stop(ctx context.Context) error {
 }
 
 func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
-	kind := strings.TrimPrefix(m.Subject(), eventstore.CommandPrefix)
+	kind, caller, callerErr := p.client.commandCaller(m.Subject())
 	hdr := m.Headers()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -390,10 +401,11 @@ func (p *CommandProcessor) handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if err == nil {
+		err = callerErr
+	}
+	if err == nil {
 		var bodyReply string
-		// Whoever may publish on PAL_CMDS, the client role included: NATS
-		// establishes no more rights than NATSRights.
-		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), "pal.cmd", NATSRights)
+		ans, bodyReply, err = p.client.Do(ctx, kind, m.Data(), hdr.Get(jetstream.MsgIDHeader), caller)
 		if replyTo == "" {
 			replyTo = bodyReply
 		}

@@ -8,8 +8,8 @@ import (
 
 // Rights is what the caller of a command may do, as its transport
 // established it: REST from the token's scopes, the NATS service and the
-// durable commands from who NATS lets publish there, the CLI from its own
-// NATS credentials. The transport sets it on the command; the Client
+// durable commands from the caller's (Caller.Rights), the CLI from its
+// own NATS credentials. The transport sets it on the command; the Client
 // checks it, so every transport keeps one rule. The zero value may do
 // nothing.
 type Rights uint8
@@ -27,15 +27,6 @@ const (
 	// test), which its NATS credentials bound, and REST's admin.
 	AllRights = RightStart | RightDeploy
 )
-
-// NATSRights are the rights of a caller on PAL_CMDS (pal.cmd.runs.*) and
-// the NATS service's pal.api.runs.*: every role that may publish there,
-// the client role included, so NATS establishes no more than that the
-// caller may start runs of deployed workflows. The deploy endpoint
-// (pal.api.workflows.deploy), which only the deploying roles may request,
-// adds RightDeploy. Per-user rights on NATS (accounts that say who
-// published) replace this where the transport sets a command's rights.
-const NATSRights = RightStart
 
 // Has reports whether r holds every right of want.
 func (r Rights) Has(want Rights) bool { return r&want == want }
@@ -55,25 +46,34 @@ func (r Rights) String() string {
 	return strings.Join(parts, "+")
 }
 
-// CodeForbidden answers a command its caller may not give (403).
+// CodeForbidden classifies a *ForbiddenError: the caller lacks a right
+// or a scope, or is not a user PAL knows (403 on REST and the NATS
+// service).
 const CodeForbidden = "forbidden"
 
 // ErrForbidden is matched by every *ForbiddenError.
 var ErrForbidden = errors.New("forbidden")
 
-// ForbiddenError refuses a command the caller's rights do not cover. It
-// names the right missing (as REST's scope of the same name), the field
-// of the command that needs it, and why; nothing is written.
+// ForbiddenError refuses what the caller may not do; nothing is written.
+// A missing right names it (as REST's scope of the same name), the field
+// of the command that needs it, and why; any other refusal (a scope the
+// NATS caller lacks, a name it may not speak for) is its Msg.
 type ForbiddenError struct {
-	// Need is the right the command needs and the caller lacks.
+	// Need is the right the command needs and the caller lacks (zero
+	// when the refusal is Msg).
 	Need Rights
-	// Field is the command's field that needs it ("workflow", "llm").
+	// Field is the command's field at fault ("workflow", "approver").
 	Field string
-	// What says what needs it: "starting an inline workflow".
+	// What says what needs Need: "starting an inline workflow".
 	What string
+	// Msg is a refusal that is not of a right.
+	Msg string
 }
 
 func (e *ForbiddenError) Error() string {
+	if e.Msg != "" {
+		return e.Msg
+	}
 	msg := fmt.Sprintf("%s needs the right to %s (scope %s), which the caller lacks", e.What, e.Need, e.Need)
 	if e.Need == RightDeploy && e.Field != "" && e.What != whatDeploy {
 		msg += "; a caller that may deploy deploys it (PUT /v1/workflows/{name}, pal workflow deploy), then this one starts it by name"

@@ -60,7 +60,7 @@ func TestLostLeaseStopsTheDrive(t *testing.T) {
 	kv, err := b.JS.KeyValue(ctx, eventstore.LeaseBucket)
 	require.NoError(t, err)
 	require.NoError(t, kv.Purge(ctx, runID))
-	_, err = kv.Create(ctx, runID, []byte("thief"))
+	_, err = kv.Create(ctx, runID, []byte("thief"), jetstream.KeyTTL(time.Minute)) // a lease as PAL writes one: with a TTL
 	require.NoError(t, err)
 	logs.Wait(t, "drive interrupted")
 	require.Contains(t, logs.String(), "lease lost")
@@ -82,7 +82,7 @@ func TestFirstDriveActsOnlyWithTheLease(t *testing.T) {
 	runID := b.Start(t, echoChain(1), `{}`)
 	kv, err := b.JS.KeyValue(ctx, eventstore.LeaseBucket)
 	require.NoError(t, err)
-	_, err = kv.Create(ctx, runID, []byte("other/00000000"))
+	_, err = kv.Create(ctx, runID, []byte("other/00000000"), jetstream.KeyTTL(time.Minute)) // a lease as PAL writes one: with a TTL
 	require.NoError(t, err)
 
 	var calls atomic.Int32

@@ -21,23 +21,28 @@ var update = flag.Bool("update", false, "rewrite deploy/nats/roles.conf from the
 
 const rolesConf = "../../deploy/nats/roles.conf"
 
-// setPasswords sets each role's password variable to "pw-<role>".
+// setPasswords sets each role's and client user's password variable to
+// "pw-<name>".
 func setPasswords(t *testing.T) {
 	for _, r := range natsauth.Roles {
 		t.Setenv(natsauth.PasswordVar(r), "pw-"+string(r))
 	}
+	for _, u := range natsauth.DeployUsers() {
+		t.Setenv(natsauth.UserPasswordVar(u.Name), "pw-"+u.Name)
+	}
 }
 
 // TestDeployRoles: deploy/nats/roles.conf is what Conf renders, and every
-// server config in deploy/nats includes it and gives each role exactly
-// the permissions of its Go definition.
+// server config in deploy/nats includes it and gives each role of PAL's
+// account and each client user exactly the account and permissions of
+// its Go definition.
 func TestDeployRoles(t *testing.T) {
 	if *update {
-		require.NoError(t, os.WriteFile(rolesConf, []byte(natsauth.Conf()), 0o644))
+		require.NoError(t, os.WriteFile(rolesConf, []byte(natsauth.Conf(natsauth.DeployUsers())), 0o644))
 	}
 	raw, err := os.ReadFile(rolesConf)
 	require.NoError(t, err)
-	require.Equal(t, natsauth.Conf(), string(raw), "deploy/nats/roles.conf is stale: run go generate ./eventstore/natsauth")
+	require.Equal(t, natsauth.Conf(natsauth.DeployUsers()), string(raw), "deploy/nats/roles.conf is stale: run go generate ./eventstore/natsauth")
 
 	setPasswords(t)
 	confs, err := filepath.Glob("../../deploy/nats/*.conf")
@@ -54,12 +59,25 @@ func TestDeployRoles(t *testing.T) {
 		t.Run(strings.TrimPrefix(path, "../../"), func(t *testing.T) {
 			opts, err := server.ProcessConfigFile(path)
 			require.NoError(t, err)
-			require.Len(t, opts.Users, len(natsauth.Roles))
-			for i, r := range natsauth.Roles {
-				u := opts.Users[i]
-				require.Equal(t, string(r), u.Username)
+			users := natsauth.DeployUsers()
+			require.Len(t, opts.Users, len(natsauth.Roles)+len(users))
+			byName := map[string]*server.User{}
+			for _, u := range opts.Users {
+				byName[u.Username] = u
+			}
+			for _, r := range natsauth.Roles {
+				u := byName[string(r)]
+				require.NotNil(t, u, "role %s", r)
 				require.Equal(t, "pw-"+string(r), u.Password)
+				require.Equal(t, natsauth.PALAccount, u.Account.Name)
 				require.Equal(t, natsauth.For(r).Server(), u.Permissions, "role %s", r)
+			}
+			for _, cu := range users {
+				u := byName[cu.Name]
+				require.NotNil(t, u, "client user %s", cu.Name)
+				require.Equal(t, "pw-"+cu.Name, u.Password)
+				require.Equal(t, natsauth.ClientAccount, u.Account.Name)
+				require.Equal(t, natsauth.UserPermissions(cu).Server(), u.Permissions, "client user %s", cu.Name)
 			}
 		})
 	}

@@ -1,9 +1,9 @@
-// Package natsauth defines PAL's NATS roles once: the publish and subscribe
-// permissions each kind of process gets, for the embedded server of pal dev
-// and the tests (as nkey users) and for the configs in deploy/nats (as
-// user/password users, rendered by Conf).
+// Package natsauth defines PAL's NATS accounts, roles and client users
+// once: for the embedded server of pal dev and the tests (nkey users,
+// Keys) and for the configs in deploy/nats (user/password users, Conf).
 //
-// The roles:
+// Two accounts. PAL's own processes live in PALAccount with PAL's streams,
+// each as its role:
 //
 //   - worker: writes the journal, drives runs (work, timers, leases), signs
 //     run receipts (PAL_RECEIPTS, create only: one key per run), runs
@@ -16,21 +16,26 @@
 //   - api: what pal server needs: appends inputs (run_created,
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
 //     answers the NATS service, reads and watches journals.
-//   - client: publishes durable commands, calls the NATS service, reads
-//     journals (Direct Get, its own ordered consumers) and watches the
-//     leases. It can write nothing PAL reads as truth.
-//   - admin: everything.
+//   - admin: everything in PAL's account, bar reading _INBOX (what crosses
+//     to the clients): an operator's tools use PAL's Inbox.
 //
-// NATS checks subjects, not message bodies. Two things follow for the
-// client role. A consumer create names its consumer in the subject but
-// says in the body whether it is durable, so the server cannot refuse
-// durable creates on the subjects that ordered consumers use too: the
-// client may create consumers on PAL_EVENTS and KV_PAL_LEASES only (reads),
-// never under the names PAL's own durables use, and not through the
-// DURABLE.CREATE endpoint. And a push consumer's deliver subject is in the
-// body: the server delivers there as itself, past the client's publish
-// permissions. No PAL stream stores such a copy and no PAL subscriber acts
-// on one (docs/architecture.md §5.6, TestClientPushConsumerCannotWrite).
+// People, scripts and services connect to ClientAccount as Users, each
+// with Scopes. That account has no JetStream of its own and imports only
+// Links: durable commands under the user's own name, the NATS service
+// (which learns the user from the server's Nats-Request-Info), reading
+// the journal, leases, receipts and big values, and the live feeds.
+// Across a service import the server answers on a reply subject of its
+// own that leads back to the client account, so no responder in PAL's
+// account (the JetStream API, a stream's Direct Get, the service, the
+// command processor's ack) can be aimed at PAL's subjects.
+//
+// NATS checks subjects, not bodies, and a consumer create says in its
+// body whether it is durable and where a push consumer delivers (the
+// server delivers there itself, in the stream's account). So the client
+// account's consumer creates are imported from PAL's Guard, which refuses
+// durable, direct and sourcing consumers and any delivery outside the
+// client's inbox, and holds each stream to MaxClientConsumers consumers
+// made by clients (docs/architecture.md §5.6).
 package natsauth
 
 import (
@@ -50,12 +55,16 @@ const (
 	Worker    Role = "worker"
 	Projector Role = "projector"
 	API       Role = "api"
-	Client    Role = "client"
 	Admin     Role = "admin"
+	// Client is not a role of PAL's account but the client account's
+	// default user, DefaultUser: pal dev's and the tests' own, with every
+	// scope.
+	Client Role = "client"
 )
 
-// Roles lists every role, in the order configs and files list them.
-var Roles = []Role{Worker, Projector, API, Client, Admin}
+// Roles lists the roles of PAL's account, in the order configs and files
+// list them.
+var Roles = []Role{Worker, Projector, API, Admin}
 
 // Names PAL's permissions refer to. projectorConsumer is
 // projections.DefaultName (projections sits above this package; a test
@@ -109,7 +118,8 @@ func (p Permissions) Server() *server.Permissions {
 	return &server.Permissions{Publish: sp(p.PubAllow, p.PubDeny), Subscribe: sp(p.SubAllow, p.SubDeny)}
 }
 
-// For returns the permissions of role; an unknown role gets none.
+// For returns the permissions of a role of PAL's account; any other role
+// (Client included: see UserPermissions) gets none.
 func For(role Role) Permissions {
 	switch role {
 	case Worker:
@@ -118,10 +128,10 @@ func For(role Role) Permissions {
 		return projector()
 	case API:
 		return api()
-	case Client:
-		return client()
 	case Admin:
-		return Permissions{PubAllow: []string{">"}, SubAllow: []string{">"}}
+		// What PAL's account publishes on _INBOX crosses to the clients
+		// (Links): an operator's replies are not for them.
+		return Permissions{PubAllow: []string{">"}, SubAllow: []string{">"}, SubDeny: []string{inbox}}
 	}
 	return Permissions{PubDeny: []string{">"}, SubDeny: []string{">"}}
 }
@@ -176,9 +186,26 @@ func ordered(stream string) []string {
 		"$JS.FC." + stream + ".>"}
 }
 
-// service is what answering the NATS micro service pal takes (requests in,
-// replies to inboxes, discovery on $SRV).
-var serviceSub = []string{"pal.api.>", "$SRV.>"}
+// serviceSub is what answering the NATS micro service pal takes: its
+// requests, discovery on $SRV, and the client account's consumer creates
+// (Guard).
+var serviceSub = []string{"pal.api.>", "$SRV.>", GuardPrefix + ">"}
+
+// importReplies is where the answers to the client account's requests go:
+// the reply subject the server gave each request that crossed an import,
+// which leads back only to the client account.
+const importReplies = "_R_.>"
+
+// guard is what answering the client account takes: the replies of its
+// imports, and for the Guard counting the consumers clients made on a
+// stream (the create itself is ordered's).
+func guard() []string {
+	out := []string{importReplies}
+	for _, s := range consumeStreams {
+		out = append(out, jsAPI+"CONSUMER.LIST."+s)
+	}
+	return out
+}
 
 func worker() Permissions {
 	pub := []string{
@@ -216,6 +243,7 @@ func worker() Permissions {
 	// written here.
 	pub = append(pub, workflowPrefix+">")
 	pub = append(pub, ordered(workflowStream)...)
+	pub = append(pub, guard()...)
 	return Permissions{
 		PubAllow: pub,
 		// Not even a worker may take the projector's consumer.
@@ -272,6 +300,7 @@ func api() Permissions {
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
 	pub = append(pub, deployWorkflows()...)
+	pub = append(pub, guard()...)
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
@@ -281,42 +310,12 @@ func api() Permissions {
 	}
 }
 
-func client() Permissions {
-	pub := []string{
-		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
-	}
-	// Receipts are signed statements anyone may read (pal run receipt).
-	pub = append(pub, read(eventstore.EventsStream, leaseStream, receiptStream)...)
-	pub = append(pub, ordered(eventstore.EventsStream)...)
-	pub = append(pub, ordered(leaseStream)...)
-	// It reads the journal, so it reads the big values the journal names.
-	pub = append(pub, readBlobs()...)
-	pub = append(pub, readWorkflows()...)
-	// The allow list already leaves these out; denying them too says so,
-	// and keeps them out if a broader allow is ever added.
-	deny := []string{
-		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>", "$O.>",
-		deadPrefix + ">", eventstore.RejectedSubject,
-		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
-		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
-		jsAPI + "CONSUMER.DURABLE.CREATE.>",
-	}
-	deny = append(deny, projectorNames()...)
-	deny = append(deny, eventstore.WorkflowDeploySubject)
-	return Permissions{
-		PubAllow: pub,
-		PubDeny:  deny,
-		// pal.cmd.rejected: the README's "nats sub pal.cmd.rejected".
-		SubAllow: []string{inbox, eventstore.RejectedSubject, eventstore.WatchPrefix + "*"},
-	}
-}
-
-// projectorNames are the subjects that would create, change or delete the
-// projector's durable consumer.
+// projectorNames are the subjects that would create, change, delete or
+// pull from the projector's durable consumer.
 func projectorNames() []string {
 	p := jsAPI + "CONSUMER."
 	s := eventstore.EventsStream + "." + projectorConsumer
-	return []string{p + "CREATE." + s, p + "CREATE." + s + ".>", p + "DELETE." + s}
+	return []string{p + "CREATE." + s, p + "CREATE." + s + ".>", p + "DELETE." + s, p + "MSG.NEXT." + s}
 }
 
 // Deployed workflows (PAL_WORKFLOWS, eventstore.WorkflowBucket). The
@@ -325,12 +324,14 @@ func projectorNames() []string {
 // pal.api.workflows.deploy (both), and pal workflow deploy under dev.env
 // (the worker's seed). Every role that reads journals may read the
 // registry: a deployed definition is in the run_created of each of its
-// runs anyway. The client role may not request pal.api.workflows.deploy
-// (client's deny list): the service lets that endpoint's callers deploy
-// because only the deploying roles can reach it.
+// runs anyway, and so may a client user with scope read. Only a client
+// user with scope deploy may request pal.api.workflows.deploy, and the
+// service checks the requester's scopes again.
 const (
-	workflowStream = eventstore.WorkflowStream
-	workflowPrefix = "$KV." + eventstore.WorkflowBucket + "."
+	// workflowsPrefix is the NATS service's group of the registry.
+	workflowsPrefix = "pal.api.workflows."
+	workflowStream  = eventstore.WorkflowStream
+	workflowPrefix  = "$KV." + eventstore.WorkflowBucket + "."
 )
 
 // readWorkflows is reading the registry: a version by Direct Get, a

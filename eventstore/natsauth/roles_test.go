@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
@@ -81,9 +83,20 @@ func (v *violations) wait(tb testing.TB, subject string) {
 	}
 }
 
-// bundle is PAL with roles: a worker (with the command processor and the
-// NATS service) connected as worker, a projector as projector, and a
-// client connection as client.
+// The client users of setup besides natsauth.DefaultUser (every scope):
+// starter may read and start, ana (the approver approvalWF names) may
+// read and approve; ghost may read and start as far as NATS is concerned,
+// but PAL does not know it (PAL_NATS_USERS).
+const (
+	starter = "starter"
+	ana     = "ana"
+	ghost   = "ghost"
+)
+
+// bundle is PAL with its accounts as pal dev sets them up: a worker (with
+// the command processor, signing receipts) connected as worker, the NATS
+// service on the api role, a projector as projector, and a client
+// connection as the client account's DefaultUser.
 type bundle struct {
 	srv      *testenv.NATSServer
 	admin    *nats.Conn
@@ -93,6 +106,8 @@ type bundle struct {
 	runs     *runs.Client
 	pool     *pgxpool.Pool
 	proj     *projections.Projector
+	keys     *receipt.Keys // the worker's signing key
+	receipts *receipt.Store
 	client   *nats.Conn
 	cjs      jetstream.JetStream
 	cviol    *violations
@@ -104,13 +119,29 @@ type bundle struct {
 	slowCancelled atomic.Bool
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t *testing.T) *bundle { t.Helper(); return setupWith(t, true) }
+
+// setupWith is setup; journalCheck false is for a test that corrupts a
+// journal on purpose (testenv.CheckJournalOnCleanup).
+func setupWith(t *testing.T, journalCheck bool) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	b := &bundle{srv: testenv.NATS(t, testenv.Roles()), cviol: newViolations(), palViol: newViolations(),
+	srv := testenv.NATS(t, testenv.ClientUsers(
+		natsauth.User{Name: starter, Scopes: natsauth.ScopeRead | natsauth.ScopeStart},
+		natsauth.User{Name: ana, Scopes: natsauth.ScopeRead | natsauth.ScopeApprove},
+		natsauth.User{Name: ghost, Scopes: natsauth.ScopeRead | natsauth.ScopeStart}))
+	var known natsauth.Users // what PAL's processes are told
+	for _, u := range srv.Users() {
+		if u.Name != ghost {
+			known = append(known, u)
+		}
+	}
+	b := &bundle{srv: srv, cviol: newViolations(), palViol: newViolations(),
 		slowStarted: make(chan struct{}, 1), slowRelease: make(chan struct{})}
 	b.admin = b.srv.Conn(t)
-	testenv.CheckJournalOnCleanup(t, b.admin)
+	if journalCheck {
+		testenv.CheckJournalOnCleanup(t, b.admin)
+	}
 	log := paltest.Logger(t)
 
 	wnc := b.srv.ConnAs(t, natsauth.Worker, b.palViol.option())
@@ -121,7 +152,13 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	leases, err := eventstore.OpenLeases(ctx, wjs, time.Second)
 	require.NoError(t, err)
-	w := workers.New(workers.Config{ID: "w1", Logger: log}, b.store, leases, provider.Registry{}, connector.Registry{})
+	_, priv, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	b.keys = &receipt.Keys{Current: receipt.NewKey(priv)}
+	b.receipts, err = receipt.Open(ctx, wjs, b.store)
+	require.NoError(t, err)
+	w := workers.New(workers.Config{ID: "w1", Logger: log, Receipts: b.receipts, SigningKey: b.keys.Current},
+		b.store, leases, provider.Registry{}, connector.Registry{})
 	w.RegisterTool("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
 		b.slowStarted <- struct{}{}
 		select {
@@ -137,7 +174,7 @@ func setup(t *testing.T) *bundle {
 	})
 	require.NoError(t, w.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
-	b.runs = runs.New(b.store)
+	b.runs = runs.New(b.store, runs.WithUsers(known))
 	cmds := runs.NewCommandProcessor(b.runs, log)
 	require.NoError(t, cmds.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, cmds.Stop(context.Background())) })
@@ -147,7 +184,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b.apiStore, err = eventstore.Open(ctx, ajs)
 	require.NoError(t, err)
-	svc, err := api.StartService(ctx, anc, runs.New(b.apiStore), log)
+	svc, err := api.StartService(ctx, anc, runs.New(b.apiStore, runs.WithUsers(known)), log)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
 
@@ -358,90 +395,11 @@ func TestClientForgeries(t *testing.T) {
 	require.Equal(t, "waiting", string(v.Status))
 }
 
-// TestClientPushConsumerCannotWrite: a push consumer's deliver subject is
-// in the request body, and the server delivers there itself, past the
-// client's publish permissions. No stream takes such a copy (every
-// PAL_EVENTS message says Nats-Expected-Stream PAL_EVENTS, every lease
-// message carries a TTL no other stream allows), and a copy keeps its
-// stream subject, so the worker's cancel handler, which keys on the
-// subject, ignores it.
-func TestClientPushConsumerCannotWrite(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	runA := b.start(t, echoWF)
-	b.waitStatus(t, runA, "succeeded")
-	slow := b.start(t, slowWF)
-	<-b.slowStarted
-	js, err := jetstream.New(b.admin)
-	require.NoError(t, err)
-	lastSeq := func(stream string) uint64 {
-		info, err := js.Stream(ctx, stream)
-		require.NoError(t, err)
-		return info.CachedInfo().State.LastSeq
-	}
-	kindsA := testenv.ReadJournal(t, b.admin).Kinds(runA)
-	seqs := map[string]uint64{}
-	for _, st := range []string{eventstore.WorkStream, eventstore.CommandsStream, eventstore.TimersStream} {
-		seqs[st] = lastSeq(st)
-	}
-	inflightSeq := lastSeq("KV_" + eventstore.InflightBucket)
-	n := 0
-	for _, stream := range []string{eventstore.EventsStream, "KV_" + eventstore.LeaseBucket} {
-		for _, deliver := range []string{
-			eventstore.EventsSubject("run_forged"), eventstore.EventsSubject(runA), eventstore.EventsSubject(slow),
-			eventstore.WorkSubject(runA), "$KV." + eventstore.LeaseBucket + "." + slow, eventstore.CommandPrefix + "start",
-			"pal.timer.at." + runA + ".1", "pal.timer.fire." + runA, "pal.dead.x", eventstore.CancelPrefix + slow,
-			"$KV." + eventstore.InflightBucket + "." + slow, eventstore.WatchSubject(slow),
-		} {
-			n++
-			// Interest on the deliver subject, so the consumer delivers.
-			got := make(chan *nats.Msg, 100)
-			sub, err := b.admin.ChanSubscribe(deliver, got)
-			require.NoError(t, err)
-			name := fmt.Sprintf("push%d", n)
-			body := fmt.Sprintf(`{"stream_name":%q,"config":{"name":%q,"deliver_subject":%q,"deliver_policy":"all","ack_policy":"none"}}`,
-				stream, name, deliver)
-			m, err := b.client.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+stream+"."+name, []byte(body))
-			require.NoError(t, err)
-			if strings.Contains(string(m.Data), `"error"`) {
-				require.Contains(t, string(m.Data), "forms a cycle", "%s → %s", stream, deliver)
-			} else {
-				select {
-				case <-got:
-				case <-time.After(10 * time.Second):
-					t.Fatalf("%s → %s: nothing delivered", stream, deliver)
-				}
-			}
-			require.NoError(t, sub.Unsubscribe())
-		}
-	}
-	require.NoError(t, b.admin.Flush())
-	require.Equal(t, inflightSeq, lastSeq("KV_"+eventstore.InflightBucket), "the in-flight index took a delivery")
-	close(b.slowRelease)
-	b.waitStatus(t, slow, "succeeded")
-	require.False(t, b.slowCancelled.Load(), "a JetStream delivery on pal.ctl.cancel stopped the step")
-	for st, seq := range seqs {
-		require.Equal(t, seq, lastSeq(st), "stream %s took a delivery", st)
-	}
-	kv, err := js.KeyValue(ctx, eventstore.LeaseBucket)
-	require.NoError(t, err)
-	for _, id := range []string{runA, slow} {
-		if e, err := kv.Get(ctx, id); err == nil {
-			require.True(t, strings.HasPrefix(string(e.Value()), "w1/"), "lease of %s: %q", id, e.Value())
-		} else {
-			require.ErrorIs(t, err, jetstream.ErrKeyNotFound)
-		}
-	}
-	j := testenv.ReadJournal(t, b.admin)
-	require.NotContains(t, j, "run_forged")
-	require.Equal(t, kindsA, j.Kinds(runA))
-	require.Equal(t, event.RunSucceeded, j.Kinds(slow)[len(j.Kinds(slow))-1])
-}
-
-// TestClientAllowed: what the client role is for works, with no
-// permissions violation: a durable start command a worker carries out,
-// the NATS service, reading a journal (ordered consumer, Direct Get) and
-// watching the leases.
+// TestClientAllowed: what the client account is for works, with no
+// permissions violation: a durable start command a worker carries out
+// (its starter the client user), the NATS service, reading a journal
+// (ordered consumer, Direct Get) and watching the leases (consumers made
+// through the guard).
 func TestClientAllowed(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -464,7 +422,7 @@ func TestClientAllowed(t *testing.T) {
 	_, err = b.runs.Deploy(ctx, runs.DeployCommand{Workflow: json.RawMessage(slowWF), Rights: runs.AllRights})
 	require.NoError(t, err)
 	cmd := `{"workflow":"slow","input":{},"idempotency_key":"roles-1"}`
-	_, err = b.cjs.Publish(ctx, eventstore.CommandPrefix+"start", []byte(cmd))
+	_, err = b.cjs.Publish(ctx, natsauth.CommandSubject(runs.CmdStart, natsauth.DefaultUser), []byte(cmd))
 	require.NoError(t, err)
 	runID := runs.RunIDForKey("roles-1")
 	<-b.slowStarted
@@ -484,6 +442,9 @@ func TestClientAllowed(t *testing.T) {
 		return nil
 	}))
 	b.waitStatus(t, runID, "succeeded")
+	evs, _, err := b.store.Read(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, natsauth.DefaultUser, evs[0].WorkerID, "the client user started the run")
 
 	m, err := b.client.RequestWithContext(ctx, "pal.api.runs.get", fmt.Appendf(nil, `{"run_id":%q}`, runID))
 	require.NoError(t, err)

@@ -16,7 +16,10 @@
 // Logging is given. Strict makes it fsync every write before acknowledging
 // (PAL_DURABILITY=strict). Restart stops it and starts a new one on the same
 // port and store directory; connections from Conn reconnect by themselves,
-// and Restart returns once they have.
+// and Restart returns once they have. Roles turns on PAL's two NATS
+// accounts as pal dev sets them up (eventstore/natsauth): ConnAs connects
+// as a role of PAL's account, ConnAsUser as a client user (ClientUsers
+// adds some; Users lists them for PAL's processes), Conn as admin.
 //
 // NATSProcess runs nats-server as a separate process, for tests that kill -9
 // the broker: Kill sends SIGKILL, Start brings it back on the same port and

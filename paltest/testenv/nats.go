@@ -23,6 +23,7 @@ type natsConfig struct {
 	port    int
 	logging bool
 	roles   bool
+	users   natsauth.Users
 }
 
 // Strict makes JetStream fsync every write before acknowledging it (PAL's
@@ -38,10 +39,19 @@ func Port(port int) NATSOption { return func(c *natsConfig) { c.port = port } }
 // always captured and logged when the test fails.
 func Logging() NATSOption { return func(c *natsConfig) { c.logging = true } }
 
-// Roles turns authentication on with PAL's NATS roles (eventstore/natsauth),
-// one fresh nkey user per role: ConnAs connects as one, and Conn as admin.
-// Only NATS (embedded) takes it.
+// Roles turns authentication on with PAL's NATS accounts, as pal dev sets
+// them up (eventstore/natsauth): one fresh nkey user per role of PAL's
+// account and the client account's natsauth.DefaultUser (every scope).
+// ConnAs connects as a role, ConnAsUser as a client user, and Conn as
+// admin. Only NATS (embedded) takes it.
 func Roles() NATSOption { return func(c *natsConfig) { c.roles = true } }
+
+// ClientUsers adds client users to Roles' client account, each with a
+// fresh nkey (their Nkey is filled in): Users lists them for PAL's
+// processes.
+func ClientUsers(users ...natsauth.User) NATSOption {
+	return func(c *natsConfig) { c.roles, c.users = true, append(c.users, users...) }
+}
 
 func newNATSConfig(opts []NATSOption) natsConfig {
 	var c natsConfig
@@ -56,6 +66,7 @@ type NATSServer struct {
 	opts   server.Options
 	logger server.Logger  // nil: no logging
 	keys   *natsauth.Keys // with Roles
+	users  natsauth.Users // with Roles: the client users, nkeys filled in
 
 	mu    sync.Mutex
 	srv   *server.Server
@@ -74,25 +85,30 @@ func NATS(tb testing.TB, opts ...NATSOption) *NATSServer {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
-	n := &NATSServer{opts: server.Options{
-		ServerName: "pal-test",
-		Host:       "127.0.0.1",
-		Port:       port,
-		NoSigs:     true,
-		NoLog:      !cfg.logging,
-		JetStream:  true,
-		StoreDir:   tb.TempDir(),
-		SyncAlways: cfg.strict,
-	}}
-	if cfg.logging {
-		n.logger = tbLogger{tb}
-	}
+	n := &NATSServer{}
 	if cfg.roles {
-		keys, err := natsauth.NewKeys()
+		names := make([]string, len(cfg.users))
+		for i, u := range cfg.users {
+			names[i] = u.Name
+		}
+		keys, err := natsauth.NewKeys(names...)
 		if err != nil {
 			tb.Fatalf("testenv: %v", err)
 		}
-		n.keys, n.opts.Nkeys = keys, keys.Users()
+		if n.users, err = keys.Users(cfg.users); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		opts, err := keys.ServerOptions(n.users)
+		if err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		n.keys, n.opts = keys, *opts
+	}
+	n.opts.ServerName, n.opts.Host, n.opts.Port = "pal-test", "127.0.0.1", port
+	n.opts.NoSigs, n.opts.NoLog, n.opts.JetStream = true, !cfg.logging, true
+	n.opts.StoreDir, n.opts.SyncAlways = tb.TempDir(), cfg.strict
+	if cfg.logging {
+		n.logger = tbLogger{tb}
 	}
 	if err := n.start(); err != nil {
 		tb.Fatalf("testenv: %v", err)
@@ -160,6 +176,12 @@ func (n *NATSServer) Conn(tb testing.TB, opts ...nats.Option) *nats.Conn {
 	if n.keys != nil {
 		opts = append([]nats.Option{n.keys.Option(natsauth.Admin)}, opts...)
 	}
+	return n.conn(tb, opts)
+}
+
+// conn connects with opts, and registers the connection for Restart.
+func (n *NATSServer) conn(tb testing.TB, opts []nats.Option) *nats.Conn {
+	tb.Helper()
 	nc := connect(tb, n.URL(), opts)
 	n.mu.Lock()
 	n.conns = append(n.conns, nc)
@@ -174,12 +196,26 @@ func (n *NATSServer) ConnAs(tb testing.TB, role natsauth.Role, opts ...nats.Opti
 	if n.keys == nil {
 		tb.Fatalf("testenv: ConnAs(%s) on a server started without Roles", role)
 	}
-	return n.Conn(tb, append([]nats.Option{n.keys.Option(role)}, opts...)...)
+	return n.conn(tb, append([]nats.Option{n.keys.Option(role)}, opts...))
+}
+
+// ConnAsUser connects as Conn does, authenticated as the client user
+// name (natsauth.DefaultUser, or one of ClientUsers).
+func (n *NATSServer) ConnAsUser(tb testing.TB, name string, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	if _, ok := n.users.ByName(name); !ok {
+		tb.Fatalf("testenv: ConnAsUser(%s): no such client user (ClientUsers)", name)
+	}
+	return n.conn(tb, append([]nats.Option{n.keys.UserOption(name)}, opts...))
 }
 
 // Keys returns the roles' nkeys (nil without Roles), for a test that
 // writes a seed file or starts a process as a role.
 func (n *NATSServer) Keys() *natsauth.Keys { return n.keys }
+
+// Users returns the client users with their nkeys (nil without Roles):
+// what PAL's processes are given (runs.WithUsers, PAL_NATS_USERS).
+func (n *NATSServer) Users() natsauth.Users { return n.users }
 
 // Restart shuts the server down, waits until it has stopped and starts a new
 // one on the same port with the same store directory, so everything

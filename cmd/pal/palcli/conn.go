@@ -62,7 +62,7 @@ func (r *natsRefusal) Error() string {
 	}
 	what := strings.TrimPrefix(r.err.Error(), nats.ErrPermissionViolation.Error()+": ")
 	return fmt.Sprintf("NATS refused this command for %s: %s — the CLI's run commands need the api role (.pal/%s under pal dev) "+
-		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); the client role reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.*",
+		"or the worker's (.pal/%s, what pal dev's .pal/dev.env sets); a client user reaches PAL through the NATS service (pal.api.>) and pal.cmd.runs.<kind>.<user>",
 		r.who, what, natsauth.SeedFile(natsauth.API), natsauth.SeedFile(natsauth.Worker))
 }
 
@@ -101,7 +101,10 @@ func (e *env) connectNow(t natsTarget, name string) (*nats.Conn, error) {
 			go c.Close()
 		}
 	})
-	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError}, t.auth...)...)
+	// A one-shot command connects as one of PAL's roles: its replies stay
+	// in PAL's account (_PAL_INBOX; _INBOX crosses to the clients).
+	nc, err := nats.Connect(t.url, append([]nats.Option{nats.Name(name), nats.Timeout(3 * time.Second), onError,
+		natsauth.InboxOption()}, t.auth...)...)
 	if refusedLogin(err) {
 		// Refused for good, as a permissions violation is: exit 2.
 		return nil, &natsRefusal{who: who, err: err, login: true}

@@ -45,13 +45,23 @@ REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
 unset it makes up a token and prints it. With --no-worker it drives no runs
 itself: start pal worker processes for that (to watch one crash, say).
 
-The embedded NATS server requires authentication, with PAL's roles (worker,
-projector, api, client, admin): one nkey seed per role in
-./.pal/nats-<role>.nk, readable by you only. pal dev prints the nats context
-save line for the client role, for the nats CLI.
+The embedded NATS server requires authentication, with PAL's two accounts:
+PAL's processes as their roles (worker, projector, api, admin) in one, and
+people, scripts and services as client users in another, which reaches PAL
+only through its imports. Each has an nkey seed in ./.pal, readable by you
+only: nats-<role>.nk, nats-client.nk for pal dev's own client user
+("client": read+start+approve+cancel, so it starts deployed workflows
+and deploys none) and nats-user-<name>.nk for the others. pal dev
+prints the nats context save line for its client user, for the nats CLI.
+To add client users, list them in PAL_NATS_USERS as name:scope+scope,…
+(scopes read, start, approve, cancel, deploy, admin; none written: all
+but admin), e.g. PAL_NATS_USERS=ana:read+approve,bot:read+start;
+a user may do only what its scopes allow, and acts as itself: a durable
+command goes to pal.cmd.runs.<kind>.<name>.
 
 While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
-(the worker role's seed), DATABASE_URL,
+(the worker role's seed), PAL_NATS_USERS (the client users and their
+nkeys), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
 with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
@@ -92,6 +102,9 @@ type devConfig struct {
 	// host and port are where NATS listens (PAL_NATS_URL's).
 	host string
 	port int
+	// users are the client users to make besides natsauth.DefaultUser
+	// (PAL_NATS_USERS, their nkeys ignored).
+	users natsauth.Users
 }
 
 // devConfigOf reads pal dev's flags and settings; nothing is started.
@@ -121,7 +134,20 @@ func (e *env) devConfigOf(cmd *cobra.Command, s *settings) (devConfig, error) {
 	if d.host, d.port, err = listenAddr(s.nats.url); err != nil {
 		return d, err
 	}
+	if e.getenv(natsauth.EnvUsers) != "" {
+		d.users = s.users
+	}
 	return d, nil
+}
+
+// devUsers loads or makes, in dataDir, the nkeys of PAL's roles, of
+// natsauth.DefaultUser and of users: pal dev's and its cluster nodes'.
+func devUsers(dataDir string, users natsauth.Users) (*natsauth.Keys, natsauth.Users, error) {
+	keys, all, err := natsauth.LoadUsers(dataDir, users)
+	if err != nil {
+		return nil, nil, badInput("the NATS credentials in %s: %v", dataDir, err)
+	}
+	return keys, all, nil
 }
 
 func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
@@ -155,6 +181,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	if err != nil {
 		return err
 	}
+	s.users = n.users // the service and the command processor know them
 	workerNC, err := n.connect(&st, natsauth.Worker)
 	if err != nil {
 		return err
@@ -209,7 +236,7 @@ func (e *env) runDev(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	}
 
 	abs, _ := filepath.Abs(d.dataDir)
-	if err := writeDevEnv(envPath, devEnvKeys, e.devVars(d, abs, n.url, dbURL, rest, llmVars)); err != nil {
+	if err := writeDevEnv(envPath, devEnvKeys, e.devVars(d, abs, n, dbURL, rest, llmVars)); err != nil {
 		return fmt.Errorf("writing %s: %w", envPath, err)
 	}
 	st.Started(envPath, func(context.Context) error {
@@ -239,7 +266,7 @@ func startDevWorkers(ctx context.Context, st *service.Stack, s *settings, d devC
 			return "", err
 		}
 		for _, id := range []string{d.wc.id + "-1", d.wc.id + "-2"} {
-			if err := n.cluster.startWorker(id, devWorkerEnv(d, n.url, dbURL, id, llmVars)); err != nil {
+			if err := n.cluster.startWorker(id, devWorkerEnv(d, n, dbURL, id, llmVars)); err != nil {
 				return "", err
 			}
 		}
@@ -262,11 +289,12 @@ func startDevWorkers(ctx context.Context, st *service.Stack, s *settings, d devC
 func (e *env) printDev(d devConfig, abs string, n *devNATS, dbURL, pgNote, workerNote, llmNote string, rest *api.Server) {
 	fmt.Fprintf(e.stderr, `
 PAL dev is running.
-  NATS       %s   (JetStream store: %s; roles on, nkey seeds %s/nats-<role>.nk)
+  NATS       %s   (JetStream store: %s; accounts on, nkey seeds %s/nats-*.nk)
   Postgres   %s   (%s)
   worker     %s
   LLM        %s
 `, n.url, natsStoreNote(abs, n.cluster), abs, redactDSN(dbURL), pgNote, workerNote, llmNote)
+	fmt.Fprintf(e.stderr, "  clients    %s   (NATS users of the client account; PAL_NATS_USERS=name:scope+… adds more)\n", clientsNote(n.users))
 	if n.cluster != nil {
 		fmt.Fprintf(e.stderr, "  cluster    %s   (PAL_REPLICAS=3; kill -9 one to watch a failover: pal dev starts it again after 2 s)\n",
 			n.cluster.pids(n.cluster.nodes))
@@ -286,11 +314,22 @@ Press Ctrl-C to stop.
 `, filepath.Join(abs, devEnvName), settingsNote, tryNote, natsContextLine(n.url, filepath.Join(abs, natsauth.SeedFile(natsauth.Client))))
 }
 
+// clientsNote lists the client users for the banner: name, scopes, seed.
+func clientsNote(users natsauth.Users) string {
+	parts := make([]string, len(users))
+	for i, u := range users {
+		parts[i] = fmt.Sprintf("%s (%s, %s)", u.Name, u.Scopes, natsauth.UserSeedFile(u.Name))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // devNATS is pal dev's NATS: one server in this process, or a cluster of
 // node processes.
 type devNATS struct {
 	url     string
 	cluster *devCluster // nil: one server in this process
+	// users are the client users, with their nkeys.
+	users natsauth.Users
 	// dial connects as role.
 	dial func(role natsauth.Role) (*nats.Conn, error)
 }
@@ -312,9 +351,9 @@ func startDevNATS(ctx context.Context, st *service.Stack, d devConfig, log *slog
 	if err := os.MkdirAll(storeDir, 0o755); err != nil {
 		return nil, badInput("creating %s: %v", storeDir, err)
 	}
-	keys, err := natsauth.LoadOrCreate(d.dataDir)
+	keys, users, err := devUsers(d.dataDir, d.users)
 	if err != nil {
-		return nil, badInput("the NATS credentials in %s: %v", d.dataDir, err)
+		return nil, err
 	}
 	strict := d.wc.durability == DurabilityStrict
 	if d.cluster > 0 {
@@ -323,13 +362,16 @@ func startDevNATS(ctx context.Context, st *service.Stack, d devConfig, log *slog
 			return nil, withCode(ExitUnavailable, fmt.Errorf("starting the NATS cluster: %w (is another pal dev or NATS server running on ports %d-%d? set PAL_NATS_URL=nats://127.0.0.1:4333 to use others)", err, d.port, d.port+d.cluster-1))
 		}
 		st.Started("the NATS cluster", service.Closer(cluster.stop))
-		return &devNATS{url: cluster.URL(), cluster: cluster,
+		return &devNATS{url: cluster.URL(), cluster: cluster, users: users,
 			dial: func(role natsauth.Role) (*nats.Conn, error) { return cluster.connect(keys, role, log) }}, nil
 	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "pal-dev", JetStream: true, StoreDir: storeDir, Host: d.host, Port: d.port,
-		NoSigs: true, NoLog: true, SyncAlways: strict, Nkeys: keys.Users(),
-	})
+	opts, err := keys.ServerOptions(users)
+	if err != nil {
+		return nil, badInput("configuring the embedded NATS server: %v", err)
+	}
+	opts.ServerName, opts.JetStream, opts.StoreDir, opts.Host, opts.Port = "pal-dev", true, storeDir, d.host, d.port
+	opts.NoSigs, opts.NoLog, opts.SyncAlways = true, true, strict
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, badInput("configuring the embedded NATS server: %v", err)
 	}
@@ -342,7 +384,7 @@ func startDevNATS(ctx context.Context, st *service.Stack, d devConfig, log *slog
 		return nil, withCode(ExitUnavailable, fmt.Errorf("the embedded NATS server could not listen on %s:%d (is another pal dev or NATS server running? set PAL_NATS_URL=nats://127.0.0.1:4333 to use another port)", d.host, d.port))
 	}
 	// Each part connects with its own role, as it would as its own process.
-	return &devNATS{url: fmt.Sprintf("nats://%s:%d", d.host, d.port), dial: func(role natsauth.Role) (*nats.Conn, error) {
+	return &devNATS{url: fmt.Sprintf("nats://%s:%d", d.host, d.port), users: users, dial: func(role natsauth.Role) (*nats.Conn, error) {
 		nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("pal-dev-"+string(role)), keys.Option(role),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				log.Error("NATS error", "role", role, "err", err)
@@ -407,8 +449,9 @@ func startDevPostgres(ctx context.Context, st *service.Stack, d devConfig, clust
 
 // devWorkerEnv is the environment of a pal worker process of pal dev
 // --cluster, id its worker id.
-func devWorkerEnv(d devConfig, natsURL, dbURL, id string, llmVars map[string]string) []string {
-	env := []string{"PAL_NATS_URL=" + natsURL, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
+func devWorkerEnv(d devConfig, n *devNATS, dbURL, id string, llmVars map[string]string) []string {
+	env := []string{"PAL_NATS_URL=" + n.url, "PAL_WORKER_ID=" + id, "DATABASE_URL=" + dbURL,
+		natsauth.EnvUsers + "=" + n.users.String(),
 		"PAL_NATS_CREDS=" + filepath.Join(d.dataDir, natsauth.SeedFile(natsauth.Worker)),
 		"PAL_REPLICAS=" + strconv.Itoa(d.wc.replicas), "PAL_DURABILITY=" + d.wc.durability,
 		"PAL_LEASE_TTL=" + d.wc.leaseTTL.String(), "PAL_EGRESS_ALLOW=" + d.wc.egress.String(),
@@ -421,16 +464,18 @@ func devWorkerEnv(d devConfig, natsURL, dbURL, id string, llmVars map[string]str
 
 // devVars are what pal dev writes to dev.env: how the other pal commands
 // run here reach it. abs is the data directory's absolute path.
-func (e *env) devVars(d devConfig, abs, natsURL, dbURL string, rest *api.Server, llmVars map[string]string) map[string]string {
+func (e *env) devVars(d devConfig, abs string, n *devNATS, dbURL string, rest *api.Server, llmVars map[string]string) map[string]string {
 	vars := map[string]string{
-		"PAL_NATS_URL": natsURL,
+		"PAL_NATS_URL": n.url,
 		// A second pal worker, and the pal commands, act as the worker.
 		"PAL_NATS_CREDS": filepath.Join(abs, natsauth.SeedFile(natsauth.Worker)),
-		"DATABASE_URL":   dbURL,
-		"PAL_HTTP_ADDR":  strings.TrimPrefix(rest.URL(), "http://"),
-		"PAL_DURABILITY": d.wc.durability,
-		"PAL_LEASE_TTL":  d.wc.leaseTTL.String(),
-		"PAL_REPLICAS":   strconv.Itoa(d.wc.replicas),
+		// and know the client users as pal dev does.
+		natsauth.EnvUsers: n.users.String(),
+		"DATABASE_URL":    dbURL,
+		"PAL_HTTP_ADDR":   strings.TrimPrefix(rest.URL(), "http://"),
+		"PAL_DURABILITY":  d.wc.durability,
+		"PAL_LEASE_TTL":   d.wc.leaseTTL.String(),
+		"PAL_REPLICAS":    strconv.Itoa(d.wc.replicas),
 		// The pal worker processes beside pal dev --no-worker call the
 		// tour's local receivers too.
 		egress.EnvAllow: d.wc.egress.String(),
@@ -473,7 +518,7 @@ func natsStoreNote(abs string, cluster *devCluster) string {
 const devClusterDatabase = "pal_cluster"
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
-var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
+var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", natsauth.EnvUsers, "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
 	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev

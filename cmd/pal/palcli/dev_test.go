@@ -192,10 +192,12 @@ func TestRunIDOfAKey(t *testing.T) {
 	require.Equal(t, "bad_input", decodeJSON[map[string]any](t, r.stdout)["error"])
 }
 
-// pal dev turns NATS authentication on with PAL's roles: each role's nkey
-// seed is in the data directory, readable by its owner only; the client
-// role can start a run through the NATS service and cannot write the
-// journal; an anonymous connection is refused.
+// pal dev turns NATS authentication on with PAL's accounts: each role's
+// and client user's nkey seed is in the data directory, readable by its
+// owner only; pal dev's own client user starts a run through the NATS
+// service and cannot write the journal; a client user of PAL_NATS_USERS
+// acts as itself within its scopes; dev.env tells the other pal commands
+// who the users are; an anonymous connection is refused.
 func TestDevNATSRoles(t *testing.T) {
 	t.Parallel()
 	bin := testenv.PalBinary(t)
@@ -203,16 +205,18 @@ func TestDevNATSRoles(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), ".pal")
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePort(t))
 	dev := testenv.StartProcess(t, bin, []string{"dev"}, []string{
-		"PAL_DATA_DIR=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(), "PAL_HTTP_ADDR=127.0.0.1:0"})
+		"PAL_DATA_DIR=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(), "PAL_HTTP_ADDR=127.0.0.1:0",
+		natsauth.EnvUsers + "=bot:read+start"})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	require.NoError(t, dev.WaitForOutput(ctx, "PAL dev is running"))
 	require.NoError(t, dev.WaitForOutput(ctx, "Press Ctrl-C"))
 
-	for _, r := range natsauth.Roles {
-		fi, err := os.Stat(filepath.Join(dataDir, natsauth.SeedFile(r)))
+	for _, f := range []string{natsauth.SeedFile(natsauth.Worker), natsauth.SeedFile(natsauth.Projector), natsauth.SeedFile(natsauth.API),
+		natsauth.SeedFile(natsauth.Admin), natsauth.SeedFile(natsauth.Client), natsauth.UserSeedFile("bot")} {
+		fi, err := os.Stat(filepath.Join(dataDir, f))
 		require.NoError(t, err)
-		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s", r)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s", f)
 	}
 	abs, err := filepath.Abs(filepath.Join(dataDir, natsauth.SeedFile(natsauth.Client)))
 	require.NoError(t, err)
@@ -220,6 +224,17 @@ func TestDevNATSRoles(t *testing.T) {
 	envVars, err := os.ReadFile(filepath.Join(dataDir, "dev.env"))
 	require.NoError(t, err)
 	require.Contains(t, string(envVars), "PAL_NATS_CREDS='"+filepath.Join(filepath.Dir(abs), natsauth.SeedFile(natsauth.Worker))+"'")
+	users := regexp.MustCompile(natsauth.EnvUsers + `='?([^'\n]*)`).FindStringSubmatch(string(envVars))
+	require.NotNil(t, users, "%s", envVars)
+	known, err := natsauth.ParseUsers(users[1])
+	require.NoError(t, err)
+	bot, ok := known.ByName("bot")
+	require.True(t, ok, "%s", users[1])
+	require.Equal(t, natsauth.ScopeRead|natsauth.ScopeStart, bot.Scopes)
+	require.NotEmpty(t, bot.Nkey, "pal dev's workers beside it know the user's key")
+	self, ok := known.ByName(natsauth.DefaultUser)
+	require.True(t, ok)
+	require.True(t, self.Scopes.Has(natsauth.ScopeAdmin), "pal dev's own user may do everything")
 
 	_, err = nats.Connect(natsURL, nats.Timeout(3*time.Second))
 	require.ErrorIs(t, err, nats.ErrAuthorization, "an anonymous connection")
@@ -274,6 +289,30 @@ func TestDevNATSRoles(t *testing.T) {
 	r = runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "run", "events", id, "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.NotContains(t, r.stdout, "forged")
+	require.Contains(t, r.stdout, `"worker_id":"`+natsauth.DefaultUser+`"`, "pal dev's client user started the run")
+
+	// bot starts as itself, and may not cancel.
+	botCreds, err := natsauth.CredsOption(filepath.Join(dataDir, natsauth.UserSeedFile("bot")))
+	require.NoError(t, err)
+	bviol := make(chan error, 10)
+	bnc, err := nats.Connect(natsURL, botCreds, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { bviol <- err }))
+	require.NoError(t, err)
+	defer bnc.Close()
+	m, err = bnc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":`+wf+`,"input":{}}`))
+	require.NoError(t, err)
+	botRun, _ := decodeJSON[map[string]any](t, string(m.Data))["run_id"].(string)
+	require.Regexp(t, `^run_`, botRun, "%s", m.Data)
+	r = runPal(t, bin, []string{"PAL_DATA_DIR=" + dataDir}, "run", "events", botRun, "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, `"worker_id":"bot"`)
+	require.NoError(t, bnc.Publish("pal.api.runs.cancel", []byte(`{"run_id":"`+botRun+`","by":"root"}`)))
+	require.NoError(t, bnc.Flush())
+	select {
+	case err := <-bviol:
+		require.Contains(t, err.Error(), `"pal.api.runs.cancel"`)
+	case <-ctx.Done():
+		t.Fatal("bot may cancel")
+	}
 	require.NotContains(t, dev.Output(), "NATS error", "pal dev's own roles were refused something")
 	require.NoError(t, dev.Term())
 	require.NoError(t, dev.Wait(ctx))
@@ -345,7 +384,7 @@ func TestDevCluster(t *testing.T) {
 			o, err := natsauth.CredsOption(filepath.Join(dataDir, natsauth.SeedFile(natsauth.Admin)))
 			require.NoError(t, err)
 			return o
-		}())
+		}(), natsauth.InboxOption())
 	require.NoError(t, err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -65,9 +65,14 @@ func (e *env) runNATSNode(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return badInput("--cluster: %v", err)
 	}
-	keys, err := natsauth.LoadOrCreate(dataDir)
+	// pal dev's environment names the same client users (PAL_NATS_USERS).
+	users, err := natsauth.ParseUsers(e.getenv(natsauth.EnvUsers))
 	if err != nil {
-		return badInput("the NATS credentials in %s: %v", dataDir, err)
+		return badInput("%v", err)
+	}
+	keys, users, err := devUsers(dataDir, users)
+	if err != nil {
+		return err
 	}
 	var routeURLs []*url.URL
 	for _, r := range strings.Split(routes, ",") {
@@ -82,12 +87,13 @@ func (e *env) runNATSNode(cmd *cobra.Command, _ []string) error {
 	if err := natsraft.Set(natsraft.Fast); err != nil {
 		return err
 	}
-	opts := &server.Options{
-		ServerName: name, JetStream: true, StoreDir: store, Host: host, Port: port, NoSigs: true,
-		SyncAlways: syncAlways, Nkeys: keys.Users(),
-		Cluster: server.ClusterOpts{Name: "pal-dev", Host: chost, Port: cport},
-		Routes:  routeURLs,
+	opts, err := keys.ServerOptions(users)
+	if err != nil {
+		return badInput("configuring NATS node %s: %v", name, err)
 	}
+	opts.ServerName, opts.JetStream, opts.StoreDir, opts.Host, opts.Port, opts.NoSigs = name, true, store, host, port, true
+	opts.SyncAlways, opts.Routes = syncAlways, routeURLs
+	opts.Cluster = server.ClusterOpts{Name: "pal-dev", Host: chost, Port: cport}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return badInput("configuring NATS node %s: %v", name, err)

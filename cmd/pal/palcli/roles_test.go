@@ -210,7 +210,7 @@ func TestCommandsAsWorkerRole(t *testing.T) {
 	}
 }
 
-// Under the client role the CLI's run commands are refused by NATS (a
+// As a client user the CLI's run commands are refused by NATS (a
 // permissions violation, reported asynchronously): the command fails at
 // once, not at its request's timeout, saying which credentials NATS
 // refused and which role the command needs; the api role's credentials
@@ -233,7 +233,7 @@ func TestRunCommandRefusedForRole(t *testing.T) {
 	took := time.Since(began)
 	require.Equal(t, 2, r.code, "%s", r)
 	require.Contains(t, r.stderr, "NATS refused this command for the credentials in PAL_NATS_CREDS ("+strings.TrimPrefix(client, "PAL_NATS_CREDS=")+")")
-	require.Contains(t, r.stderr, "Permissions Violation for Publish to")
+	require.Contains(t, r.stderr, "Permissions Violation for")
 	require.Contains(t, r.stderr, "need the api role")
 	require.NotContains(t, r.stderr, "deadline exceeded")
 	require.Less(t, took, 4*time.Second, "the command waited for its request's timeout (5s)\n%s", r)

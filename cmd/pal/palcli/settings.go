@@ -10,6 +10,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/runs"
 )
 
@@ -133,6 +134,10 @@ type settings struct {
 	// replyPrefixes are where command replies may go besides _INBOX.
 	// (PAL_REPLY_PREFIX).
 	replyPrefixes []string
+	// users are the client account's users: who a NATS caller is and
+	// what it may do (PAL_NATS_USERS; unset: natsauth.DeployUsers, the
+	// client users of deploy/nats). pal dev sets its own.
+	users natsauth.Users
 }
 
 // readSettings parses the settings; an invalid one is exit code 2, named.
@@ -157,6 +162,12 @@ func (e *env) readSettings(cmd *cobra.Command) (*settings, error) {
 	if err := e.loadPrices(); err != nil {
 		return nil, err
 	}
+	s.users = natsauth.DeployUsers()
+	if v := e.getenv(natsauth.EnvUsers); v != "" {
+		if s.users, err = natsauth.ParseUsers(v); err != nil {
+			return nil, withCode(ExitBadInput, err)
+		}
+	}
 	return s, nil
 }
 
@@ -175,5 +186,5 @@ func (e *env) withSettings(run func(cmd *cobra.Command, args []string, s *settin
 // client is the front door over store, the one way the process builds
 // one.
 func (s *settings) client(store *eventstore.Store) *runs.Client {
-	return runs.New(store, runs.WithReplyPrefixes(s.replyPrefixes...), runs.WithAnomalyDefaults(s.anomalies))
+	return runs.New(store, runs.WithReplyPrefixes(s.replyPrefixes...), runs.WithAnomalyDefaults(s.anomalies), runs.WithUsers(s.users))
 }

@@ -79,11 +79,11 @@ func (e *env) runIDCmd() *cobra.Command {
 		Short: "Print the run id a start with this idempotency key gets",
 		Long: `pal run id prints the id of the run that a start with idempotency key KEY
 creates (or created): "run_k" and the hex of the first 13 bytes of
-SHA-256("start|" + KEY). It needs no connection. A durable start on
-pal.cmd.runs.start takes its key from the body's idempotency_key, else from
-the Nats-Msg-Id header, so:
+SHA-256("start|" + KEY). It needs no connection. A durable start (a client
+user's on pal.cmd.runs.start.<user>) takes its key from the body's
+idempotency_key, else from the Nats-Msg-Id header, so:
 
-  nats pub pal.cmd.runs.start -H Nats-Msg-Id:order-42 …
+  nats pub pal.cmd.runs.start.client -H Nats-Msg-Id:order-42 …
   pal run get $(pal run id --key order-42)
 
 A start with an explicit run_id keeps that id instead.`,

@@ -242,7 +242,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	leases, err := eventstore.OpenLeases(ctx, js, wc.leaseTTL)
+	leases, err := eventstore.OpenLeases(ctx, js, wc.leaseTTL, eventstore.WithLeaseLogger(log))
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}
