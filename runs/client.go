@@ -14,8 +14,8 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
-	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 

@@ -72,7 +72,8 @@ func nextRejection(t *testing.T, ch chan runs.Rejection, subject string) runs.Re
 // its scopes, whatever its body says. A user with read+start cannot
 // approve, cancel or raise a budget (the server refuses the subjects:
 // they are not in its permissions, under its own name or another's) and
-// cannot force a resume (PAL refuses it: it needs admin); it starts runs
+// cannot force a resume (PAL refuses it: it needs admin) nor start a
+// definition of its own (that needs deploy); it starts deployed workflows
 // as itself. A user with approve approves as itself, and the journal
 // names it; naming another approver is refused. A user PAL does not know
 // is refused, whatever NATS lets it publish.
@@ -135,8 +136,28 @@ func TestNATSCallerIsWhoServerSays(t *testing.T) {
 	require.Equal(t, "force", r.Field)
 	require.Equal(t, held, holder(), "the lease was not broken")
 
-	// What the starter may do, it does as itself.
+	// Without scope deploy it starts no definition of its own, on either
+	// path: the refusal names the scope, and nothing is deployed.
 	a, err = b.request(t, snc, "pal.api.runs.start", map[string]any{"workflow": json.RawMessage(echoWF), "input": map[string]any{}})
+	require.NoError(t, err)
+	require.Equal(t, "403", a.status)
+	require.Equal(t, "workflow", a.body["field"])
+	require.Contains(t, a.body["error"], "scope deploy")
+	_, err = sjs.Publish(ctx, natsauth.CommandSubject(runs.CmdStart, starter), fmt.Appendf(nil, `{"workflow":%s,"input":{}}`, echoWF))
+	require.NoError(t, err)
+	r = nextRejection(t, rejected, natsauth.CommandSubject(runs.CmdStart, starter))
+	require.Equal(t, runs.CodeForbidden, r.Code)
+	require.Equal(t, "workflow", r.Field)
+	wfs, err := b.runs.Workflows(ctx)
+	require.NoError(t, err)
+	for _, w := range wfs.Workflows {
+		require.NotEqual(t, "echo", w.Name, "a refused start deployed nothing")
+	}
+
+	// What the starter may do, it does as itself: start what was deployed.
+	_, err = b.runs.Deploy(ctx, runs.DeployCommand{Workflow: json.RawMessage(echoWF), Rights: runs.AllRights})
+	require.NoError(t, err)
+	a, err = b.request(t, snc, "pal.api.runs.start", map[string]any{"workflow": "echo", "input": map[string]any{}})
 	require.NoError(t, err)
 	started := a.body["run_id"].(string)
 	b.waitStatus(t, started, "succeeded")
