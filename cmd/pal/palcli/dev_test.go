@@ -234,7 +234,7 @@ func TestDevNATSRoles(t *testing.T) {
 	require.NotEmpty(t, bot.Nkey, "pal dev's workers beside it know the user's key")
 	self, ok := known.ByName(natsauth.DefaultUser)
 	require.True(t, ok)
-	require.True(t, self.Scopes.Has(natsauth.ScopeAdmin), "pal dev's own user may do everything")
+	require.Equal(t, natsauth.ClientScopes, self.Scopes, "pal dev's client user does all but deploy and admin")
 
 	_, err = nats.Connect(natsURL, nats.Timeout(3*time.Second))
 	require.ErrorIs(t, err, nats.ErrAuthorization, "an anonymous connection")
@@ -246,7 +246,7 @@ func TestDevNATSRoles(t *testing.T) {
 	require.NoError(t, err)
 	defer nc.Close()
 	wf := `{"name":"echo","nodes":[{"id":"start","type":"trigger"},{"id":"t1","type":"tool","data":{"tool":"echo","input":{"i":1}}}],"edges":[{"from":"start","to":"t1"}]}`
-	// The client role starts deployed workflows only: it may not deploy
+	// The client user starts deployed workflows only: it may not deploy
 	// (the server refuses the request), and PAL refuses its inline
 	// definitions. pal workflow deploy, under dev.env, may.
 	require.NoError(t, nc.Publish(eventstore.WorkflowDeploySubject, []byte(wf)))
@@ -298,7 +298,7 @@ func TestDevNATSRoles(t *testing.T) {
 	bnc, err := nats.Connect(natsURL, botCreds, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { bviol <- err }))
 	require.NoError(t, err)
 	defer bnc.Close()
-	m, err = bnc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":`+wf+`,"input":{}}`))
+	m, err = bnc.RequestWithContext(ctx, "pal.api.runs.start", []byte(`{"workflow":"echo@1","input":{}}`))
 	require.NoError(t, err)
 	botRun, _ := decodeJSON[map[string]any](t, string(m.Data))["run_id"].(string)
 	require.Regexp(t, `^run_`, botRun, "%s", m.Data)
