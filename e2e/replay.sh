@@ -96,7 +96,7 @@ save=$(grep -oE "nats context save .*--select" "$work/dev.log") || fail "pal dev
 echo "e2e: $save"
 eval "\"\$NATS\" ${save#nats }" >/dev/null || fail "nats context save failed"
 nats stream info PAL_EVENTS >/dev/null 2>&1 || fail "the client role cannot read PAL_EVENTS' info"
-nats micro ls 2>/dev/null | grep -q ' pal ' || fail "nats micro ls does not list pal"
+nats micro ls 2>/dev/null | grep ' pal ' >/dev/null || fail "nats micro ls does not list pal"
 
 # The pal commands read pal dev's dev.env (the worker role's credentials).
 export PAL_DATA_DIR=$work/data
@@ -196,7 +196,7 @@ nats pub --reply "pal.events.$run_id" '$JS.API.DIRECT.GET.PAL_EVENTS' "{\"last_b
 	{ cat "$work/deputy" >&2; fail "nats pub DIRECT.GET failed"; }
 nats req pal.api.runs.get "{\"run_id\":\"$run_id\"}" >/dev/null 2>&1 || fail "the service stopped answering"
 [[ $("$PAL" run events "$run_id" --json | wc -l) -eq $last_seq ]] || fail "a deputy's answer landed in the journal of $run_id"
-"$PAL" run get "$run_id" --json | grep -q '"status":"succeeded"' || fail "run $run_id is no longer succeeded"
+"$PAL" run get "$run_id" --json | grep '"status":"succeeded"' >/dev/null || fail "run $run_id is no longer succeeded"
 
 # 9. A durable command runs as the client user that published it: the
 # server lets it publish under its own name only.
@@ -205,11 +205,14 @@ nats pub --no-templates pal.cmd.runs.start.client '{"workflow": "hello", "input"
 	{ cat "$work/cmd" >&2; fail "nats pub pal.cmd.runs.start.client failed"; }
 durable=$("$PAL" run id --key e2e-durable)
 for i in $(seq 1 300); do
-	"$PAL" run get "$durable" --json 2>/dev/null | grep -q '"status":"succeeded"' && break
+	"$PAL" run get "$durable" --json 2>/dev/null | grep '"status":"succeeded"' >/dev/null && break
 	[[ $i -lt 300 ]] || fail "the durable start $durable did not succeed"
 	sleep 0.1
 done
-"$PAL" run events "$durable" --json | head -n 1 | grep -q '"worker_id":"client"' || fail "the durable start is not the client user's"
+"$PAL" run events "$durable" --json >"$work/durable" || fail "pal run events $durable failed"
+# Read from a file: with pipefail, head closing the pipe early could fail
+# the pal command that writes it.
+head -n 1 "$work/durable" | grep -q '"worker_id":"client"' || fail "the durable start is not the client user's"
 nats pub pal.cmd.runs.start.ana '{}' >"$work/pub" 2>&1 || true
 grep -qi "permissions violation" "$work/pub" || { cat "$work/pub" >&2; fail "the client user published a command in another's name"; }
 
