@@ -20,6 +20,12 @@
 //     workers' alone. A fork or retry only reads its source and starts a
 //     new run; a resume writes no event (it replaces the work message, and
 //     with force breaks the lease; fencing does the rest).
+//   - With WithLimiter, every command spends one of its caller's starts
+//     (start, fork, retry) or commands (the others) before anything is
+//     read: over the rate it is refused (*limit.Error, code rate_limited)
+//     whichever door it came in by. The caller is the identity the
+//     transport authenticated (WithCaller), else the one the command
+//     journals.
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.

@@ -6,6 +6,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/workflow"
 )
@@ -15,7 +16,8 @@ import (
 // ErrPayloadTooLarge) is the caller's mistake (400), ErrRunNotFound 404,
 // ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
 // 409; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
-// anything else is the infrastructure (503) and worth retrying.
+// a caller over its limit (*limit.Error, WithLimiter) 429; anything else
+// is the infrastructure (503) and worth retrying.
 var (
 	// ErrInvalidRunID is wrapped by every refused run id: one that is not
 	// a single NATS subject token.
@@ -87,6 +89,8 @@ func Classify(err error) (code string, field string, final bool) {
 	var ie *InputError
 	var ve *workflow.ValidationError
 	switch {
+	case errors.Is(err, limit.ErrLimited):
+		return CodeRateLimited, "", true
 	case errors.As(err, &ie):
 		return CodeBadInput, ie.Field, true
 	case errors.As(err, &ve):
