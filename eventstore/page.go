@@ -105,10 +105,17 @@ func (p *Pages) Head() Head { return p.head }
 // and reports whether nothing is pending after it.
 func (p *Pages) read(ctx context.Context, out *[]event.Event) (caught bool, err error) {
 	subj := EventsSubject(p.runID)
+	// A reader that was at the end asks for one message first, over the
+	// connection's shared reply subscription (as scan does): most such
+	// reads find nothing, and skip the subscription of a longer batch.
+	size := PageMessages
+	if p.caught {
+		size = 1
+	}
 	err = retry.Do(ctx, jsRetry, func() error {
 		// Each message reaches the chain once: a retry starts after the
 		// last one it took.
-		_, pending, _, err := p.s.readBatch(ctx, subj, p.head.StreamSeq, 0, PageMessages, PageBytes, func(streamSeq uint64, body []byte) bool {
+		_, pending, _, err := p.s.readBatch(ctx, subj, p.head.StreamSeq, 0, size, PageBytes, func(streamSeq uint64, body []byte) bool {
 			evs, _ := p.chain.Next(body) // a bad message is recorded in chain.Corrupt
 			p.head = after(&p.chain, streamSeq)
 			for _, ev := range evs {
