@@ -45,6 +45,7 @@ var answerCodes = map[string]transportCode{
 	codeJournalRemoved:   {http.StatusGone, codes.FailedPrecondition},
 	codeForbidden:        {http.StatusForbidden, codes.PermissionDenied},
 	codeTooLarge:         {http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+	runs.CodeRateLimited: {http.StatusTooManyRequests, codes.ResourceExhausted},
 	runs.CodeInternal:    {http.StatusInternalServerError, codes.Internal},
 	runs.CodeUnavailable: {http.StatusServiceUnavailable, codes.Unavailable},
 }
