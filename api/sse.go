@@ -83,8 +83,11 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodHead {
 		return
 	}
+	boundSendBuffer(r)
 	s := &sseStream{w: w, rc: rc}
-	if err := s.write(fmt.Appendf(nil, "retry: %d\n\n", sseRetryMs)); err != nil {
+	// The headers and the retry line go out at once: a stream with
+	// nothing to send yet is open for the client too.
+	if err := s.write(fmt.Appendf(nil, "retry: %d\n\n", sseRetryMs)); err != nil || s.flush() != nil {
 		return
 	}
 	err = st.run(ctx, sink{send: s.event, flush: s.flush, keepAlive: func() error { return s.write([]byte(": keep-alive\n\n")) }})
@@ -156,6 +159,26 @@ func (s *sseStream) event(ev event.Event) error {
 }
 
 func (s *sseStream) flush() error { return s.rc.Flush() }
+
+// sseSendBuffer bounds the kernel's send buffer of an event stream's
+// connection (HTTP/1.1 only: an HTTP/2 connection carries other
+// requests). Left alone, Linux grows it up to net.ipv4.tcp_wmem's
+// maximum (4 MiB by default) for a client that does not read, so a
+// stream that is paced by its client would still hold megabytes, only
+// in the kernel. 256 KiB streams events at 2.5 MB/s over a 100 ms round
+// trip.
+const sseSendBuffer = 256 << 10
+
+// connKey carries a request's connection (Server sets it).
+type connKey struct{}
+
+// boundSendBuffer bounds the send buffer of an HTTP/1 request's
+// connection to sseSendBuffer, when Server served it.
+func boundSendBuffer(r *http.Request) {
+	if c, ok := r.Context().Value(connKey{}).(interface{ SetWriteBuffer(int) error }); ok && r.ProtoMajor == 1 {
+		_ = c.SetWriteBuffer(sseSendBuffer)
+	}
+}
 
 type shutdownKey struct{}
 
