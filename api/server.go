@@ -69,7 +69,7 @@ func (s *Server) Start(ctx context.Context) error {
 		// Each request can reach its connection (an event stream bounds
 		// its send buffer, sse.go).
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
-		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	var once sync.Once
 	srv.RegisterOnShutdown(func() { once.Do(func() { close(stopping) }) })
