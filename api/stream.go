@@ -201,6 +201,7 @@ func (s *runStream) run(ctx context.Context, out sink) error {
 // feed that failed ends the stream.
 func (s *runStream) dropped() error {
 	err := s.sub.err
+	s.h.log.Debug("event stream left the run's feed", "run_id", s.id, "after", s.q.last, "reason", err)
 	s.close()
 	if err != nil && !errors.Is(err, errLagging) {
 		return &feedError{err: err}
@@ -271,13 +272,19 @@ func (q *sequencer) next(ev event.Event) (bool, error) {
 	return true, nil
 }
 
-// admitStream lets the request's token open an event stream: it spends
-// one of the token's stream opens and holds one of its open streams until
-// release. Errors: *limit.Error (429, RESOURCE_EXHAUSTED).
+// admitStream lets the request's token open an event stream: it holds
+// one of the token's open streams until release and spends one of its
+// stream opens; a refusal spends neither. Errors: *limit.Error (429,
+// RESOURCE_EXHAUSTED).
 func (h *handler) admitStream(ctx context.Context) (release func(), err error) {
 	who := identity(ctx)
-	if err := h.limiter.Allow(limit.Stream, who); err != nil {
+	release, err = h.limiter.OpenStream(who)
+	if err != nil {
 		return nil, err
 	}
-	return h.limiter.OpenStream(who)
+	if err := h.limiter.Allow(limit.Stream, who); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
 }

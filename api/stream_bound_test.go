@@ -161,3 +161,62 @@ func TestReconnectAtTheHeadReadsOneMessage(t *testing.T) {
 	}
 	require.Equal(t, uint64(n), store.ReadStats().Messages-before.Messages, "each reconnect after the end reads one message")
 }
+
+// TestLaggingStreamGoesBackToTheJournal: a client that stops reading
+// while a run moves on by more events than the run's feed holds for it
+// (subscriptionBuffer, 512) is dropped by the feed, and its stream goes
+// back to reading the journal: when the client reads again it gets every
+// event once, in order, to the end, on the same connection.
+func TestLaggingStreamGoesBackToTheJournal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	runID, head, _ := bigRun(t, b.JS, 64<<10)
+	// A fixed receive buffer: the kernel does not grow it to hold what
+	// the client does not read.
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(64 << 10)
+		}
+		return c, err
+	}}}
+	defer client.CloseIdleConnections()
+	s, err := b.openSSE(t, client, runID, "")
+	require.NoError(t, err)
+	defer s.close()
+	got := s.readUntil(t, func(ev sseEvent) bool { return ev.id == head.Seq })
+
+	// 1,200 events, half of them 8 KiB, while the client reads nothing:
+	// more than the connection's buffers (about 80 of the big ones) and
+	// the feed's 512 hold.
+	store, err := eventstore.Open(ctx, b.JS, eventstore.WithPacking(true))
+	require.NoError(t, err)
+	output, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 8<<10)})
+	require.NoError(t, err)
+	h := head
+	for i := range 600 {
+		step := fmt.Sprintf("late%d", i)
+		evs := []event.Event{
+			event.MustNew(event.StepStarted, step, 1, event.StepStartedData{NodeID: step, NodeType: "tool",
+				Input: json.RawMessage(`{}`), IdempotencyKey: event.IdempotencyKey(runID, step, 1)}),
+			event.MustNew(event.StepCompleted, step, 1, event.StepCompletedData{Output: output}),
+		}
+		for i := range evs {
+			evs[i].WorkerID = "bench"
+		}
+		h, err = store.Append(ctx, runID, h, evs...)
+		require.NoError(t, err)
+	}
+	end := event.MustNew(event.RunSucceeded, "", 0, event.RunSucceededData{Output: json.RawMessage(`{}`)})
+	end.WorkerID = "bench"
+	_, err = store.Append(ctx, runID, h, end)
+	require.NoError(t, err)
+
+	got = append(got, s.readAll(t)...)
+	require.Len(t, got, int(h.Seq)+1)
+	for i, ev := range got {
+		require.Equal(t, uint64(i+1), ev.id, "every event once, in order")
+	}
+	require.Equal(t, "run_succeeded", got[len(got)-1].kind)
+}
