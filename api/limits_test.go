@@ -302,4 +302,3 @@ func TestLoginRefusesCrossSitePosts(t *testing.T) {
 	_ = res.Body.Close()
 	require.Equal(t, http.StatusForbidden, res.StatusCode)
 }
-
