@@ -19,6 +19,10 @@ const CodeRateLimited = "rate_limited"
 // anything is read or written. Default: no limits (nil).
 func WithLimiter(lim *limit.Limiter) Option { return func(c *Client) { c.limiter = lim } }
 
+// Limiter returns the limiter the client holds callers to (nil: none),
+// for the doors that limit more than commands (REST's event streams).
+func (c *Client) Limiter() *limit.Limiter { return c.limiter }
+
 type callerKey struct{}
 
 // WithCaller says who sends the commands made with ctx, as the transport
