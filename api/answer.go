@@ -47,6 +47,7 @@ var answerCodes = map[string]transportCode{
 	codeForbidden:        {http.StatusForbidden, codes.PermissionDenied},
 	codeReceiptInvalid:   {http.StatusInternalServerError, codes.DataLoss},
 	codeTooLarge:         {http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+	runs.CodeRateLimited: {http.StatusTooManyRequests, codes.ResourceExhausted},
 	runs.CodeInternal:    {http.StatusInternalServerError, codes.Internal},
 	runs.CodeUnavailable: {http.StatusServiceUnavailable, codes.Unavailable},
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/runs"
 )
 
 // DefaultTokenName is the identity of a token configured without a name.
@@ -220,6 +221,13 @@ type principalKey struct{}
 // tokens: no one is authenticated, so no one's identity can be checked.
 var insecurePrincipal = principal{name: DefaultTokenName, scopes: ScopeAdmin}
 
+// withPrincipal is ctx of a request that authenticated as who: the
+// routes read who it is (principalOf), and the runs it commands spend
+// who's limits (runs.WithCaller).
+func withPrincipal(ctx context.Context, who principal) context.Context {
+	return runs.WithCaller(context.WithValue(ctx, principalKey{}, who), who.name)
+}
+
 func principalOf(ctx context.Context) principal {
 	if p, ok := ctx.Value(principalKey{}).(principal); ok {
 		return p
@@ -239,7 +247,7 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(h.auth.digests) == 0 {
 			if h.cfg.Insecure {
-				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, insecurePrincipal)))
+				next.ServeHTTP(w, r.WithContext(withPrincipal(r.Context(), insecurePrincipal)))
 				return
 			}
 			unauthorized(w, "", "this server has no API tokens configured (set PAL_API_TOKENS)")
@@ -265,7 +273,7 @@ func (h *handler) requireToken(next http.Handler) http.Handler {
 			unauthorized(w, `, error="invalid_token"`, "invalid bearer token")
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
+		next.ServeHTTP(w, r.WithContext(withPrincipal(r.Context(), who)))
 	})
 }
 

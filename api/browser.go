@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/palrun/pal/api/ui"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/limit"
 )
 
 // The web UI (api/ui) is served on the REST API's address:
@@ -24,8 +26,8 @@ import (
 //	GET  /                 the runs list                      session
 //	GET  /runs/{id}        a run's waterfall                  session
 //	GET  /login            the login form                     none
-//	POST /login            trade an API token for a session   none (body ≤ MaxLoginBytes)
-//	POST /logout           end the session                    session + CSRF
+//	POST /login            trade an API token for a session   none (body ≤ MaxLoginBytes; same origin; failures bounded)
+//	POST /logout           end the session                    session + CSRF (same origin)
 //	GET  /ui/...           the embedded CSS and scripts       none
 //
 // A browser logs in once with an API token and then holds a session
@@ -37,7 +39,10 @@ import (
 // (any method but GET and HEAD) made with a session must carry the
 // session's CSRF token in the X-CSRF-Token header (the pages have it in a
 // meta tag), or it is refused with 403. Requests with a bearer token work
-// as before and ignore the cookie.
+// as before and ignore the cookie. A login or logout posted from another
+// site is refused with 403 (http.CrossOriginProtection), and failed
+// logins are bounded per client address and per token prefix
+// (loginGuard: 429 with Retry-After once spent, right token or not).
 
 const (
 	// SessionCookie is the name of the browser session cookie.
@@ -189,7 +194,7 @@ func (h *handler) fromSession(w http.ResponseWriter, r *http.Request) (ctx conte
 		writeError(w, http.StatusForbidden, codeForbidden, "a request made with a browser session needs the session's CSRF token in the "+CSRFHeader+" header", "")
 		return nil, true, true
 	}
-	return context.WithValue(r.Context(), principalKey{}, sess.who), false, true
+	return withPrincipal(r.Context(), sess.who), false, true
 }
 
 // secure reports whether the request came over TLS, directly or (when
@@ -204,8 +209,18 @@ func (h *handler) browserRoutes(root *http.ServeMux) {
 	root.HandleFunc("GET /runs/{id}", h.page("run.html", true))
 	root.HandleFunc("GET /workflows", h.page("workflows.html", false))
 	root.HandleFunc("GET /login", h.loginForm)
-	root.HandleFunc("POST /login", h.login)
-	root.HandleFunc("POST /logout", h.logout)
+	// A login or logout posted from another site is refused (login CSRF:
+	// a page elsewhere logging the browser in as its own token):
+	// Sec-Fetch-Site must be same-origin or none, or, without it, Origin
+	// must name this server's host; a request with neither (curl, an old
+	// browser) is no cross-site form post and passes.
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.renderPage(w, http.StatusForbidden, "login.html", pageData{Next: "/",
+			Error: "this form was posted from another site; log in on this server's own login page"})
+	}))
+	root.Handle("POST /login", cop.Handler(http.HandlerFunc(h.login)))
+	root.Handle("POST /logout", cop.Handler(http.HandlerFunc(h.logout)))
 	static := http.StripPrefix("/ui/", http.FileServerFS(ui.Static()))
 	root.Handle("GET /ui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		securityHeaders(w)
@@ -319,8 +334,17 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	next := localPath(r.PostForm.Get("next"))
 	tok := strings.TrimSpace(r.PostForm.Get("token"))
+	key := loginKeyOf(r, tok)
+	if wait := h.logins.wait(key); wait > 0 {
+		secs := (&limit.Error{RetryAfter: wait}).RetryAfterSeconds()
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		h.renderPage(w, http.StatusTooManyRequests, "login.html", pageData{Next: next,
+			Error: fmt.Sprintf("too many failed logins from this address or for this token; try again in %d s", secs)})
+		return
+	}
 	who, ok := h.auth.check(tok)
 	if tok == "" || !ok {
+		h.logins.failed(key)
 		h.renderPage(w, http.StatusUnauthorized, "login.html", pageData{Error: "that is not one of this server's API tokens (PAL_API_TOKENS)", Next: next})
 		return
 	}

@@ -42,8 +42,9 @@
 //     naming the field), limited to MaxBodyBytes (413), and run ids must
 //     be one NATS subject token, so no request can widen a subject.
 //   - Every error is {"error": code, "detail": message} (plus "field" when
-//     one field is at fault), with the codes of runs.Classify and
-//     unauthorized, forbidden, method_not_allowed and too_large.
+//     one field is at fault), with the codes of runs.Classify (rate_limited
+//     among them) and unauthorized, forbidden, method_not_allowed and
+//     too_large.
 //   - Tokens are compared in constant time against every configured token;
 //     a handler without tokens refuses every /v1 request unless it was
 //     built Insecure on purpose.
@@ -69,9 +70,19 @@
 //     definition in a start or fork gets 403 naming scope deploy.
 //   - An event stream sends each event of the run once, in seq order, from
 //     after Last-Event-ID (or ?after=), and ends after the terminal event.
-//     All streams of one run share one journal watch (one consumer on
-//     PAL_EVENTS); a client that falls too far behind is dropped and
-//     resumes with Last-Event-ID, so it never slows the others down.
+//     It reads the journal from there in bounded pages at the pace its
+//     client reads (eventstore.Pages), so it holds a page, not the
+//     journal; a reconnect with nothing left to send reads one message.
+//     Caught up, it follows the run's feed: all streams of one run share
+//     one journal watch (no consumer on PAL_EVENTS), and a stream that
+//     falls too far behind leaves the feed for pages again, so it never
+//     slows the others down.
+//   - Every token is held to limits (internal/limit): the runs it starts,
+//     its commands, the event streams it opens and holds open. Over one,
+//     a request is answered 429 rate_limited with Retry-After (gRPC
+//     RESOURCE_EXHAUSTED) before its run is read or written. Failed
+//     logins are bounded per client address and per token prefix, and
+//     a login posted from another site is refused.
 //   - The write side is NATS only: starting, reading, approving, cancelling
 //     and streaming need no Postgres; only GET /v1/runs does.
 //

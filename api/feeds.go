@@ -19,8 +19,8 @@ import (
 // A feed starts at the run's head when its first subscriber arrives and
 // hands every later event, in order, to every subscriber. A subscriber
 // that falls behind by more than subscriptionBuffer events is dropped
-// (its stream ends and the client resumes with Last-Event-ID) instead of
-// holding up the others. The feed stops when its last subscriber leaves,
+// (its stream goes back to reading the journal in pages, runStream)
+// instead of holding up the others. The feed stops when its last subscriber leaves,
 // after the run's terminal event, or when its watch has failed for
 // followGiveUp.
 type feeds struct {
@@ -70,9 +70,11 @@ func newFeeds(store *eventstore.Store, log *slog.Logger) *feeds {
 
 // subscribe joins the run's feed, starting one if there is none, and
 // returns once the feed knows where it starts: every event appended after
-// subscribe returns reaches the subscription (unless it is dropped).
-// Call leave when done.
-func (f *feeds) subscribe(ctx context.Context, runID string) (sub *subscription, leave func(), err error) {
+// subscribe returns reaches the subscription (unless it is dropped). A
+// feed it starts watches from the head from, when the caller knows one
+// (it has just read the journal up to there), else from the run's last
+// message (one read). Call leave when done.
+func (f *feeds) subscribe(ctx context.Context, runID string, from eventstore.Head) (sub *subscription, leave func(), err error) {
 	sub = &subscription{events: make(chan *event.Event, subscriptionBuffer)}
 	f.mu.Lock()
 	fd := f.runs[runID]
@@ -86,9 +88,12 @@ func (f *feeds) subscribe(ctx context.Context, runID string) (sub *subscription,
 	leave = func() { f.leave(fd, sub) }
 
 	if creator {
-		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		fd.start, fd.err = f.store.LastHead(hctx, runID)
-		cancel()
+		fd.start = from
+		if from.StreamSeq == 0 {
+			hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			fd.start, fd.err = f.store.LastHead(hctx, runID)
+			cancel()
+		}
 		f.mu.Lock()
 		if fd.err == nil {
 			wctx, stop := context.WithCancel(context.Background())

@@ -48,9 +48,9 @@ func TestFeeds(t *testing.T) {
 	appendEv(event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "test", ResumeCount: 1}))
 
 	f := newFeeds(store, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	reader, leaveReader, err := f.subscribe(ctx, runID)
+	reader, leaveReader, err := f.subscribe(ctx, runID, eventstore.Head{})
 	require.NoError(t, err)
-	idle, leaveIdle, err := f.subscribe(ctx, runID)
+	idle, leaveIdle, err := f.subscribe(ctx, runID, eventstore.Head{})
 	require.NoError(t, err)
 	require.Equal(t, 1, f.size(), "one feed per run")
 	events, err := js.Stream(ctx, eventstore.EventsStream)
@@ -90,7 +90,7 @@ func TestFeeds(t *testing.T) {
 	leaveIdle() // leaving after being dropped is fine
 
 	// A late subscriber joins the running feed.
-	late, leaveLate, err := f.subscribe(ctx, runID)
+	late, leaveLate, err := f.subscribe(ctx, runID, eventstore.Head{})
 	require.NoError(t, err)
 	require.Equal(t, 1, f.size())
 	appendEv(event.MustNew(event.RunSucceeded, "", 0, event.RunSucceededData{Output: json.RawMessage(`{}`)}))
@@ -111,9 +111,9 @@ func TestFeeds(t *testing.T) {
 	_, err = runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: other,
 		Workflow: json.RawMessage(`{"name":"f","nodes":[{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"a"}]}`)})
 	require.NoError(t, err)
-	_, leave1, err := f.subscribe(ctx, other)
+	_, leave1, err := f.subscribe(ctx, other, eventstore.Head{})
 	require.NoError(t, err)
-	_, leave2, err := f.subscribe(ctx, other)
+	_, leave2, err := f.subscribe(ctx, other, eventstore.Head{})
 	require.NoError(t, err)
 	leave1()
 	require.Equal(t, 1, f.size())
@@ -123,7 +123,7 @@ func TestFeeds(t *testing.T) {
 	// A subscriber whose context ends while the feed starts gets its error.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, _, err = f.subscribe(cctx, other)
+	_, _, err = f.subscribe(cctx, other, eventstore.Head{})
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 0, f.size())
 }

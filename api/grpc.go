@@ -85,7 +85,7 @@ func (s *authedStream) Context() context.Context { return s.ctx }
 func (h *handler) grpcAuth(ctx context.Context) (context.Context, error) {
 	if len(h.auth.digests) == 0 {
 		if h.cfg.Insecure {
-			return context.WithValue(ctx, principalKey{}, insecurePrincipal), nil
+			return withPrincipal(ctx, insecurePrincipal), nil
 		}
 		return nil, status.Error(codes.Unauthenticated, "this server has no API tokens configured (set PAL_API_TOKENS)")
 	}
@@ -105,7 +105,7 @@ func (h *handler) grpcAuth(ctx context.Context) (context.Context, error) {
 	if !who.scopes.Has(ScopeRead) {
 		return nil, status.Errorf(codes.PermissionDenied, "token %s lacks scope %s", who.name, ScopeRead)
 	}
-	return context.WithValue(ctx, principalKey{}, who), nil
+	return withPrincipal(ctx, who), nil
 }
 
 // grpcError maps an error to the gRPC code of its answer code (the one
@@ -170,65 +170,49 @@ func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1
 
 // StreamRunEvents sends the run's events after after_seq exactly once in
 // seq order, then follows it live until its terminal event, the way the
-// REST event stream does (a corrupt journal ends after its sound events).
-// A stream asked to start at or after a finished run's end ends at once
-// with no events.
+// REST event stream does (runStream: the journal read in pages at the
+// client's pace, then the run's shared feed; a corrupt journal ends after
+// its sound events). A stream asked to start at or after a finished run's
+// end ends at once with no events. A token over its streams' rate or
+// with too many open is refused RESOURCE_EXHAUSTED.
 func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream palv1.RunService_StreamRunEventsServer) error {
 	id := req.GetRunId()
 	if err := validRunID(id); err != nil {
 		return err
 	}
 	ctx := stream.Context()
-	evs, sub, leave, err := g.h.openJournal(ctx, id, req.GetAfterSeq(), true)
+	release, err := g.h.admitStream(ctx)
+	if err != nil {
+		return g.grpcError(id, err)
+	}
+	defer release()
+	st, err := g.h.openStream(ctx, id, req.GetAfterSeq())
 	if errors.Is(err, errStreamEnded) {
 		return nil
 	}
 	if err != nil {
 		return g.grpcError(id, err)
 	}
-	defer leave()
-	q := sequencer{last: req.GetAfterSeq()}
-	// send reports whether the stream is over (the terminal event sent).
-	send := func(ev event.Event) (bool, error) {
-		ok, err := q.next(ev)
-		if err != nil {
-			return true, status.Error(codes.Aborted, err.Error()+"; resume from the last seq received")
-		}
-		if !ok {
-			return false, nil
-		}
-		if err := stream.Send(eventProto(ev)); err != nil {
-			return true, err
-		}
-		return ev.Kind.Terminal(), nil
-	}
-	for _, ev := range evs {
-		if done, err := send(ev); done {
-			return err
-		}
-	}
-	if sub == nil {
+	defer st.close()
+	err = st.run(ctx, sink{send: func(ev event.Event) error { return stream.Send(eventProto(ev)) }})
+	var gap *gapError
+	var fe *feedError
+	switch {
+	case err == nil:
 		return nil
+	case errors.As(err, &gap):
+		return status.Error(codes.Aborted, err.Error()+"; resume from the last seq received")
+	case errors.As(err, &fe) && ctx.Err() == nil:
+		return status.Errorf(codes.Unavailable, "following run %s: %v; resume from the last seq received", id, fe.err)
+	case errors.Is(err, errShuttingDown):
+		return status.Error(codes.Unavailable, "the server is shutting down; resume from the last seq received")
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
 	}
-	stopping := shutdownSignal(ctx)
-	for {
-		select {
-		case p, ok := <-sub.events:
-			if !ok {
-				if sub.err != nil && ctx.Err() == nil {
-					return status.Errorf(codes.Unavailable, "following run %s: %v; resume from the last seq received", id, sub.err)
-				}
-				return status.Error(codes.Unavailable, "the run's feed ended; resume from the last seq received")
-			}
-			if done, err := send(*p); done {
-				return err
-			}
-		case <-stopping:
-			return status.Error(codes.Unavailable, "the server is shutting down; resume from the last seq received")
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
+	if _, ok := status.FromError(err); ok {
+		return err // the stream's own (Send)
 	}
+	return g.grpcError(id, err)
 }
 
 // eventProto is ev as the protobuf envelope.

@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/runs"
 )
@@ -60,7 +62,11 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // workers. The watched run's journal is written by the test itself, at a
 // steady pace, so delivery latency is measured on live events.
 func runLoad(tb testing.TB, cfg loadConfig) loadResult {
-	b := setup(tb)
+	// One token starts them all, at the rate asked for: it measures the
+	// API, not its limits.
+	lim := limit.Defaults()
+	lim.Starts = limit.Rate{}
+	b := setup(tb, withHandler(func(hc *api.HandlerConfig) { hc.Limiter = limit.New(lim, nil) }))
 	ctx := context.Background()
 	const runID = "run_watched"
 	wf := paltest.Chain("watched", cfg.steps, func(i int, _ string) (string, string) {

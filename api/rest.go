@@ -20,6 +20,7 @@ import (
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/receipt"
@@ -82,9 +83,19 @@ type HandlerConfig struct {
 	// TrustForwardedProto marks session cookies Secure when a proxy in
 	// front says X-Forwarded-Proto: https (set it only behind one).
 	TrustForwardedProto bool
-	// Client starts and controls runs; default runs.New on Store (pass
-	// one to set its options, e.g. runs.WithAnomalyDefaults).
+	// Client starts and controls runs; default runs.New on Store, held
+	// to Limiter (pass one to set its options, e.g.
+	// runs.WithAnomalyDefaults and runs.WithLimiter).
 	Client *runs.Client
+	// Limiter holds each token to its limits (internal/limit): the rate
+	// of event streams it opens and how many it holds open, here, and,
+	// through the default Client, its starts and commands. Default:
+	// limit.New(limit.Defaults()). Pass the one a given Client holds, so
+	// that REST and the NATS service share each caller's limits.
+	Limiter *limit.Limiter
+	// LoginFailures bounds failed web UI logins per client address and
+	// per token prefix (DefaultLoginFailures when zero).
+	LoginFailures limit.Rate
 }
 
 type handler struct {
@@ -96,6 +107,10 @@ type handler struct {
 	auth  *authenticator
 	log   *slog.Logger
 	feeds *feeds
+	// limiter holds tokens to their limits (HandlerConfig.Limiter);
+	// logins bounds failed logins (login_guard.go).
+	limiter *limit.Limiter
+	logins  *loginGuard
 
 	receiptsMu sync.Mutex
 	receipts   *receipt.Store // opened on first use
@@ -119,7 +134,8 @@ type handler struct {
 // errors are {"error": code, "detail": message} with code one of
 // bad_input (400), unauthorized (401), forbidden (403), not_found (404),
 // method_not_allowed (405), conflict (409), journal_removed (410),
-// too_large (413; 431 for headers over MaxHeaderBytes), unavailable (503).
+// too_large (413; 431 for headers over MaxHeaderBytes), rate_limited (429,
+// with Retry-After), unavailable (503).
 func NewHandler(cfg HandlerConfig) http.Handler {
 	h := &handler{cfg: cfg, nc: cfg.NC, auth: newAuthenticator(cfg.Tokens), log: cfg.Logger}
 	if h.log == nil {
@@ -128,10 +144,15 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	if h.nc == nil && cfg.Store != nil {
 		h.nc = cfg.Store.JetStream().Conn()
 	}
+	h.limiter = cfg.Limiter
+	if h.limiter == nil {
+		h.limiter = limit.New(limit.Defaults(), nil)
+	}
+	h.logins = newLoginGuard(cfg.LoginFailures, nil)
 	h.client = cfg.Client
 	h.rows, _ = cfg.Runs.(RunReader)
 	if h.client == nil {
-		h.client = runs.New(cfg.Store, runs.WithConn(h.nc))
+		h.client = runs.New(cfg.Store, runs.WithConn(h.nc), runs.WithLimiter(h.limiter))
 	}
 	if h.cfg.KeepAlive <= 0 {
 		h.cfg.KeepAlive = DefaultKeepAlive
@@ -273,6 +294,11 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		h.log.Warn("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	case runs.CodeInternal:
 		h.log.Error("api request failed for good", "method", r.Method, "path", r.URL.Path, "err", err)
+	case runs.CodeRateLimited:
+		var le *limit.Error
+		if errors.As(err, &le) {
+			w.Header().Set("Retry-After", strconv.Itoa(le.RetryAfterSeconds()))
+		}
 	}
 	_, tc := transportOf(code)
 	writeError(w, tc.http, code, detail, field)

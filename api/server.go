@@ -66,7 +66,10 @@ func (s *Server) Start(ctx context.Context) error {
 		// plain-text 431, answers headers between the two.
 		MaxHeaderBytes: http.DefaultMaxHeaderBytes,
 		BaseContext:    func(net.Listener) context.Context { return base },
-		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Each request can reach its connection (an event stream bounds
+		// its send buffer, sse.go).
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	var once sync.Once
 	srv.RegisterOnShutdown(func() { once.Do(func() { close(stopping) }) })

@@ -18,8 +18,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/runs"
 )
 
@@ -69,7 +71,10 @@ func TestSSEWatchers(t *testing.T) {
 	const perRun = 100
 	nRuns := max(1, n/perRun)
 	ctx := context.Background()
-	b := setup(t, withWorker(), withKeepAlive(time.Minute))
+	// One token opens them all, at once: its limits allow that many.
+	lim := limit.Defaults()
+	lim.OpenStreams, lim.Streams = n, limit.Rate{N: n, Per: time.Second, Burst: n}
+	b := setup(t, withWorker(), withKeepAlive(time.Minute), withHandler(func(hc *api.HandlerConfig) { hc.Limiter = limit.New(lim, nil) }))
 
 	ids := make([]string, nRuns)
 	for i := range ids {

@@ -19,8 +19,10 @@ var errNoMessages = errors.New("no messages")
 // subject from a sequence, or the last message of each of several subjects.
 type directRequest struct {
 	Seq          uint64   `json:"seq,omitempty"`
+	LastBySubj   string   `json:"last_by_subj,omitempty"`
 	NextBySubj   string   `json:"next_by_subj,omitempty"`
 	Batch        int      `json:"batch,omitempty"`
+	MaxBytes     int      `json:"max_bytes,omitempty"`
 	MultiLastFor []string `json:"multi_last,omitempty"`
 	UpToSeq      uint64   `json:"up_to_seq,omitempty"`
 }
@@ -41,6 +43,7 @@ type directMsg struct {
 // Errors: errNoMessages when nothing matched; errIncompleteBatch when the
 // reply ended (ctx, the request timeout) before its marker; fn's.
 func (s *Store) directBatch(ctx context.Context, stream string, req directRequest, max int, fn func(directMsg) error) error {
+	fn = s.counted(stream, fn)
 	body, err := json.Marshal(req)
 	if err != nil {
 		return err
@@ -80,6 +83,7 @@ func (s *Store) directBatch(ctx context.Context, stream string, req directReques
 // only one it takes; the end-of-batch marker after it finds no request
 // waiting and is dropped.
 func (s *Store) directOne(ctx context.Context, stream string, req directRequest, _ int, fn func(directMsg) error) error {
+	fn = s.counted(stream, fn)
 	body, err := json.Marshal(req)
 	if err != nil {
 		return err

@@ -42,10 +42,13 @@
 //     message after the stated head, and if it is byte for byte ours (same
 //     Nats-Msg-Id and body) the append landed.
 //   - Append sets every event's prev to the Hash of the message before it
-//     (Head.Hash), so a run's subject is a hash chain; Read, ReadAfter and
-//     Watch pass every message through event.Chain and never return what
-//     does not verify (Read returns *event.CorruptError with the sound
-//     events and the head a Seal is appended after).
+//     (Head.Hash), so a run's subject is a hash chain; Read, ReadAfter,
+//     Pages and Watch pass every message through event.Chain and never
+//     return what does not verify (Read returns *event.CorruptError with
+//     the sound events and the head a Seal is appended after).
+//   - Pages reads a run from a seq in bounded pages (PageMessages,
+//     PageBytes): a reader holds a page, never the journal, and one that
+//     starts at the head reads one message.
 //   - A message PAL did not write is not sound, however sound its bytes:
 //     every reader (Read, Watch, Scan's callers: the projector and the
 //     receipt signer) checks its stamp (StampOf, event.Chain.NextStamped):

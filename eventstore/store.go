@@ -77,6 +77,8 @@ type Store struct {
 	// group commits packed appends in atomic batches (group.go); nil
 	// without packing.
 	group *groupCommit
+	// reads counts what the store has read of the journal (ReadStats).
+	reads readStats
 }
 
 // lazy holds a handle a store opens on first use (most processes never
@@ -506,7 +508,7 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 			if !first {
 				size = readBatch
 			}
-			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, size, fn)
+			last, pending, stopped, err := s.readBatch(ctx, subj, after, before, size, 0, fn)
 			after = last
 			if stopped {
 				return nil
@@ -527,10 +529,11 @@ func (s *Store) scan(ctx context.Context, runID string, after, before uint64, fn
 }
 
 // readBatch reads one batch of at most size messages after stream
-// sequence after (and before before, unless 0), passing each to fn. It
+// sequence after (and before before, unless 0), passing each to fn; the
+// server ends it early once it has sent maxBytes (0: its own bound). It
 // returns the stream sequence of the last message fn took, how many
 // matching messages are still pending, and whether fn stopped the read.
-func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size int, fn func(uint64, []byte, event.Stamp) bool) (last, pending uint64, stopped bool, err error) {
+func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64, size, maxBytes int, fn func(uint64, []byte, event.Stamp) bool) (last, pending uint64, stopped bool, err error) {
 	read := false
 	pending = 1 // unknown until a reply says otherwise
 	errBefore, errStop := errors.New("past before"), errors.New("stopped")
@@ -538,7 +541,7 @@ func (s *Store) readBatch(ctx context.Context, subj string, after, before uint64
 	if size == 1 {
 		get = s.directOne
 	}
-	err = get(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: size}, size,
+	err = get(ctx, EventsStream, directRequest{Seq: after + 1, NextBySubj: subj, Batch: size, MaxBytes: maxBytes}, size,
 		func(m directMsg) error {
 			if before > 0 && m.Sequence >= before {
 				return errBefore
@@ -583,6 +586,8 @@ func (s *Store) LastHead(ctx context.Context, runID string) (Head, error) {
 	if err != nil {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)
 	}
+	s.reads.messages.Add(1)
+	s.reads.bytes.Add(uint64(len(m.Data)))
 	evs, err := event.Decode(m.Data)
 	if err != nil {
 		return Head{}, fmt.Errorf("reading head of run %s: %w", runID, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -33,6 +34,8 @@ type Client struct {
 	prices    event.Prices
 	// users are the client users PAL knows (WithUsers).
 	users natsauth.Users
+	// limiter holds callers to their rates (WithLimiter); nil: none.
+	limiter *limit.Limiter
 }
 
 // WithPrices sets the price table the runs this client creates journal
@@ -136,9 +139,18 @@ func (c *Client) appendInput(ctx context.Context, runID, what string, decide fun
 // announced on pal.ctl.cancel.<run_id> so the driving worker stops its
 // in-flight call; child runs are cancelled with their parent.
 //
-// Errors: *InputError, ErrRunNotFound, ErrRunFinished (nothing is
-// written).
-func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) (err error) {
+// Errors: *InputError, ErrRunNotFound, ErrRunFinished, *limit.Error
+// (nothing is written).
+func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) error {
+	if err := c.admit(ctx, CmdCancel, limit.Command, cmd.By); err != nil {
+		return err
+	}
+	return c.cancel(ctx, cmd)
+}
+
+// cancel is Cancel, the caller's limit spent: a run's children are
+// cancelled as part of it.
+func (c *Client) cancel(ctx context.Context, cmd CancelCommand) (err error) {
 	defer observeRefusal(CmdCancel, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
@@ -160,7 +172,7 @@ func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) (err error) {
 	}
 	for _, id := range st.Order {
 		if child := st.Steps[id].ChildRunID; child != "" {
-			err := c.Cancel(ctx, CancelCommand{RunID: child, Reason: "parent run " + cmd.RunID + " cancelled", By: by})
+			err := c.cancel(ctx, CancelCommand{RunID: child, Reason: "parent run " + cmd.RunID + " cancelled", By: by})
 			if err != nil && !errors.Is(err, ErrRunFinished) && !errors.Is(err, ErrRunNotFound) {
 				return fmt.Errorf("cancelling child run %s: %w", child, err)
 			}
@@ -179,6 +191,9 @@ func (c *Client) Cancel(ctx context.Context, cmd CancelCommand) (err error) {
 // ErrRunNotFound, ErrRunFinished, ErrNotWaiting (not an approval step, or
 // already decided). Nothing is written when it fails.
 func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
+	if err := c.admit(ctx, CmdApprove, limit.Command, cmd.Approver); err != nil {
+		return err
+	}
 	defer observeRefusal(CmdApprove, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
@@ -243,6 +258,9 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 // not have), ErrRunNotFound, ErrRunFinished. Nothing is written when it
 // fails.
 func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) (err error) {
+	if err := c.admit(ctx, CmdBudget, limit.Command, cmd.By); err != nil {
+		return err
+	}
 	defer observeRefusal(CmdBudget, &err)
 	if err := cmd.Validate(); err != nil {
 		return err
@@ -289,6 +307,9 @@ func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) (err error)
 // wait node of the workflow waits for the name, or MaxPendingSignals of
 // it are pending already). Nothing is written when it fails.
 func (c *Client) Signal(ctx context.Context, cmd SignalCommand) (err error) {
+	if err := c.admit(ctx, CmdSignal, limit.Command, cmd.By); err != nil {
+		return err
+	}
 	defer observeRefusal(CmdSignal, &err)
 	if err := cmd.Validate(); err != nil {
 		return err

@@ -45,6 +45,12 @@
 //     a fork with another workflow, a deploy) also RightDeploy. The zero
 //     value may do nothing. A refusal is a *ForbiddenError, and nothing
 //     is written or deployed.
+//   - With WithLimiter, every command spends one of its caller's starts
+//     (start, fork, retry) or commands (the others) before anything is
+//     read: over the rate it is refused (*limit.Error, code rate_limited)
+//     whichever door it came in by. The caller is the identity the
+//     transport authenticated (WithCaller), else the one the command
+//     journals.
 //   - Replies go only under "_INBOX." or a configured prefix
 //     (Client.CheckReply); a command naming any other reply subject is
 //     refused whole and nothing is published there.

@@ -6,6 +6,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/workflow"
 )
@@ -16,8 +17,10 @@ import (
 // what the caller may not do (403), ErrRunNotFound and
 // ErrWorkflowNotFound 404,
 // ErrRunFinished, ErrNotWaiting, ErrRunExists and event.ErrJournalCorrupt
-// 409; a *ForbiddenError (the caller's scopes) 403; a run PAL cannot read (event.ErrBlob, engine.ErrUnfoldable) 500;
-// anything else is the infrastructure (503) and worth retrying.
+// 409; a *ForbiddenError (the caller's rights or scopes) 403; a run PAL
+// cannot read (event.ErrBlob, engine.ErrUnfoldable) 500; a caller over
+// its limit (*limit.Error, WithLimiter) 429; anything else is the
+// infrastructure (503) and worth retrying.
 var (
 	// ErrInvalidRunID is wrapped by every refused run id: one that is not
 	// a single NATS subject token.
@@ -92,6 +95,8 @@ func Classify(err error) (code string, field string, final bool) {
 	switch {
 	case errors.As(err, &fe):
 		return CodeForbidden, fe.Field, true
+	case errors.Is(err, limit.ErrLimited):
+		return CodeRateLimited, "", true
 	case errors.As(err, &ie):
 		return CodeBadInput, ie.Field, true
 	case errors.As(err, &ve):

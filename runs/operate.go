@@ -15,6 +15,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -67,6 +68,9 @@ func (c *ResumeCommand) Validate() error { return checkRunID("run_id", c.RunID) 
 // Errors: *InputError, ErrRunNotFound, ErrRunFinished (the journal of an
 // ended run stays closed: retry or fork it), *eventstore.LeaseHeldError.
 func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (_ ResumeResult, err error) {
+	if err := c.admit(ctx, CmdResume, limit.Command, ""); err != nil {
+		return ResumeResult{}, err
+	}
 	defer observeRefusal(CmdResume, &err)
 	if err := cmd.Validate(); err != nil {
 		return ResumeResult{}, err
@@ -235,6 +239,9 @@ func (c *ForkCommand) Validate() error {
 // ErrRunNotFound, *workflow.ValidationError, ErrRunExists,
 // ErrPayloadTooLarge (the copies do not fit in one journal message).
 func (c *Client) Fork(ctx context.Context, cmd ForkCommand) (_ ForkResult, err error) {
+	if err := c.admit(ctx, CmdFork, limit.Start, cmd.By); err != nil {
+		return ForkResult{}, err
+	}
 	defer observeRefusal(CmdFork, &err)
 	return c.fork(ctx, cmd)
 }
@@ -328,6 +335,9 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 // not ended or succeeded, or has no step to retry (fork it from a step
 // instead).
 func (c *Client) Retry(ctx context.Context, cmd RetryCommand) (_ ForkResult, err error) {
+	if err := c.admit(ctx, CmdRetry, limit.Start, cmd.By); err != nil {
+		return ForkResult{}, err
+	}
 	defer observeRefusal(CmdRetry, &err)
 	if err := checkRunID("run_id", cmd.RunID); err != nil {
 		return ForkResult{}, err

@@ -136,6 +136,10 @@ func (c *Client) Do(ctx context.Context, kind string, body []byte, key string, c
 	if err := caller.may(kind); err != nil {
 		return Answer{}, "", err
 	}
+	if !caller.pal {
+		// A client user spends its own limits, whatever its body names.
+		ctx = WithCaller(ctx, caller.Name)
+	}
 	switch kind {
 	case CmdStart:
 		cmd, err := decodeCommand[StartCommand](c, body)

@@ -11,6 +11,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -43,6 +44,9 @@ func RunIDForKey(key string) string {
 // start with the same idempotency key (then the result names that run,
 // Created false); ErrPayloadTooLarge.
 func (c *Client) Start(ctx context.Context, cmd StartCommand) (_ StartResult, err error) {
+	if err := c.admit(ctx, CmdStart, limit.Start, cmd.By); err != nil {
+		return StartResult{}, err
+	}
 	defer observeRefusal(CmdStart, &err)
 	if err := cmd.Validate(); err != nil {
 		return StartResult{}, err

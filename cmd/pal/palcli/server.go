@@ -16,6 +16,7 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
@@ -41,6 +42,15 @@ name another approver or canceller). Without tokens pal server still
 serves, but every /v1 request answers 401 (health checks still answer);
 --insecure-no-auth serves the API to anyone instead. With
 PAL_METRICS_OPEN=1 /metrics needs no token.
+
+Each token is held to limits, answered 429 with Retry-After (the NATS service
+and durable commands apply the same to their callers): PAL_LIMIT_STARTS (runs
+started, forked or retried; default 50/s:500, that is 50 a second and 500 at
+once), PAL_LIMIT_COMMANDS (approve, cancel, budget, signal, resume; 100/s:1000),
+PAL_LIMIT_STREAMS (event streams opened; 50/s:500), PAL_LIMIT_OPEN_STREAMS
+(event streams open at once; 1000, 0 for no cap); "off" lifts a rate. Failed
+web UI logins are bounded per client address and per token prefix
+(PAL_LIMIT_LOGIN_FAILURES, default 10/m).
 
 DATABASE_URL is optional: with it GET /v1/runs lists runs from the Postgres
 projection and /readyz checks Postgres too.`,
@@ -74,6 +84,9 @@ type restConfig struct {
 	keys *receipt.Keys
 	// metricsOpen: PAL_METRICS_OPEN=1, /metrics needs no token.
 	metricsOpen bool
+	// loginFailures bounds failed web UI logins per client address and
+	// per token prefix (PAL_LIMIT_LOGIN_FAILURES).
+	loginFailures limit.Rate
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
@@ -93,6 +106,12 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	if rc.metricsOpen, err = e.metricsOpen(); err != nil {
 		return rc, err
+	}
+	rc.loginFailures = api.DefaultLoginFailures
+	if v := e.getenv("PAL_LIMIT_LOGIN_FAILURES"); v != "" {
+		if rc.loginFailures, err = limit.ParseRate(v); err != nil || rc.loginFailures.Off() {
+			return rc, badInput("PAL_LIMIT_LOGIN_FAILURES=%q: want a rate of failures such as 10/m (it cannot be off)", v)
+		}
 	}
 	if rc.tokens, err = api.ParseTokens(e.getenv("PAL_API_TOKENS")); err != nil {
 		return rc, badInput("PAL_API_TOKENS: %v", err)
@@ -127,7 +146,7 @@ func (rc restConfig) tokensEnv() string { return api.FormatTokens(rc.tokens) }
 // and /readyz).
 func restAPI(rc restConfig, client *runs.Client, pool *pgxpool.Pool, log *slog.Logger) *api.Server {
 	hc := api.HandlerConfig{Store: client.Store(), NC: client.Conn(), Tokens: rc.tokens, Insecure: rc.insecure, Logger: log,
-		Keys: rc.keys, MetricsOpen: rc.metricsOpen, Client: client}
+		Keys: rc.keys, MetricsOpen: rc.metricsOpen, Client: client, Limiter: client.Limiter(), LoginFailures: rc.loginFailures}
 	if pool != nil {
 		hc.Runs = projections.NewReader(pool)
 		hc.Ready = func(ctx context.Context) error {

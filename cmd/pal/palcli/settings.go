@@ -11,6 +11,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
+	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/runs"
 )
 
@@ -138,6 +139,10 @@ type settings struct {
 	// what it may do (PAL_NATS_USERS; unset: natsauth.DeployUsers, the
 	// client users of deploy/nats). pal dev sets its own.
 	users natsauth.Users
+	// limiter holds every caller of the process's doors to its limits
+	// (PAL_LIMIT_*): one per process, shared by REST, the NATS service
+	// and the command processor.
+	limiter *limit.Limiter
 }
 
 // readSettings parses the settings; an invalid one is exit code 2, named.
@@ -168,7 +173,42 @@ func (e *env) readSettings(cmd *cobra.Command) (*settings, error) {
 			return nil, withCode(ExitBadInput, err)
 		}
 	}
+	l, err := e.limits()
+	if err != nil {
+		return nil, err
+	}
+	s.limiter = limit.New(l, nil)
 	return s, nil
+}
+
+// limits reads the per-caller limits over limit.Defaults: the rates
+// PAL_LIMIT_STARTS, PAL_LIMIT_COMMANDS and PAL_LIMIT_STREAMS
+// (limit.ParseRate: "50/s:500", "off") and PAL_LIMIT_OPEN_STREAMS (event
+// streams open at once per token; 0: no cap).
+func (e *env) limits() (limit.Limits, error) {
+	l := limit.Defaults()
+	for _, r := range []struct {
+		env  string
+		rate *limit.Rate
+	}{{"PAL_LIMIT_STARTS", &l.Starts}, {"PAL_LIMIT_COMMANDS", &l.Commands}, {"PAL_LIMIT_STREAMS", &l.Streams}} {
+		v := e.getenv(r.env)
+		if v == "" {
+			continue
+		}
+		rate, err := limit.ParseRate(v)
+		if err != nil {
+			return l, badInput("%s: %v", r.env, err)
+		}
+		*r.rate = rate
+	}
+	if v := e.getenv("PAL_LIMIT_OPEN_STREAMS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return l, badInput("PAL_LIMIT_OPEN_STREAMS=%q: want a whole number ≥ 0 (0: no cap)", v)
+		}
+		l.OpenStreams = n
+	}
+	return l, nil
 }
 
 // withSettings is the RunE of a command that connects to NATS: it reads
@@ -186,5 +226,6 @@ func (e *env) withSettings(run func(cmd *cobra.Command, args []string, s *settin
 // client is the front door over store, the one way the process builds
 // one.
 func (s *settings) client(store *eventstore.Store) *runs.Client {
-	return runs.New(store, runs.WithReplyPrefixes(s.replyPrefixes...), runs.WithAnomalyDefaults(s.anomalies), runs.WithUsers(s.users))
+	return runs.New(store, runs.WithReplyPrefixes(s.replyPrefixes...), runs.WithAnomalyDefaults(s.anomalies),
+		runs.WithUsers(s.users), runs.WithLimiter(s.limiter))
 }
