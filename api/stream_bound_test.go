@@ -29,7 +29,7 @@ func bigRun(tb testing.TB, js jetstream.JetStream, size int) (string, eventstore
 	ctx := context.Background()
 	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
 	require.NoError(tb, err)
-	res, err := runs.New(store).Start(ctx, runs.StartCommand{Workflow: json.RawMessage(echoWorkflow), Input: json.RawMessage(`{}`), By: "test"})
+	res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWorkflow), Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(tb, err)
 	head, err := store.LastHead(ctx, res.RunID)
 	require.NoError(tb, err)

@@ -15,8 +15,8 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
-	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/internal/limit"
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 

@@ -34,14 +34,14 @@ func TestLimitsAtTheFrontDoor(t *testing.T) {
 	wf := json.RawMessage(echoChain(1))
 
 	for i := range 2 {
-		_, err := c.Start(ctx, runs.StartCommand{Workflow: wf, By: "flood"})
+		_, err := c.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, By: "flood"})
 		require.NoError(t, err, "start %d within the burst", i)
 	}
 	events, err := b.JS.Stream(ctx, eventstore.EventsStream)
 	require.NoError(t, err)
 	info, err := events.Info(ctx)
 	require.NoError(t, err)
-	_, err = c.Start(ctx, runs.StartCommand{Workflow: wf, By: "flood"})
+	_, err = c.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, By: "flood"})
 	require.ErrorIs(t, err, limit.ErrLimited)
 	code, _, final := runs.Classify(err)
 	require.Equal(t, runs.CodeRateLimited, code)
@@ -51,20 +51,20 @@ func TestLimitsAtTheFrontDoor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, info.State.LastSeq, after.State.LastSeq, "a refused start writes nothing")
 
-	other, err := c.Start(ctx, runs.StartCommand{Workflow: wf, By: "calm"})
+	other, err := c.Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: wf, By: "calm"})
 	require.NoError(t, err, "another caller's starts go through")
 
 	// The transport's caller is whose limit is spent, whatever the
 	// command names.
-	_, err = c.Start(runs.WithCaller(ctx, "flood"), runs.StartCommand{Workflow: wf, By: "someone-else"})
+	_, err = c.Start(runs.WithCaller(ctx, "flood"), runs.StartCommand{Rights: runs.AllRights, Workflow: wf, By: "someone-else"})
 	require.ErrorIs(t, err, limit.ErrLimited)
-	_, err = c.Start(runs.WithCaller(ctx, "tok"), runs.StartCommand{Workflow: wf, By: "flood"})
+	_, err = c.Start(runs.WithCaller(ctx, "tok"), runs.StartCommand{Rights: runs.AllRights, Workflow: wf, By: "flood"})
 	require.NoError(t, err)
 
 	// Fork and retry are starts.
-	_, err = c.Fork(runs.WithCaller(ctx, "flood"), runs.ForkCommand{RunID: other.RunID, From: "t1"})
+	_, err = c.Fork(runs.WithCaller(ctx, "flood"), runs.ForkCommand{Rights: runs.AllRights, RunID: other.RunID, From: "t1"})
 	require.ErrorIs(t, err, limit.ErrLimited)
-	_, err = c.Retry(runs.WithCaller(ctx, "flood"), runs.RetryCommand{RunID: other.RunID})
+	_, err = c.Retry(runs.WithCaller(ctx, "flood"), runs.RetryCommand{Rights: runs.AllRights, RunID: other.RunID})
 	require.ErrorIs(t, err, limit.ErrLimited)
 
 	// Commands have their own bucket.
