@@ -31,10 +31,11 @@
 //
 // The worker starts its own binary again under a hidden name (Init must
 // be called first thing in main, and in a test binary's TestMain): the
-// host init waits until the worker has put it in the step's cgroups, sets
-// the rlimits and executes bwrap. In the sandbox, the binary again, bound
-// read-only at InitPath, is the parent of the program: it runs the egress
-// forwarder, stops everything when the work directory, /tmp or /dev/shm
+// host init waits until the worker has put it in the step's cgroups and
+// executes bwrap (without a sandbox, it sets the rlimits and executes the
+// program). In the sandbox, the binary again, bound read-only at
+// InitPath, is the parent of the program, which it starts through the
+// same shim, setting the rlimits: it runs the egress forwarder, stops everything when the work directory, /tmp or /dev/shm
 // fills up, fans a terminate out to every process (kill(-1)), and reports
 // how the program ended over a pipe. When it exits, bwrap's PID 1 exits
 // and the kernel ends every process of the PID namespace, setsid or not.
