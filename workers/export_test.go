@@ -69,3 +69,6 @@ func EncodeSnapshot(st *engine.RunState, head eventstore.Head) ([]byte, error) {
 // SnapshotInterval is how many events a journal of n events grows by
 // between a worker's snapshots of it: a resume's tail is at most that long.
 func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }
+
+// PresenceProbeEvery is how often a worker probes each peer (presence.go).
+const PresenceProbeEvery = presenceProbeEvery
