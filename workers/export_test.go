@@ -72,3 +72,12 @@ func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }
 
 // PresenceProbeEvery is how often a worker probes each peer (presence.go).
 const PresenceProbeEvery = presenceProbeEvery
+
+// ProbeByHand makes w, before Start, probe its peers' presence only when
+// the test calls probe, once per call, instead of every
+// PresenceProbeEvery. probe returns how many probes it sent; they are in
+// the connection's buffer when it returns.
+func ProbeByHand(w *Worker) (probe func() int) {
+	w.probeByHand = true
+	return func() int { return w.presence.probeAll() }
+}
