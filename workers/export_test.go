@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 )
@@ -81,3 +83,7 @@ func ProbeByHand(w *Worker) (probe func() int) {
 	w.probeByHand = true
 	return func() int { return w.presence.probeAll() }
 }
+
+// Handle drives the run of work message msg, fetched by the test, as the
+// worker's fetch loop does, and returns when the drive is over.
+func Handle(ctx context.Context, w *Worker, msg jetstream.Msg) { w.handle(ctx, msg) }
