@@ -159,6 +159,9 @@ type Worker struct {
 
 	// beforeDrive, when set (tests), runs at the start of each drive.
 	beforeDrive atomic.Pointer[func(runID string)]
+	// probeByHand (tests, set before Start): presence probes the peers
+	// only when the test says (ProbeByHand), not every presenceProbeEvery.
+	probeByHand bool
 }
 
 // New returns a worker. providers and connectors may be nil for a worker

@@ -18,6 +18,11 @@
 // port and store directory; connections from Conn reconnect by themselves,
 // and Restart returns once they have.
 //
+// CountRequests connects as Conn does and counts the requests the
+// connection sends (publishes with a reply subject, whose answer the
+// sender waits for), by subject, as it writes them to its socket: the
+// round-trip count tests of PAL's hot paths use it.
+//
 // NATSProcess runs nats-server as a separate process, for tests that kill -9
 // the broker: Kill sends SIGKILL, Start brings it back on the same port and
 // store directory, and anything JetStream acknowledged before the kill must
