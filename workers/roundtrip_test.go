@@ -28,14 +28,30 @@ import (
 // Some requests are sent together and waited for at once (a start's
 // three); the count is of requests, not of waits.
 
-// TestRoundTripsOfAStart: runs.Client.Start puts the run in the
-// in-flight index, appends its run_created and publishes its work
-// message: three requests, sent together.
+// TestRoundTripsOfAStart: runs.Client.Start of a workflow already
+// deployed reads the registry, then puts the run in the in-flight index,
+// appends its run_created and publishes its work message: three
+// requests, sent together. A start that brings its definition reads the
+// latest version's key and finds it the same (nothing is deployed); one
+// that names the workflow reads the latest key and that version's. The
+// first start of a definition (the bucket's binding, the deploy's two
+// writes) is not counted.
 func TestRoundTripsOfAStart(t *testing.T) {
 	t.Parallel()
 	c := setupCounted(t, false)
-	_, sent := c.start(t, paltest.EchoChain(1))
-	requireTrips(t, map[string]int{tripInflight: 1, tripAppend: 1, tripWork: 1}, sent)
+	wf := paltest.EchoChain(1)
+	c.start(t, wf)
+	_, sent := c.start(t, wf)
+	requireTrips(t, map[string]int{tripRegistry: 1, tripInflight: 1, tripAppend: 1, tripWork: 1}, sent)
+
+	t.Run("named", func(t *testing.T) {
+		var named struct{ Name string }
+		require.NoError(t, json.Unmarshal([]byte(wf), &named))
+		ref, err := json.Marshal(named.Name)
+		require.NoError(t, err)
+		_, sent := c.start(t, string(ref))
+		requireTrips(t, map[string]int{tripRegistry: 2, tripInflight: 1, tripAppend: 1, tripWork: 1}, sent)
+	})
 }
 
 // TestRoundTripsOfAStep: one echo step of a sequential run, from the
@@ -93,6 +109,7 @@ const (
 	tripLease    = "lease"
 	tripAck      = "work ack"
 	tripReceipt  = "receipt"
+	tripRegistry = "registry of deployed workflows"
 )
 
 func tripOf(subject string) string {
@@ -112,6 +129,9 @@ func tripOf(subject string) string {
 		return tripAck
 	case strings.HasPrefix(subject, "$KV."+eventstore.ReceiptBucket+"."):
 		return tripReceipt
+	case strings.HasPrefix(subject, "$JS.API.DIRECT.GET."+eventstore.WorkflowStream+"."),
+		strings.HasPrefix(subject, "$KV."+eventstore.WorkflowBucket+"."):
+		return tripRegistry
 	}
 	return subject // anything else stands for itself
 }
@@ -197,11 +217,12 @@ func (c *counted) since(t *testing.T, mark int) []string {
 	return c.reqs.Since(mark)
 }
 
-// start starts a run of wf on the front door, counted.
+// start starts a run of wf (a definition, or a deployed workflow's name
+// as a JSON string) on the front door, counted.
 func (c *counted) start(t *testing.T, wf string) (runID string, sent []string) {
 	t.Helper()
 	mark := c.mark(t)
-	res, err := c.runs.Start(ctxFor(t, 30*time.Second), runs.StartCommand{Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`), By: "test"})
+	res, err := c.runs.Start(ctxFor(t, 30*time.Second), runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(wf), Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(t, err)
 	return res.RunID, c.since(t, mark)
 }
