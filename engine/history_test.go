@@ -3,6 +3,7 @@ package engine_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -85,7 +86,7 @@ func scenarios() []scenario {
 		{name: "signal_timeout_routed", build: buildSignalTimeoutRouted},
 		// A fork of runSucceeded from review: draft is copied, not run.
 		{name: "forked_from_review", build: buildForkedFromReview},
-	}, brakeScenarios()...)
+	}, append(brakeScenarios(), frontierScenarios()...)...)
 }
 
 // summariseRun is the first part of every wfSummarise run: the draft.
@@ -429,9 +430,10 @@ func TestPackingIsOnlyWire(t *testing.T) {
 
 // TestHistoriesFollowNext replays every saved journal event by event, as a
 // worker would have written it, and checks that each step event is what
-// Next asked for at that point: the step, the attempt, the key and the
-// input it planned, and the run's end. It also checks that Next never
-// plans a step that already completed.
+// Frontier asked for at that point, with the steps the drive had in
+// flight busy: the step, the attempt, the key and the input it planned,
+// and the run's end. It also checks that Frontier never plans a step that
+// already completed, nor one in flight.
 func TestHistoriesFollowNext(t *testing.T) {
 	t.Parallel()
 	for _, path := range historyFiles(t) {
@@ -440,24 +442,44 @@ func TestHistoriesFollowNext(t *testing.T) {
 			t.Parallel()
 			evs := readHistory(t, path)
 			st := &engine.RunState{}
+			busy := map[string]bool{}
 			for i, ev := range evs {
 				if i > 0 {
-					checkFollowsNext(t, st, ev)
+					checkFollowsNext(t, st, busy, ev)
 				}
 				require.NoError(t, st.Apply(ev))
+				trackBusy(busy, ev)
 			}
 		})
 	}
 }
 
-func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
+func checkFollowsNext(t *testing.T, st *engine.RunState, busy map[string]bool, ev event.Event) {
 	t.Helper()
 	at := fmt.Sprintf("seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
-	next := engine.Next(st.Workflow, st, ev.TS)
-	if rs, ok := next.(engine.RunStep); ok {
-		s, seen := st.Steps[rs.Plan.StepID]
-		require.False(t, seen && s.Status == engine.StepCompleted, "%s: Next plans completed step %s", at, rs.Plan.StepID)
-		require.Equal(t, event.IdempotencyKey(st.RunID, rs.Plan.StepID, rs.Plan.Attempt), rs.Plan.Key, at)
+	next := engine.Frontier(context.Background(), st.Workflow, st, ev.TS, busy)
+	if rs, ok := next.(engine.RunSteps); ok {
+		for _, p := range rs.Plans {
+			s, seen := st.Steps[p.StepID]
+			require.False(t, seen && s.Status == engine.StepCompleted, "%s: Frontier plans completed step %s", at, p.StepID)
+			require.False(t, busy[p.StepID], "%s: Frontier plans step %s, in flight", at, p.StepID)
+			require.Equal(t, event.IdempotencyKey(st.RunID, p.StepID, p.Attempt), p.Key, at)
+		}
+		if len(rs.Plans) > 0 {
+			next = engine.RunStep{Plan: rs.Plans[0]}
+		}
+	}
+	if ev.Kind == event.StepFailed {
+		var d event.StepFailedData
+		require.NoError(t, ev.DecodeData(&d))
+		if d.Class == event.ClassInterrupted {
+			// A step in flight when another failed the run.
+			require.True(t, busy[ev.StepID] || st.Steps[ev.StepID].Status == engine.StepRunning, "%s: interrupted, not in flight", at)
+			_, ok := next.(engine.Fail)
+			require.True(t, ok, "%s: interrupted, but Frontier says %#v", at, next)
+			require.NotEmpty(t, d.InterruptedBy, at)
+			return
+		}
 	}
 	switch ev.Kind {
 	case event.AnomalyDetected, event.BudgetWarning, event.BudgetExceeded:
@@ -482,10 +504,9 @@ func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
 		if d.Reason != event.WaitApproval {
 			return // a subagent waits for its child: the worker's finding
 		}
-		rs, ok := next.(engine.RunStep)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		p := rs.Plan
-		require.Equal(t, ev.StepID, p.StepID, at)
+		pp, a := planIn(st, busy, ev.StepID, ev.TS)
+		require.NotNil(t, pp, "%s: Frontier says %#v", at, a)
+		p := *pp
 		require.NotNil(t, p.Wait, "%s: Next planned no wait", at)
 		require.False(t, p.Wait.Waiting, "%s: waiting twice", at)
 		require.Equal(t, p.Wait.TimeoutMs > 0, d.TimeoutAt != "", at)
@@ -498,10 +519,9 @@ func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
 		}
 	case event.StepStarted, event.StepCompleted, event.StepRetrying, event.StepFailed,
 		event.SideEffectClaimed, event.SideEffectDelivered:
-		rs, ok := next.(engine.RunStep)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		p := rs.Plan
-		require.Equal(t, ev.StepID, p.StepID, at)
+		pp, a := planIn(st, busy, ev.StepID, ev.TS)
+		require.NotNil(t, pp, "%s: Frontier says %#v", at, a)
+		p := *pp
 		require.Equal(t, ev.Attempt, p.Attempt, at)
 		switch ev.Kind {
 		case event.StepStarted:
