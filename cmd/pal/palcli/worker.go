@@ -64,6 +64,7 @@ func addWorkerFlags(cmd *cobra.Command) {
 	f.String("worker-id", "", "worker id in leases and events (env PAL_WORKER_ID, default host-pid)")
 	f.String("lease-ttl", "", "lease time-to-live, whole seconds (env PAL_LEASE_TTL, default 3s)")
 	f.Int("concurrency", 0, "runs driven at once (env PAL_WORKER_CONCURRENCY, default 64)")
+	f.Int("run-concurrency", 0, "steps of one run in flight at once, at most (env PAL_RUN_CONCURRENCY, default 32, at most 1000)")
 	f.String("durability", "", "process or strict (env PAL_DURABILITY, default process)")
 	f.Int("replicas", 0, "stream replicas: 1 on one server, 3 in a cluster (env PAL_REPLICAS, default 1)")
 }
@@ -73,6 +74,9 @@ type workerConfig struct {
 	id          string
 	leaseTTL    time.Duration
 	concurrency int
+	// runConcurrency caps the steps of one run in flight
+	// (PAL_RUN_CONCURRENCY).
+	runConcurrency int
 	durability  string
 	replicas    int
 	egress      *egress.Policy // PAL_EGRESS_ALLOW
@@ -102,6 +106,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.concurrency, err = e.intSetting(cmd, "concurrency", "PAL_WORKER_CONCURRENCY", 64, 1); err != nil {
+		return wc, err
+	}
+	if wc.runConcurrency, err = e.runConcurrency(cmd); err != nil {
 		return wc, err
 	}
 	if wc.blobThreshold, err = e.intSetting(cmd, "blob-threshold", "PAL_BLOB_THRESHOLD", eventstore.DefaultBlobThreshold, eventstore.MinBlobThreshold); err != nil {
@@ -206,7 +213,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
 	var receipts *receipt.Store
 	if wc.keys != nil {

@@ -40,6 +40,12 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 		{nil, []string{"--worker-id", "a.b"}, `--worker-id "a.b": use letters, digits`},
 		{[]string{"PAL_WORKER_ID=a.b"}, nil, `PAL_WORKER_ID="a.b": use letters, digits`},
 		{nil, []string{"--concurrency", "0"}, `--concurrency "0": want a whole number ≥ 1`},
+		{[]string{"PAL_RUN_CONCURRENCY=0"}, nil, `PAL_RUN_CONCURRENCY="0": want a whole number ≥ 1`},
+		{[]string{"PAL_RUN_CONCURRENCY=-4"}, nil, `PAL_RUN_CONCURRENCY="-4": want a whole number ≥ 1`},
+		{[]string{"PAL_RUN_CONCURRENCY=eight"}, nil, `PAL_RUN_CONCURRENCY="eight": want a whole number ≥ 1`},
+		{[]string{"PAL_RUN_CONCURRENCY=99999999999999999999"}, nil, `PAL_RUN_CONCURRENCY="99999999999999999999": want a whole number ≥ 1`},
+		{[]string{"PAL_RUN_CONCURRENCY=1001"}, nil, `PAL_RUN_CONCURRENCY="1001": at most 1000`},
+		{nil, []string{"--run-concurrency", "5000"}, `--run-concurrency "5000": at most 1000`},
 	} {
 		env := append([]string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_DATA_DIR=" + t.TempDir()}, tc.env...)
 		r := runPal(t, bin, env, append([]string{"worker"}, tc.args...)...)
