@@ -13,7 +13,9 @@
 // Retry-After (RateLimit), cut the connection without answering (Drop),
 // answer slowly (SetLatency) and replay the first answer for a repeated
 // idempotency key (Dedup), like a provider that honours keys. MaxConcurrent
-// observes how many requests it handled at once; Reply.Logprobs scripts
+// observes how many requests it handled at once, InFlight how many it is
+// handling now, Answered and Abandoned which were answered and which
+// their client gave up on (a cancelled call); Reply.Logprobs scripts
 // token log probabilities.
 //
 // The default answer is deterministic: "echo: " followed by the last user
@@ -115,6 +117,10 @@ type Server struct {
 	latency   time.Duration
 	active    int // requests being handled now
 	maxActive int // the most handled at once since the start or Reset
+	// answered are the requests answered with 200, abandoned those whose
+	// client went away before an answer (a cancelled call).
+	answered  []Call
+	abandoned []Call
 }
 
 // answer is an HTTP answer the server wrote, kept for Dedup.
@@ -266,6 +272,38 @@ func (s *Server) MaxConcurrent() int {
 	return s.maxActive
 }
 
+// InFlight is how many requests the server is handling now: held,
+// waiting out SetLatency, or being answered.
+func (s *Server) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
+// Answered returns the requests answered with 200 since the start or
+// Reset, in the order they were answered.
+func (s *Server) Answered() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.answered...)
+}
+
+// Abandoned returns the requests whose client went away before they were
+// answered (a call cancelled while held or slow), in that order, since the
+// start or Reset.
+func (s *Server) Abandoned() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.abandoned...)
+}
+
+// record appends c to *to under the lock.
+func (s *Server) record(to *[]Call, c Call) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*to = append(*to, c)
+}
+
 // Drop makes the next n requests that match (nil matches all) end with their
 // connection closed and no answer, after the request was read in full: the
 // client cannot know whether the provider did the work.
@@ -323,7 +361,7 @@ func (s *Server) CallsWithKey(key string) []Call {
 func (s *Server) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = nil
+	s.calls, s.answered, s.abandoned = nil, nil, nil
 	s.answers = map[string]answer{}
 	s.faults = nil
 	s.maxActive = s.active
@@ -417,6 +455,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, h := range holds {
 		if !h.hold(r.Context(), s.closing, call) {
 			// The client went away or the server is closing: no answer.
+			if r.Context().Err() != nil {
+				s.record(&s.abandoned, call)
+			}
 			dropConn(w)
 			return
 		}
@@ -470,6 +511,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
+			s.record(&s.abandoned, call)
 			return
 		case <-s.closing:
 			t.Stop()
@@ -492,6 +534,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.answers[key] = a
 		s.mu.Unlock()
+	}
+	if a.status == http.StatusOK {
+		s.record(&s.answered, call)
 	}
 	writeJSON(w, a.status, a.body)
 }
