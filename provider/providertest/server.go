@@ -443,14 +443,21 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		owner = s.claim(key)
 	}
 	s.mu.Unlock()
-	defer func() {
+	// A request stops counting as in flight just before its answer is
+	// written, so a client's next request never finds it still counted.
+	finish := sync.OnceFunc(func() {
 		s.mu.Lock()
 		s.active--
 		if owner {
 			delete(s.inFlight, key)
 		}
 		s.mu.Unlock()
-	}()
+	})
+	defer finish()
+	reply := func(status int, body []byte) {
+		finish()
+		writeJSON(w, status, body)
+	}
 
 	for _, h := range holds {
 		if !h.hold(r.Context(), s.closing, call) {
@@ -464,7 +471,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if parseErr != nil {
-		writeJSON(w, http.StatusBadRequest, wf.fail(http.StatusBadRequest, "fake provider: "+parseErr.Error()))
+		reply(http.StatusBadRequest, wf.fail(http.StatusBadRequest, "fake provider: "+parseErr.Error()))
 		return
 	}
 
@@ -479,7 +486,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		for k, vs := range f.header {
 			w.Header()[k] = vs
 		}
-		writeJSON(w, f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
+		reply(f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
 		return
 	}
 
@@ -488,13 +495,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if dedup {
 		if a, ok := s.answers[key]; ok {
 			s.mu.Unlock()
-			writeJSON(w, a.status, a.body)
+			reply(a.status, a.body)
 			return
 		}
 		if !owner {
 			if owner = s.claim(key); !owner {
 				s.mu.Unlock()
-				writeJSON(w, http.StatusConflict, wf.fail(http.StatusConflict,
+				reply(http.StatusConflict, wf.fail(http.StatusConflict,
 					"fake provider: another request with this idempotency key is in progress"))
 				return
 			}
@@ -519,15 +526,15 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	reply := Reply{Text: "echo: " + call.LastUser()}
+	rep := Reply{Text: "echo: " + call.LastUser()}
 	if responder != nil {
-		reply = responder(call)
+		rep = responder(call)
 	}
 	a := answer{status: http.StatusOK}
-	if reply.Status != 0 && reply.Status != http.StatusOK {
-		a = answer{status: reply.Status, body: wf.fail(reply.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", reply.Status))}
+	if rep.Status != 0 && rep.Status != http.StatusOK {
+		a = answer{status: rep.Status, body: wf.fail(rep.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", rep.Status))}
 	} else {
-		a.body = wf.reply(call, withUsage(call, reply), id)
+		a.body = wf.reply(call, withUsage(call, rep), id)
 	}
 
 	if dedup && a.status == http.StatusOK {
@@ -538,7 +545,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if a.status == http.StatusOK {
 		s.record(&s.answered, call)
 	}
-	writeJSON(w, a.status, a.body)
+	reply(a.status, a.body)
 }
 
 // claim marks key as being answered, unless it is answered or being
