@@ -245,4 +245,3 @@ func TestParallelSubagentsInProcess(t *testing.T) {
 	}
 	require.Len(t, find(b.Events(t, runID), event.ChildRunCreated, ""), 3)
 }
-
