@@ -77,11 +77,11 @@ type workerConfig struct {
 	// runConcurrency caps the steps of one run in flight
 	// (PAL_RUN_CONCURRENCY).
 	runConcurrency int
-	durability  string
-	replicas    int
-	egress      *egress.Policy // PAL_EGRESS_ALLOW
-	smtpURL     string         // PAL_SMTP_URL, for the email connector
-	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
+	durability     string
+	replicas       int
+	egress         *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL        string         // PAL_SMTP_URL, for the email connector
+	keys           *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
 	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
 	retryAfterMax time.Duration
 	// providerConcurrency limits model calls in flight
