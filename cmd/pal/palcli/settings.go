@@ -11,8 +11,6 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/runs"
-	"github.com/palrun/pal/workers"
-	"github.com/palrun/pal/workflow"
 )
 
 // DefaultNATSURL is where PAL looks for NATS when PAL_NATS_URL is unset.
@@ -110,21 +108,6 @@ func (e *env) workerID(cmd *cobra.Command) (string, error) {
 		return "", badInput("%s: use letters, digits, '_' and '-' only", what())
 	}
 	return id, nil
-}
-
-// runConcurrency is PAL_RUN_CONCURRENCY (--run-concurrency): how many
-// steps of one run a worker has in flight at once, at most; a workflow's
-// policy.concurrency asks for fewer or as many.
-func (e *env) runConcurrency(cmd *cobra.Command) (int, error) {
-	n, err := e.intSetting(cmd, "run-concurrency", workers.EnvRunConcurrency, workers.DefaultRunConcurrency, 1)
-	if err != nil {
-		return 0, err
-	}
-	if n > workflow.MaxConcurrency {
-		_, what := e.rawSetting(cmd, "run-concurrency", workers.EnvRunConcurrency)
-		return 0, badInput("%s: at most %d (a workflow's policy.concurrency is at most that)", what(), workflow.MaxConcurrency)
-	}
-	return n, nil
 }
 
 func (e *env) replicas(cmd *cobra.Command) (int, error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/workflow"
 )
 
 func (e *env) workerCmd() *cobra.Command {
@@ -141,6 +142,21 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	return wc, nil
+}
+
+// runConcurrency is PAL_RUN_CONCURRENCY (--run-concurrency): how many
+// steps of one run a worker has in flight at once, at most; a workflow's
+// policy.concurrency asks for fewer or as many.
+func (e *env) runConcurrency(cmd *cobra.Command) (int, error) {
+	n, err := e.intSetting(cmd, "run-concurrency", workers.EnvRunConcurrency, workers.DefaultRunConcurrency, 1)
+	if err != nil {
+		return 0, err
+	}
+	if n > workflow.MaxConcurrency {
+		_, what := e.rawSetting(cmd, "run-concurrency", workers.EnvRunConcurrency)
+		return 0, badInput("%s: at most %d (a workflow's policy.concurrency is at most that)", what(), workflow.MaxConcurrency)
+	}
+	return n, nil
 }
 
 // providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
