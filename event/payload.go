@@ -36,7 +36,8 @@ type RunCreatedData struct {
 	// its loops and subagents too): what its budget checks and the cost
 	// of its calls are priced with. Written on every new run, empty when
 	// none of its models has a price; nil (absent) on a run created
-	// before prices were journaled (engine.LegacyPrices).
+	// before prices were journaled, which is priced with the list prices
+	// of that time, frozen in package engine (engine.RunState.Prices).
 	Prices Prices `json:"prices,omitzero"`
 }
 

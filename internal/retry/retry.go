@@ -10,6 +10,9 @@
 //     that wraps ctx.Err() and names the last failure.
 //   - A policy never gives up on its own: a caller that wants a limit
 //     counts tries or time in its operation and returns Permanent.
+//   - Where another system keeps the wait (a message handed back to
+//     JetStream with a delay, as a start's work that came before its
+//     run_created is), Policy.Wait gives the n-th wait and Do is not used.
 //
 // The journaled retries of a step (step_retrying, a durable timer) are
 // not this: they survive a crash, so they live in the journal.

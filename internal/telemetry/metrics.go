@@ -59,7 +59,7 @@ var (
 		Name: "pal_provider_tokens_total", Help: "Tokens of LLM provider calls, by provider, model and direction (input, output)."},
 		[]string{"provider", "model", "direction"})
 	providerCost = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pal_provider_cost_usd_total", Help: "Estimated cost of LLM provider calls in USD (provider price table), by provider and model."},
+		Name: "pal_provider_cost_usd_total", Help: "Estimated cost of LLM provider calls in USD at the run's journaled prices, by provider and model."},
 		[]string{"provider", "model"})
 	groups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pal_append_groups_total", Help: "Atomic batches of appends written by strict mode's group commit, by result (committed, failed: its appends were then published one by one)."},

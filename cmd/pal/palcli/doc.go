@@ -11,7 +11,9 @@
 //     recovery sweep cannot be turned off).
 //   - A command that connects to NATS parses the settings every part of
 //     the process shares once (settings: NATS, the log, PAL_ANOMALY_*,
-//     PAL_REPLY_PREFIX) and passes them down. Every runs.Client of the
+//     PAL_REPLY_PREFIX; and it loads PAL_PRICES over the process's price
+//     table, which the runs it creates journal their models' prices
+//     from) and passes them down. Every runs.Client of the
 //     process is built from them in one place (settings.client): a one-shot
 //     pal run command's, pal server's REST API and NATS service's, a
 //     worker's command processor's, so a command journals the same rules
