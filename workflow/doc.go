@@ -84,8 +84,9 @@
 //     iteration: each[3].fetch. The loop's output is {"iterations",
 //     "results" (each iteration's last output), "stopped"}.
 //     data.concurrency (1 to 1000, default 1) lets that many iterations
-//     be in progress at once; later ones start as earlier ones finish, and
-//     results keep the items' order. A loop with until runs one at a time.
+//     be in progress at once, within the run's policy.concurrency; later
+//     ones start as earlier ones finish, and results keep the items'
+//     order. A loop with until runs one at a time.
 //
 //   - subagent: runs data.workflow (a whole workflow document) as a child
 //     run with data.input (strings are templates). The child's id is
