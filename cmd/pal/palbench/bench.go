@@ -199,7 +199,7 @@ func (e *Env) FanOut(ctx context.Context, items, concurrency int) (Result, error
 	}
 	defer stop()
 	start := time.Now()
-	if _, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: FanOutWorkflow(items, concurrency), Input: in, By: "bench"}); err != nil {
+	if _, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: FanOutWorkflow(items, concurrency), Input: in, By: "bench", Rights: runs.AllRights}); err != nil {
 		return Result{}, err
 	}
 	select {
