@@ -7,7 +7,7 @@ import (
 )
 
 // Action is what a run does next: the sum of the types in this file. Next
-// returns one, and the worker carries it out.
+// and Frontier return one, and the worker carries it out.
 type Action interface{ isAction() }
 
 // Done means the run has ended: nothing to do.
@@ -15,6 +15,13 @@ type Done struct{ Status Status }
 
 // RunStep asks the worker to execute (or resume) one step.
 type RunStep struct{ Plan StepPlan }
+
+// RunSteps asks the worker to execute (or resume) every step of Plans
+// at once, as it would each one's RunStep: the run's frontier, in a
+// deterministic order (Frontier). Plans is empty when every step that
+// may go on is in flight in the caller's drive: wait for one to end, then
+// ask again.
+type RunSteps struct{ Plans []StepPlan }
 
 // Complete asks the worker to end the run successfully.
 type Complete struct{ Output json.RawMessage }
@@ -48,6 +55,7 @@ type Park struct {
 
 func (Done) isAction()     {}
 func (RunStep) isAction()  {}
+func (RunSteps) isAction() {}
 func (Complete) isAction() {}
 func (Fail) isAction()     {}
 func (Note) isAction()     {}

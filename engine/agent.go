@@ -10,23 +10,28 @@ import (
 
 // planAgent replays the agent's turns from the journal: every completed
 // model turn and tool call is reused, so a resumed agent sends only the
-// turn it was in. Each turn's request is the whole conversation so far,
-// but its step_started journals only the messages added since the
-// previous turn (AIInput.Prior counts the earlier ones): the journal
-// grows with the turns, not with their square.
-func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) Action {
+// turn it was in (or the calls of that turn that had not ended). Each
+// turn's request is the whole conversation so far, but its step_started
+// journals only the messages added since the previous turn
+// (AIInput.Prior counts the earlier ones): the journal grows with the
+// turns, not with their square.
+func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
+	st := f.st
 	sid := id.String()
 	d, err := node.Agent()
 	if err != nil {
-		return invalidNode(sid, err)
+		f.add(invalidNode(sid, err))
+		return
 	}
 	system, err := workflow.RenderString(d.System, env)
 	if err != nil {
-		return stepFailed(sid, "system: %v", err)
+		f.add(stepFailed(sid, "system: %v", err))
+		return
 	}
 	prompt, err := workflow.RenderString(d.Prompt, env)
 	if err != nil {
-		return stepFailed(sid, "prompt: %v", err)
+		f.add(stepFailed(sid, "prompt: %v", err))
+		return
 	}
 	var tools []provider.Tool
 	for _, t := range d.Tools {
@@ -36,36 +41,55 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 	sent := 0 // the messages of the previous turn's request
 	for k := 0; ; k++ {
 		if k >= d.Turns() {
-			return Fail{Code: CodeMaxTurns, StepID: sid, Error: fmt.Sprintf("agent %s used all %d turns without a final answer", sid, d.Turns())}
+			f.add(Fail{Code: CodeMaxTurns, StepID: sid, Error: fmt.Sprintf("agent %s used all %d turns without a final answer", sid, d.Turns())})
+			return
 		}
 		turn := id.AgentTurn(k)
 		tid := turn.String()
 		ts := st.Steps[tid]
 		if ts == nil || ts.Status != StepCompleted {
 			if ts != nil && ts.Status == StepFailed {
-				return Fail{Code: failCode(ts), StepID: tid, Error: fmt.Sprintf("step %s failed: %s", tid, ts.Error)}
+				f.add(turnFailed(st, node, sid, k, ts))
+				return
 			}
 			in := AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs[sent:],
 				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
-			return planTurn(st, node, tid, d.TimeoutMs, in, msgs)
+			f.add(planTurn(st, node, tid, d.TimeoutMs, in, msgs))
+			return
 		}
 		sent = len(msgs)
 		var out LLMOutput
 		if err := json.Unmarshal(ts.Output, &out); err != nil {
-			return stepFailed(tid, "output: %v", err)
+			f.add(stepFailed(tid, "output: %v", err))
+			return
 		}
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
 			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
 			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence})
-			return pure(p, out)
+			f.add(pure(p, out))
+			return
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
-		var a Action
-		if a, msgs = planToolCalls(st, node, turn, d.TimeoutMs, out.ToolCalls, msgs); a != nil {
-			return a
+		var done bool
+		if msgs, done = f.planToolCalls(node, turn, d.TimeoutMs, out.ToolCalls, msgs, d.ParallelCalls()); !done {
+			return
 		}
 	}
+}
+
+// turnFailed is what a failed turn k of the agent sid does: it fails the
+// run, or, when the agent's node continues past failures, fails the
+// agent's own step (a pure step that fails), which resolves the node.
+func turnFailed(st *RunState, node *workflow.Node, sid string, k int, ts *Step) Action {
+	msg := fmt.Sprintf("step %s failed: %s", ts.ID, ts.Error)
+	if !node.Continues() {
+		return Fail{Code: failCode(ts), StepID: ts.ID, Error: msg}
+	}
+	p := basePlan(st, node, sid, ExecPure)
+	p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
+	p.Pure, p.Error, p.Class = true, msg, ts.Class
+	return RunStep{Plan: p}
 }
 
 // planTurn plans the model turn tid, whose input is in unless journaled:
@@ -85,25 +109,37 @@ func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in A
 	return RunStep{Plan: p}
 }
 
-// planToolCalls plans the first of turn's tool calls that has not ended,
-// or, when all have, returns msgs with their results added: a failed
+// planToolCalls adds to f the calls of turn that have not ended (all of
+// them when parallel, else the first), or, when all have, returns msgs
+// with their results added in the model's order and done: a failed
 // tool's error is the model's answer, not the run's.
-func planToolCalls(st *RunState, node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message) (Action, []provider.Message) {
+func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message, parallel bool) ([]provider.Message, bool) {
+	done := true
 	for j, call := range calls {
 		cid := turn.ToolCall(j).String()
-		cs := st.Steps[cid]
-		if cs == nil || (cs.Status != StepCompleted && cs.Status != StepFailed) {
-			p := basePlan(st, node, cid, ExecTool)
-			p.TimeoutMs = timeoutMs
-			if p.Input == nil {
-				args := call.Arguments
-				if len(args) == 0 {
-					args = json.RawMessage("{}")
-				}
-				p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID})
-			}
-			return RunStep{Plan: p}, msgs
+		if cs := f.st.Steps[cid]; cs != nil && (cs.Status == StepCompleted || cs.Status == StepFailed) {
+			continue
 		}
+		done = false
+		p := basePlan(f.st, node, cid, ExecTool)
+		p.TimeoutMs = timeoutMs
+		if p.Input == nil {
+			args := call.Arguments
+			if len(args) == 0 {
+				args = json.RawMessage("{}")
+			}
+			p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID})
+		}
+		f.add(RunStep{Plan: p})
+		if !parallel {
+			break
+		}
+	}
+	if !done {
+		return msgs, false
+	}
+	for j, call := range calls {
+		cs := f.st.Steps[turn.ToolCall(j).String()]
 		content := string(cs.Output)
 		if cs.Status == StepFailed {
 			b, _ := json.Marshal(map[string]string{"error": cs.Error})
@@ -111,7 +147,7 @@ func planToolCalls(st *RunState, node *workflow.Node, turn StepID, timeoutMs int
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleTool, ToolCallID: call.ID, Content: content})
 	}
-	return nil, msgs
+	return msgs, true
 }
 
 // turnRequest is the whole request of an agent turn whose journaled input

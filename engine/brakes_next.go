@@ -73,43 +73,93 @@ func suffix(s string) string {
 	return ": " + s
 }
 
-// brakesAt is what the brakes say about a step Next is about to
-// dispatch: excessive_steps, a budget that the step's worst case would
-// pass, or a warning due. nil: let it go.
-func (st *RunState) brakesAt(p StepPlan, now time.Time) Action {
-	if !planActs(p) {
-		return nil
+// reserve is what the steps of one set hold of a budget before their
+// usage is journaled: the worst cases of the LLM steps in flight (and of
+// those started by a drive that died, which the set sends again) and of
+// the steps admitted ahead in the set.
+type reserve struct {
+	tokens, cost float64
+	// steps counts the acting steps admitted ahead in the set; the ones
+	// in flight are counted in StepsStarted already.
+	steps int64
+	// inFlight: some step is in flight (or is sent again by this set).
+	inFlight bool
+}
+
+// hold reserves p, a step in flight.
+func (r *reserve) hold(st *RunState, p StepPlan) {
+	if p.Wait != nil || p.Pure || p.Gate != nil {
+		return // it waits or acts on nothing: nothing in flight
 	}
+	r.inFlight = true
+	if p.Exec == ExecLLM {
+		tokens, cost, _ := EstimateCall(p.Call(), st.Prices())
+		r.tokens, r.cost = r.tokens+tokens, r.cost+cost
+	}
+}
+
+// brakesFor is what the brakes say about plans, the steps Frontier is
+// about to dispatch beside flying (in flight in the caller's drive): the
+// plans that may go, in order, as RunSteps; or, when none of them may, the
+// Note of the first acting one (excessive_steps, a budget its worst case
+// would pass, a warning due). Each acting step is checked with what is in
+// flight and what is admitted ahead of it reserved, so the steps of a set
+// never overshoot a limit together. The first that does not fit cuts the
+// set there (the steps that act on nothing, and those sent again, stay);
+// while anything is in flight, one that does not fit waits for it (its
+// journaled usage may leave room), so budget_exceeded is journaled only
+// with nothing in flight.
+func (st *RunState) brakesFor(plans, flying []StepPlan, now time.Time) Action {
+	var r reserve
+	for _, p := range flying {
+		r.hold(st, p)
+	}
+	for _, p := range plans {
+		if p.Started {
+			r.hold(st, p)
+		}
+	}
+	out := make([]StepPlan, 0, len(plans))
+	cut := false
+	for _, p := range plans {
+		if !planActs(p) {
+			out = append(out, p)
+			continue
+		}
+		if cut {
+			continue
+		}
+		a, tokens, cost := st.brakesAt(p, &r, now)
+		if a == nil {
+			r.steps++
+			r.tokens, r.cost = r.tokens+tokens, r.cost+cost
+			out = append(out, p)
+			continue
+		}
+		if n, ok := a.(Note); len(out) == 0 && !(ok && n.Kind == event.BudgetExceeded && r.inFlight) {
+			return a
+		}
+		cut = true
+	}
+	return RunSteps{Plans: out}
+}
+
+// brakesAt is what the brakes say about a step about to be dispatched,
+// with r reserved: excessive_steps, a budget that the step's worst case
+// would pass, or a warning due; nil, and the step's worst case in tokens
+// and cost, to let it go.
+func (st *RunState) brakesAt(p StepPlan, r *reserve, now time.Time) (Action, float64, float64) {
 	sp := st.Spent()
-	if r := st.br.rules[event.AnomalyExcessiveSteps]; r.Threshold > 0 && float64(sp.Steps+1) > r.Threshold {
+	n := sp.Steps + r.steps + 1 // the step would be the run's nth
+	if rule := st.br.rules[event.AnomalyExcessiveSteps]; rule.Threshold > 0 && float64(n) > rule.Threshold {
 		if _, ok := st.Anomalies[anomalyKey(event.AnomalyExcessiveSteps, p.StepID)]; !ok && !st.anomalyTypeSeen(event.AnomalyExcessiveSteps) {
-			action := r.Action
+			action := rule.Action
 			if action == "" {
 				action = event.ActionRecord
 			}
 			return Note{Kind: event.AnomalyDetected, StepID: p.StepID, Data: event.AnomalyDetectedData{
-				Type: event.AnomalyExcessiveSteps, Observed: float64(sp.Steps + 1), Threshold: r.Threshold, Action: action,
-				StepID: p.StepID, Detail: fmt.Sprintf("step %s would be step %d of the run", p.StepID, sp.Steps+1)}}
-		}
-	}
-	b := st.Budget
-	if b == nil {
-		return nil
-	}
-	action := b.OnExceed
-	if action == "" {
-		action = event.OnExceedFail
-	}
-	exceeded := func(limit string, spent, max, need float64) Action {
-		return Note{Kind: event.BudgetExceeded, StepID: p.StepID, Data: event.BudgetExceededData{
-			Limit: limit, Spent: spent, Max: max, StepID: p.StepID, Action: action, Need: need}}
-	}
-	if b.MaxSteps > 0 && sp.Steps+1 > b.MaxSteps {
-		return exceeded(event.LimitSteps, float64(sp.Steps), float64(b.MaxSteps), 1)
-	}
-	if b.MaxDurationMs > 0 {
-		if age := now.Sub(st.CreatedAt).Milliseconds(); age >= b.MaxDurationMs {
-			return exceeded(event.LimitDuration, float64(age), float64(b.MaxDurationMs), 0)
+				Type: event.AnomalyExcessiveSteps, Observed: float64(n), Threshold: rule.Threshold, Action: action,
+				StepID: p.StepID, Detail: fmt.Sprintf("step %s would be step %d of the run", p.StepID, n)}}, 0, 0
 		}
 	}
 	var needTokens, needCost float64
@@ -117,12 +167,12 @@ func (st *RunState) brakesAt(p StepPlan, now time.Time) Action {
 	if p.Exec == ExecLLM {
 		needTokens, needCost, priced = EstimateCall(p.Call(), st.Prices())
 	}
-	if b.MaxTokens > 0 && float64(sp.Tokens)+needTokens > float64(b.MaxTokens) || b.MaxTokens > 0 && sp.Tokens >= b.MaxTokens {
-		return exceeded(event.LimitTokens, float64(sp.Tokens), float64(b.MaxTokens), needTokens)
+	b := st.Budget
+	if b == nil {
+		return nil, needTokens, needCost
 	}
-	// A model with no price is held only to the other limits.
-	if priced && b.MaxCostUSD > 0 && (sp.CostUSD+needCost > b.MaxCostUSD || sp.CostUSD >= b.MaxCostUSD) {
-		return exceeded(event.LimitCost, sp.CostUSD, b.MaxCostUSD, needCost)
+	if a := st.exceeded(p, sp, r, now, needTokens, needCost, priced); a != nil {
+		return a, 0, 0
 	}
 	// The step fits. Warn, once per limit, when what is spent has reached
 	// warnAt of it.
@@ -137,8 +187,41 @@ func (st *RunState) brakesAt(p StepPlan, now time.Time) Action {
 		{event.LimitSteps, float64(sp.Steps), float64(b.MaxSteps)}} {
 		if l.max > 0 && !st.Warned[l.name] && l.spent >= warnAt*l.max {
 			return Note{Kind: event.BudgetWarning, StepID: p.StepID, Data: event.BudgetWarningData{Limit: l.name,
-				Spent: l.spent, Max: l.max, StepID: p.StepID}}
+				Spent: l.spent, Max: l.max, StepID: p.StepID}}, 0, 0
 		}
+	}
+	return nil, needTokens, needCost
+}
+
+// exceeded is the budget_exceeded Note of a step that does not fit the
+// run's budget with r reserved (its worst case needTokens and needCost;
+// priced: its model has a price), or nil.
+func (st *RunState) exceeded(p StepPlan, sp Spend, r *reserve, now time.Time, needTokens, needCost float64, priced bool) Action {
+	b := st.Budget
+	action := b.OnExceed
+	if action == "" {
+		action = event.OnExceedFail
+	}
+	note := func(limit string, spent, max, need float64) Action {
+		return Note{Kind: event.BudgetExceeded, StepID: p.StepID, Data: event.BudgetExceededData{
+			Limit: limit, Spent: spent, Max: max, StepID: p.StepID, Action: action, Need: need}}
+	}
+	if b.MaxSteps > 0 && sp.Steps+r.steps+1 > b.MaxSteps {
+		return note(event.LimitSteps, float64(sp.Steps), float64(b.MaxSteps), float64(r.steps+1))
+	}
+	if b.MaxDurationMs > 0 {
+		if age := now.Sub(st.CreatedAt).Milliseconds(); age >= b.MaxDurationMs {
+			return note(event.LimitDuration, float64(age), float64(b.MaxDurationMs), 0)
+		}
+	}
+	tokens := float64(sp.Tokens) + r.tokens
+	if b.MaxTokens > 0 && (tokens+needTokens > float64(b.MaxTokens) || tokens >= float64(b.MaxTokens)) {
+		return note(event.LimitTokens, float64(sp.Tokens), float64(b.MaxTokens), needTokens+r.tokens)
+	}
+	// A model with no price is held only to the other limits.
+	cost := sp.CostUSD + r.cost
+	if priced && b.MaxCostUSD > 0 && (cost+needCost > b.MaxCostUSD || cost >= b.MaxCostUSD) {
+		return note(event.LimitCost, sp.CostUSD, b.MaxCostUSD, needCost+r.cost)
 	}
 	return nil
 }

@@ -74,7 +74,7 @@ func newStartedPriced(t testing.TB, runID, wfJSON, input string, req *event.Budg
 	if table == nil {
 		d.Prices = nil
 	}
-	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: ev.WorkerID}
+	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: ev.WorkerID, busy: map[string]bool{}}
 	h.append(event.RunCreated, "", 0, d)
 	return h
 }

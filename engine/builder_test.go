@@ -1,9 +1,11 @@
 package engine_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
 	"math"
 	"testing"
 	"time"
@@ -19,8 +21,8 @@ import (
 var baseTS = time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)
 
 // history builds a run's journal the way a worker writes it: each step
-// event follows what Next plans, so the histories are ones PAL could have
-// written. Every event is folded as it is appended.
+// event follows what Frontier plans, so the histories are ones PAL could
+// have written. Every event is folded as it is appended.
 type history struct {
 	t      testing.TB
 	runID  string
@@ -28,6 +30,9 @@ type history struct {
 	st     *engine.RunState
 	now    time.Time
 	worker string
+	// busy are the steps in flight in the current drive: started by it,
+	// their outcome not journaled yet.
+	busy map[string]bool
 }
 
 // newHistory starts a run of the workflow wfJSON (which must parse) with
@@ -56,7 +61,7 @@ func newHistoryRaw(t testing.TB, runID string, raw json.RawMessage, name, input 
 
 func newHistoryWith(t testing.TB, runID string, raw json.RawMessage, name, input string, ff *event.ForkedFrom) *history {
 	t.Helper()
-	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: "pal"}
+	h := &history{t: t, runID: runID, st: &engine.RunState{}, now: baseTS, worker: "pal", busy: map[string]bool{}}
 	d := event.RunCreatedData{Depth: 0, TriggerMeta: map[string]any{"source": "api"}, ForkedFrom: ff}
 	if input != "" {
 		d.Input = json.RawMessage(input)
@@ -78,6 +83,7 @@ func (h *history) append(k event.Kind, stepID string, attempt int, payload any) 
 	ev.TS = h.now
 	ev.WorkerID = h.worker
 	require.NoError(h.t, h.st.Apply(ev), "folding %s at seq %d", k, ev.Seq)
+	trackBusy(h.busy, ev)
 	h.evs = append(h.evs, ev)
 	h.now = h.now.Add(25 * time.Millisecond)
 	return ev
@@ -104,14 +110,70 @@ func (h *history) resume(worker string) *history {
 	return h
 }
 
-// plan returns what Next plans now, which must be a step: stepID.
+// trackBusy keeps busy, the steps in flight in the current drive, up to
+// date with ev: a drive starts with none in flight.
+func trackBusy(busy map[string]bool, ev event.Event) {
+	switch ev.Kind {
+	case event.RunResumed:
+		clear(busy)
+	case event.StepStarted:
+		busy[ev.StepID] = true
+	case event.StepCompleted, event.StepFailed, event.StepRetrying, event.StepWaiting:
+		delete(busy, ev.StepID)
+	}
+}
+
+// plan returns the plan of stepID in what Frontier plans now, with the
+// steps in flight in the current drive but stepID busy; it must be there.
 func (h *history) plan(stepID string) engine.StepPlan {
 	h.t.Helper()
-	a := engine.Next(h.st.Workflow, h.st, h.now)
-	rs, ok := a.(engine.RunStep)
-	require.True(h.t, ok, "want step %s next, Next says %#v", stepID, a)
-	require.Equal(h.t, stepID, rs.Plan.StepID)
-	return rs.Plan
+	p, a := planIn(h.st, h.busy, stepID, h.now)
+	require.NotNil(h.t, p, "want step %s next, Frontier says %#v", stepID, a)
+	return *p
+}
+
+// planIn finds stepID's plan in Frontier's answer with busy but stepID
+// in flight; nil (and the answer) when it is not there.
+func planIn(st *engine.RunState, busy map[string]bool, stepID string, now time.Time) (*engine.StepPlan, engine.Action) {
+	others := maps.Clone(busy)
+	delete(others, stepID)
+	a := engine.Frontier(context.Background(), st.Workflow, st, now, others)
+	if rs, ok := a.(engine.RunSteps); ok {
+		for i := range rs.Plans {
+			if rs.Plans[i].StepID == stepID {
+				return &rs.Plans[i], a
+			}
+		}
+	}
+	return nil, a
+}
+
+// ready lists the step ids Frontier plans now, with the steps in flight
+// in the current drive busy.
+func (h *history) ready() []string {
+	h.t.Helper()
+	a := engine.Frontier(context.Background(), h.st.Workflow, h.st, h.now, h.busy)
+	rs, ok := a.(engine.RunSteps)
+	require.True(h.t, ok, "Frontier says %#v", a)
+	ids := []string{}
+	for _, p := range rs.Plans {
+		ids = append(ids, p.StepID)
+	}
+	return ids
+}
+
+// interrupt journals step_failed class interrupted for a step in flight
+// when the step by failed the run, as the drive does once its call has
+// returned cancelled.
+func (h *history) interrupt(stepID, by string) *history {
+	h.t.Helper()
+	require.True(h.t, h.busy[stepID], "step %s is not in flight", stepID)
+	_, ok := engine.Frontier(context.Background(), h.st.Workflow, h.st, h.now, h.busy).(engine.Fail)
+	require.True(h.t, ok, "the run is not failing")
+	h.append(event.StepFailed, stepID, h.st.Steps[stepID].Attempt, event.StepFailedData{
+		Error: "interrupted: step " + by + " failed the run", Class: event.ClassInterrupted,
+		DurationMs: 50, OutcomeUnknown: true, InterruptedBy: by})
+	return h
 }
 
 // start journals step_started for the step Next plans (unless the plan
@@ -149,7 +211,12 @@ func (h *history) completeWith(stepID string, d event.StepCompletedData) *histor
 // the worker writes.
 func (h *history) llm(stepID, text, model string, in, out int64) *history {
 	h.t.Helper()
-	h.start(stepID)
+	return h.start(stepID).llmEnd(stepID, text, model, in, out)
+}
+
+// llmEnd journals the completion of a started ai-step.
+func (h *history) llmEnd(stepID, text, model string, in, out int64) *history {
+	h.t.Helper()
 	o, err := json.Marshal(map[string]any{"text": text, "model": model, "finish_reason": "stop", "id": "resp_" + stepID})
 	require.NoError(h.t, err)
 	cost := math.Round((float64(in)*0.15+float64(out)*0.6)*1e3) / 1e9 // gpt-4o-mini prices, rounded

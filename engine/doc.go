@@ -7,9 +7,10 @@
 //
 // What crosses between the engine and the worker is typed: the step inputs
 // the engine renders and the outputs the worker journals are the types of
-// contract.go, the actions Next returns are the types of action.go (Done,
-// RunStep, Complete, Fail, Note, Park), and step ids are StepID values
-// (stepid.go), built by its constructors and read back by ParseStepID.
+// contract.go, the actions Next and Frontier return are the types of
+// action.go (Done, RunStep, RunSteps, Complete, Fail, Note, Park), and step
+// ids are StepID values (stepid.go), built by its constructors and read
+// back by ParseStepID.
 //
 // # Fold
 //
@@ -30,20 +31,30 @@
 //
 // # Next
 //
-// Next walks the workflow graph from the trigger in topological order. A
-// node runs when every node with an edge into it is resolved (completed, or
-// dead because none of its own incoming edges fired) and at least one of
-// its incoming edges fired; nodes run one at a time, first in declaration
-// order. A completed step is never run again: its journaled output is
-// reused. When nothing is left to run the run succeeds with the output of
-// the last completed step. planStep plans a step by its node's type
-// (plan.go, with one wait plan, waitFor, for approvals and waits); a loop
-// and an agent plan their own steps (loop.go, agent.go).
+// Frontier (frontier.go) walks the workflow graph from the trigger in
+// topological order. A node runs when every node with an edge into it is
+// resolved (completed, dead because none of its own incoming edges fired,
+// or failed with onFailure "continue") and at least one of its incoming
+// edges fired. Every node that may run is returned at once, as a set in
+// the walk's order (RunSteps): branches of the graph, a loop's iterations
+// up to its concurrency, an agent turn's tool calls. The steps the caller
+// has in flight (busy) are not returned, and hold back what depends on
+// them; a step another drive started and never ended is returned again,
+// with its attempt and key. Next is the set's first step, for callers
+// that take one at a time. A completed step is never run again: its
+// journaled output is reused. A step that fails the run ends the walk
+// with Fail, whatever is in flight. When nothing is left to run the run
+// succeeds with the output of the last completed step. planStep plans a
+// step by its node's type (plan.go, with one wait plan, waitFor, for
+// approvals and waits); a loop and an agent plan their own steps
+// (loop.go, agent.go).
 //
 // The brakes (a budget, anomaly detection) are three parts: what the fold
 // keeps (brakes_fold.go), what Next makes of it before it walks the graph
-// and before it lets an acting step go (brakes_next.go), and the rules a
-// run is held to, decided once when it is created (brakes_policy.go).
+// and before it lets a set of acting steps go, their worst cases and
+// those of the steps in flight reserved together (brakes_next.go), and
+// the rules a run is held to, decided once when it is created
+// (brakes_policy.go).
 //
 // # Creation, and prices as an input
 //

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,7 +84,7 @@ func scenarios() []scenario {
 		{name: "signal_timeout_routed", build: buildSignalTimeoutRouted},
 		// A fork of runSucceeded from review: draft is copied, not run.
 		{name: "forked_from_review", build: buildForkedFromReview},
-	}, brakeScenarios()...)
+	}, append(brakeScenarios(), frontierScenarios()...)...)
 }
 
 // summariseRun is the first part of every wfSummarise run: the draft.
@@ -425,128 +424,4 @@ func TestPackingIsOnlyWire(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("testdata", "packed_three_steps.jsonl"))
 	require.NoError(t, err)
 	require.Contains(t, string(raw), "[{", "the packed history has packed messages")
-}
-
-// TestHistoriesFollowNext replays every saved journal event by event, as a
-// worker would have written it, and checks that each step event is what
-// Next asked for at that point: the step, the attempt, the key and the
-// input it planned, and the run's end. It also checks that Next never
-// plans a step that already completed.
-func TestHistoriesFollowNext(t *testing.T) {
-	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			evs := readHistory(t, path)
-			st := &engine.RunState{}
-			for i, ev := range evs {
-				if i > 0 {
-					checkFollowsNext(t, st, ev)
-				}
-				require.NoError(t, st.Apply(ev))
-			}
-		})
-	}
-}
-
-func checkFollowsNext(t *testing.T, st *engine.RunState, ev event.Event) {
-	t.Helper()
-	at := fmt.Sprintf("seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
-	next := engine.Next(st.Workflow, st, ev.TS)
-	if rs, ok := next.(engine.RunStep); ok {
-		s, seen := st.Steps[rs.Plan.StepID]
-		require.False(t, seen && s.Status == engine.StepCompleted, "%s: Next plans completed step %s", at, rs.Plan.StepID)
-		require.Equal(t, event.IdempotencyKey(st.RunID, rs.Plan.StepID, rs.Plan.Attempt), rs.Plan.Key, at)
-	}
-	switch ev.Kind {
-	case event.AnomalyDetected, event.BudgetWarning, event.BudgetExceeded:
-		// The brakes' notes are Next's, to the letter.
-		n, ok := next.(engine.Note)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		require.Equal(t, n.Kind, ev.Kind, at)
-		require.Equal(t, n.StepID, ev.StepID, at)
-		want, err := json.Marshal(n.Data)
-		require.NoError(t, err)
-		require.JSONEq(t, string(want), string(ev.Data), at)
-		return
-	case event.StepWaiting:
-		var d event.StepWaitingData
-		require.NoError(t, ev.DecodeData(&d))
-		if d.Reason == event.WaitBudget || d.Reason == event.WaitAnomaly {
-			p, ok := next.(engine.Park)
-			require.True(t, ok, "%s: Next says %#v", at, next)
-			require.Equal(t, engine.Park{Reason: d.Reason, StepID: ev.StepID}, p, at)
-			return
-		}
-		if d.Reason != event.WaitApproval {
-			return // a subagent waits for its child: the worker's finding
-		}
-		rs, ok := next.(engine.RunStep)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		p := rs.Plan
-		require.Equal(t, ev.StepID, p.StepID, at)
-		require.NotNil(t, p.Wait, "%s: Next planned no wait", at)
-		require.False(t, p.Wait.Waiting, "%s: waiting twice", at)
-		require.Equal(t, p.Wait.TimeoutMs > 0, d.TimeoutAt != "", at)
-		if d.TimeoutAt != "" {
-			// The deadline was planned before this event, so not after
-			// the one Next gives now.
-			ts, err := time.Parse(time.RFC3339Nano, d.TimeoutAt)
-			require.NoError(t, err)
-			require.False(t, ts.After(p.Wait.TimeoutAt), "%s: deadline %s later than planned %s", at, ts, p.Wait.TimeoutAt)
-		}
-	case event.StepStarted, event.StepCompleted, event.StepRetrying, event.StepFailed,
-		event.SideEffectClaimed, event.SideEffectDelivered:
-		rs, ok := next.(engine.RunStep)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		p := rs.Plan
-		require.Equal(t, ev.StepID, p.StepID, at)
-		require.Equal(t, ev.Attempt, p.Attempt, at)
-		switch ev.Kind {
-		case event.StepStarted:
-			var d event.StepStartedData
-			require.NoError(t, ev.DecodeData(&d))
-			require.False(t, p.Started, "%s: the attempt had started already", at)
-			require.Equal(t, p.Key, d.IdempotencyKey, at)
-			require.Equal(t, p.NodeType, d.NodeType, at)
-			require.JSONEq(t, string(p.Input), string(d.Input), at)
-		case event.StepCompleted:
-			if p.Pure {
-				var d event.StepCompletedData
-				require.NoError(t, ev.DecodeData(&d))
-				require.JSONEq(t, string(p.Output), string(d.Output), at)
-			} else {
-				require.True(t, p.Started, at)
-			}
-		case event.SideEffectClaimed:
-			var d event.SideEffectClaimedData
-			require.NoError(t, ev.DecodeData(&d))
-			require.True(t, p.Started, at)
-			require.False(t, p.Claimed, "%s: claimed twice", at)
-			require.Equal(t, p.Key, d.IdempotencyKey, at)
-		case event.SideEffectDelivered:
-			require.True(t, p.Claimed, at)
-			require.False(t, p.Delivered, "%s: delivered twice", at)
-		default:
-			require.True(t, p.Started, at)
-		}
-	case event.RunSucceeded:
-		c, ok := next.(engine.Complete)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		var d event.RunSucceededData
-		require.NoError(t, ev.DecodeData(&d))
-		require.JSONEq(t, string(c.Output), string(d.Output), at)
-	case event.RunFailed:
-		var d event.RunFailedData
-		require.NoError(t, ev.DecodeData(&d))
-		if d.Code == event.CodeCrashLoop {
-			return // the worker's decision, not the engine's
-		}
-		f, ok := next.(engine.Fail)
-		require.True(t, ok, "%s: Next says %#v", at, next)
-		require.Equal(t, f.Code, d.Code, at)
-		require.Equal(t, f.StepID, d.StepID, at)
-		require.Equal(t, f.Error, d.Error, at)
-	}
 }

@@ -1,40 +1,46 @@
 package engine
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/workflow"
 )
 
-// planLoop walks the loop's iterations in order: the first unfinished
-// one decides the next step; when all are done (or until is met) the loop
-// step completes with {"iterations","results","stopped"}. The iterations
-// found finished are memoized in st (loopMemo), so each call walks from
-// the first unfinished one: a step's cost does not grow with the
-// iterations before it.
-func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, id StepID, env workflow.Env, now time.Time) Action {
+// planLoop walks the loop's iterations in order from the first
+// unfinished one, adding to f what each iteration in progress has ready:
+// at most the loop's concurrency iterations are in progress at once, so
+// later ones start as earlier ones finish. When all are done (or until is
+// met) the loop step completes with {"iterations","results","stopped"},
+// the results in the items' order whatever order the iterations finished
+// in. The leading iterations found finished are memoized in st
+// (loopMemo), so each walk starts at the first unfinished one: a step's
+// cost does not grow with the iterations before it.
+func (f *frontier) planLoop(wf *workflow.Workflow, node *workflow.Node, id StepID, env workflow.Env) {
+	st := f.st
 	sid := id.String()
 	d, err := st.loopData(node)
 	if err != nil {
-		return invalidNode(sid, err)
+		f.add(invalidNode(sid, err))
+		return
 	}
 	body, ok := wf.Sub(node.ID)
 	if !ok {
-		return invalidNode(sid, errors.New("loop has no parsed body"))
+		f.add(invalidNode(sid, errors.New("loop has no parsed body")))
+		return
 	}
 	m, n, stopped, fail := st.loopRange(sid, d, body, env)
 	if fail != nil {
-		return fail
+		f.add(fail)
+		return
 	}
 	results := m.results
-	for i := m.done; i < n; i++ {
+	open := 0 // iterations in progress
+	for i := m.done; i < n && open < d.Parallel(); i++ {
 		var item any
 		if d.Over != "" {
 			item = m.items.([]any)[i]
@@ -42,14 +48,24 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 		in := map[string]any{"item": item, "index": i, "with": m.with}
 		scope := id.iteration(i)
 		ienv := scopeEnv(st, body, scope, in)
-		a, out := walk(ctx, body, st, scope, ienv, now)
-		if a != nil {
-			return a
+		out, finished := f.walk(body, scope, ienv)
+		if f.stop != nil {
+			return
+		}
+		if !finished {
+			open++
+			continue
+		}
+		if open > 0 {
+			// Finished ahead of one in progress: its result is taken,
+			// in order, once those before it are.
+			continue
 		}
 		if d.Until != "" {
-			v, err := body.EvalContext(ctx, d.Until, ienv)
+			v, err := body.EvalContext(f.ctx, d.Until, ienv)
 			if err != nil {
-				return loopFailed(sid, "until: %v", err)
+				f.add(loopFailed(sid, "until: %v", err))
+				return
 			}
 			if b, _ := v.(bool); b {
 				stopped = LoopStoppedUntil
@@ -58,11 +74,14 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 			}
 		}
 		results = append(results, out)
-		if ctx.Err() == nil {
+		if f.ctx.Err() == nil {
 			// Finished, and the loop goes on: no later event but one of
 			// this iteration's steps (which Apply watches for) changes that.
 			m.results, m.done = results, i+1
 		}
+	}
+	if open > 0 {
+		return
 	}
 	if results == nil {
 		results = []json.RawMessage{}
@@ -71,7 +90,7 @@ func planLoop(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 	p.Input, _ = json.Marshal(LoopInput{Iterations: len(results)})
 	p.Output, _ = json.Marshal(LoopOutput{Iterations: len(results), Results: results, Stopped: stopped})
 	p.Pure = true
-	return RunStep{Plan: p}
+	f.add(RunStep{Plan: p})
 }
 
 // loopRange renders the loop's over and with: the memo of the loop

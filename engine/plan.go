@@ -65,8 +65,14 @@ type StepPlan struct {
 	// Output is set for steps that need no I/O: the worker journals it
 	// directly.
 	Output json.RawMessage
-	// Pure is true when Output is set.
+	// Pure is true when Output is set, or when Error is: a pure step that
+	// fails.
 	Pure bool
+	// Error and Class are set on a pure step that fails (an agent whose
+	// turn failed, when its node continues past failures): the worker
+	// journals step_failed with them instead of step_completed.
+	Error string
+	Class string
 	// Wait is set for a step that must wait for an outside input (an
 	// approval): the worker journals step_waiting and parks the run.
 	Wait *WaitPlan

@@ -69,8 +69,13 @@ func (st *RunState) Prices() event.Prices {
 // Next's budget check priced the call before it was sent. A model they
 // do not know is cost_unknown, not a price of 0.
 func (st *RunState) UsageOf(answered, requested string, in, out int64) *event.Usage {
+	return UsageAt(st.Prices(), answered, requested, in, out)
+}
+
+// UsageAt is UsageOf with the run's prices given (RunState.Prices): what
+// a step in flight away from the state's goroutine charges its call at.
+func UsageAt(prices event.Prices, answered, requested string, in, out int64) *event.Usage {
 	u := &event.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
-	prices := st.Prices()
 	p, ok := prices.Of(answered)
 	if !ok {
 		p, ok = prices.Of(requested)

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -45,6 +46,9 @@ type summary struct {
 	Signals map[string][]signalSummary `json:"signals,omitempty"`
 	// Next is Next's action at the time of the last event.
 	Next nextSummary `json:"next"`
+	// Ready lists the steps of Frontier's set at that time, with nothing
+	// busy (what a drive resuming the run sends), when there are several.
+	Ready []string `json:"ready,omitempty"`
 	// NextAtDeadline is Next's action at the deadline of a waiting step,
 	// when a step waits with one.
 	NextAtDeadline *nextSummary `json:"next_at_deadline,omitempty"`
@@ -231,6 +235,11 @@ func foldSummary(t testing.TB, evs []event.Event) []byte {
 func stateSummary(t testing.TB, st *engine.RunState) []byte {
 	t.Helper()
 	s := summarise(st, engine.Next(st.Workflow, st, st.UpdatedAt))
+	if rs, ok := engine.Frontier(context.Background(), st.Workflow, st, st.UpdatedAt, nil).(engine.RunSteps); ok && len(rs.Plans) > 1 {
+		for _, p := range rs.Plans {
+			s.Ready = append(s.Ready, p.StepID)
+		}
+	}
 	for _, id := range st.Order {
 		if x := st.Steps[id]; x.Status == engine.StepWaiting && !x.TimeoutAt.IsZero() && !st.Status.Terminal() {
 			n := summariseAction(engine.Next(st.Workflow, st, x.TimeoutAt))

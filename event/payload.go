@@ -218,6 +218,10 @@ const (
 	// ClassConfidence is the class of a step whose answer scored below its
 	// confidence gate's min (not a retry class: onLow "retry" retries it).
 	ClassConfidence = "confidence"
+	// ClassInterrupted is the class of a step that was in flight when a
+	// step beside it failed the run (StepFailedData.InterruptedBy): its
+	// call was cancelled, and its outcome is unknown. Not a retry class.
+	ClassInterrupted = "interrupted"
 )
 
 // StepFailedData is the payload of step_failed: the attempt failed and will
@@ -234,6 +238,10 @@ type StepFailedData struct {
 	// Usage is what the failed step spent anyway: a subagent step whose
 	// child run failed carries the child's spend.
 	Usage *Usage `json:"usage,omitempty"`
+	// InterruptedBy names the step whose failure interrupted this one
+	// (class interrupted): it was in flight beside it, and was cancelled
+	// when the run failed.
+	InterruptedBy string `json:"interrupted_by,omitempty"`
 }
 
 // StepRetryingData is the payload of step_retrying, journaled between

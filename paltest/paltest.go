@@ -135,6 +135,7 @@ func (s *Stack) Providers() provider.Registry {
 type workerConfig struct {
 	tools       map[string]workers.Tool
 	concurrency int
+	runLimit    int
 	logger      *slog.Logger
 	egress      *egress.Policy
 	egressSet   bool
@@ -154,6 +155,10 @@ func Tools(tools map[string]workers.Tool) WorkerOption {
 
 // Concurrency sets how many runs the worker drives at once (default 8).
 func Concurrency(n int) WorkerOption { return func(c *workerConfig) { c.concurrency = n } }
+
+// RunConcurrency caps how many steps of one run the worker has in flight
+// at once (default workers.DefaultRunConcurrency).
+func RunConcurrency(n int) WorkerOption { return func(c *workerConfig) { c.runLimit = n } }
 
 // WorkerLogger sets the worker's logger (default Logger(tb)).
 func WorkerLogger(l *slog.Logger) WorkerOption { return func(c *workerConfig) { c.logger = l } }
@@ -204,8 +209,8 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	em := email.New(cfg.smtpURL, email.WithEgress(cfg.egress))
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
 	hosts := func(name string) (string, bool) { v, ok := cfg.secretHosts[name]; return v, ok }
-	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress,
-		Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
+	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, RunConcurrency: cfg.runLimit, Logger: cfg.logger,
+		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)

@@ -41,6 +41,9 @@ type Waterfall struct {
 	Rows   []WaterfallRow `json:"rows"`
 	Drives []Drive        `json:"drives"`
 	Marks  []Mark         `json:"marks"`
+	// Lanes is how many lanes the lane view has: the most steps that
+	// were in flight at once (readmodel.Lanes); each row says its Lane.
+	Lanes int `json:"lanes"`
 }
 
 // WaterfallRow is one step of a Waterfall.
@@ -48,9 +51,14 @@ type WaterfallRow struct {
 	StepID string `json:"step_id"`
 	// Parent is the step this one is nested in ("" at the top level);
 	// Depth counts the steps above it; Children the steps directly in it.
-	Parent   string            `json:"parent,omitempty"`
-	Depth    int               `json:"depth"`
-	Children int               `json:"children"`
+	Parent   string `json:"parent,omitempty"`
+	Depth    int    `json:"depth"`
+	Children int    `json:"children"`
+	// Lane is the row's lane in the lane view, from 0: steps that ran at
+	// once are in lanes of their own (readmodel.Lanes), over the step's
+	// whole time, its first attempt's start to its last one's end; -1
+	// for a step that has no segment.
+	Lane     int               `json:"lane"`
 	NodeType string            `json:"node_type,omitempty"`
 	Status   engine.StepStatus `json:"status"`
 	Retries  int               `json:"retries"`
@@ -239,7 +247,30 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 	for _, id := range top {
 		walk(id, 0)
 	}
+	w.Lanes = laneRows(w.Rows)
 	return w
+}
+
+// laneRows sets each row's Lane over its segments' whole span and
+// returns how many lanes there are.
+func laneRows(rows []WaterfallRow) int {
+	var spans []readmodel.Span
+	var of []int // spans[k] is rows[of[k]]
+	for i := range rows {
+		rows[i].Lane = -1
+		segs := rows[i].Segments
+		if len(segs) == 0 {
+			continue
+		}
+		last := segs[len(segs)-1]
+		spans = append(spans, readmodel.Span{StartMs: segs[0].StartMs, EndMs: last.EndMs, Open: last.Open})
+		of = append(of, i)
+	}
+	lanes, n := readmodel.Lanes(spans)
+	for k, lane := range lanes {
+		rows[of[k]].Lane = lane
+	}
+	return n
 }
 
 // segmentOf draws one attempt; an attempt not ended ends at endMs, open.

@@ -74,3 +74,47 @@ func TestWaterfallOfNesting(t *testing.T) {
 	require.Equal(t, []runs.Drive{{Seq: 2, AtMs: 1, Worker: "w1", Count: 1}}, w.Drives)
 	require.Equal(t, "k-ask", w.Rows[0].Key)
 }
+
+// TestWaterfallLanes: steps in flight at once are in lanes of their own,
+// a step that starts once one ended takes its lane again, and the
+// waterfall says how many lanes there are.
+func TestWaterfallLanes(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var evs []event.Event
+	add := func(ms int, k event.Kind, step string, data any) {
+		attempt := 1
+		if step == "" {
+			attempt = 0
+		}
+		ev := event.MustNew(k, step, attempt, data)
+		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
+		evs = append(evs, ev)
+	}
+	start := func(ms int, step string) {
+		add(ms, event.StepStarted, step, event.StepStartedData{NodeID: step, NodeType: "ai-step", IdempotencyKey: "k-" + step})
+	}
+	done := func(ms int, step string) {
+		add(ms, event.StepCompleted, step, event.StepCompletedData{Output: json.RawMessage(`{}`)})
+	}
+	add(0, event.RunCreated, "", event.RunCreatedData{Input: json.RawMessage(`{}`)})
+	add(1, event.RunResumed, "", event.RunResumedData{Worker: "w1", ResumeCount: 1})
+	start(2, "a")
+	start(2, "b")
+	start(2, "c")
+	done(10, "b")
+	start(11, "d") // b's lane is free again
+	done(12, "a")
+	done(13, "c")
+	done(14, "d")
+	start(15, "join")
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+	w := runs.WaterfallOf(evs, st, t0.Add(20*time.Millisecond))
+	lanes := map[string]int{}
+	for _, r := range w.Rows {
+		lanes[r.StepID] = r.Lane
+	}
+	require.Equal(t, map[string]int{"a": 0, "b": 1, "c": 2, "d": 1, "join": 0}, lanes)
+	require.Equal(t, 3, w.Lanes, "three at once at most")
+}

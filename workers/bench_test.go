@@ -120,3 +120,34 @@ func workflowFixedCost(b *testing.B, inProc bool) {
 		b.ReportMetric(float64(fixed.Microseconds()), "µs-fixed/run")
 	}
 }
+
+// BenchmarkFanOut measures one run fanning out to 1,000 no-op steps, 64
+// in flight at once, beside 64 separate runs of 16 steps on the same
+// worker, for each durability mode; fanout/concurrent is their ratio.
+//
+//	go test -run '^$' -bench FanOut -benchtime 1x ./workers/
+func BenchmarkFanOut(b *testing.B) {
+	for _, mode := range []struct {
+		name   string
+		strict bool
+	}{{"process", false}, {"strict", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			env := startBenchWith(b, palbench.Options{Strict: mode.strict, RunConcurrency: 64})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			for range b.N {
+				conc, err := env.Runs(ctx, 64, 16)
+				if err != nil {
+					b.Fatal(err)
+				}
+				fan, err := env.FanOut(ctx, 1000, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(fan.StepsPerSecond(), "fanout-steps/s")
+				b.ReportMetric(conc.StepsPerSecond(), "concurrent-steps/s")
+				b.ReportMetric(fan.StepsPerSecond()/conc.StepsPerSecond(), "fanout/concurrent")
+			}
+		})
+	}
+}

@@ -24,7 +24,8 @@ const judgeMaxTokens = 16
 // judge's call. It returns the judge's usage, if a judge was called. An
 // answer that cannot be scored fails the step (permanently: trying again
 // would ask the same question of the same answer).
-func (d *drive) score(p engine.StepPlan, g *workflow.ConfidenceGate, resp *provider.Response) (float64, *event.Usage, error) {
+func (c *call) score(g *workflow.ConfidenceGate, resp *provider.Response) (float64, *event.Usage, error) {
+	p := c.p
 	switch g.Source {
 	case workflow.ConfidenceLogprobs:
 		if len(resp.Logprobs) == 0 {
@@ -39,7 +40,7 @@ func (d *drive) score(p engine.StepPlan, g *workflow.ConfidenceGate, resp *provi
 		}
 		return s, nil, nil
 	case workflow.ConfidenceJudge:
-		return d.judge(p, g.Judge, resp.Text)
+		return c.judge(g.Judge, resp.Text)
 	}
 	return 0, nil, permanent("step %s: unknown confidence source %q", p.StepID, g.Source)
 }
@@ -101,21 +102,22 @@ var number = regexp.MustCompile(`[-+]?(\d+(\.\d*)?|\.\d+)`)
 // judge asks the judge model to rate answer, with its own idempotency key
 // (the step's, suffixed): a re-driven step that had not journaled its
 // score asks again with the same key.
-func (d *drive) judge(p engine.StepPlan, j *workflow.ConfidenceJudgeData, answer string) (float64, *event.Usage, error) {
+func (c *call) judge(j *workflow.ConfidenceJudgeData, answer string) (float64, *event.Usage, error) {
+	p := c.p
 	if j == nil {
 		return 0, nil, permanent("step %s: confidence source judge has no judge", p.StepID)
 	}
-	prov, err := d.w.providers.Get(j.Provider)
+	prov, err := c.d.w.providers.Get(j.Provider)
 	if err != nil {
 		return 0, nil, permanent("step %s: confidence judge: %v", p.StepID, err)
 	}
-	resp, err := d.complete(d.ctx, prov, provider.Request{Model: j.Model, System: j.Prompt, MaxTokens: judgeMaxTokens,
+	resp, err := c.d.complete(c.ctx, prov, provider.Request{Model: j.Model, System: j.Prompt, MaxTokens: judgeMaxTokens,
 		Messages:       []provider.Message{{Role: provider.RoleUser, Content: answer}},
 		IdempotencyKey: p.Key + ".judge"}, p.TimeoutMs)
 	if err != nil {
 		return 0, nil, err
 	}
-	u := d.st.UsageOf(resp.Model, j.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
+	u := engine.UsageAt(c.prices, resp.Model, j.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
 	m := number.FindString(resp.Text)
 	if m == "" {
 		return 0, nil, permanent("step %s: confidence judge answered %q, not a number from 0 to 1", p.StepID, clip(resp.Text, 80))

@@ -3,8 +3,9 @@
 // A Worker pulls "drive this run" messages from the PAL_WORK consumer
 // pal-workers, takes the run's lease in PAL_LEASES, folds the run's journal
 // (engine.Fold), appends run_resumed as the fencing token and then loops:
-// engine.Next says what to do, the worker does it (an LLM call, a tool, a
-// webhook delivery) and appends the resulting events with a fenced append.
+// engine.Frontier says which steps may go on, the worker starts them (an
+// LLM call, a tool, a webhook delivery), several at once, and appends the
+// resulting events with a fenced append.
 // A background keeper renews the lease and keeps the work message alive
 // (InProgress); if either fails, or the lease's TTL runs out without a
 // successful renewal, the drive's context is cancelled at once and nothing
@@ -15,8 +16,11 @@
 // fresh run's first drive, withLease), keeper.go (renewing it), load.go
 // (reading and folding the journal: a kept state, folded.go, or a
 // snapshot, snapshot.go, and what came after), resume.go (run_resumed,
-// the fencing token), loop.go (engine.Next and its actions), execute.go
-// (a step), outcome.go (how a drive ended and what that does with the
+// the fencing token), loop.go (engine.Frontier and its actions),
+// flight.go (the steps in flight at once: branches, their results, the
+// interruption of a failed run's siblings), call.go (a step's executors,
+// run in its branch), execute.go (a step's journaling: started, pure, a
+// wait, its outcome), subagent.go (a child run), outcome.go (how a drive ended and what that does with the
 // work message and the lease), end.go (the end of a drive: the receipt,
 // the state kept, whoever must look again) and startlag.go (a start's
 // work that comes before its run_created).
@@ -31,6 +35,18 @@
 // stop, handed back after a lease TTL when another worker holds the lease or
 // the drive failed otherwise, and left to the new owner when the lease or
 // the journal was lost.
+//
+// Steps in flight at once: a drive starts the steps Frontier gives it, in
+// order, up to the run's limit (the workflow's policy.concurrency, default
+// 8, capped by Config.RunConcurrency, PAL_RUN_CONCURRENCY, default 32),
+// each in a goroutine of its own; the drive's goroutine stays the run's one
+// writer: every step_started of a set goes out in one flush before any
+// step acts, a branch hands what it must journal (a claim, a child's
+// creation, its outcome) to the drive's goroutine, which batches it into
+// its next flush. A run parks only when nothing is in flight. A step that
+// fails the run interrupts its siblings in flight: their calls are
+// cancelled and each is journaled as step_failed class interrupted before
+// run_failed. A process step runs alone, on the drive's goroutine.
 //
 // Invariant: only the holder of a run's lease appends the run's
 // run_resumed, step and side-effect events and its run_succeeded or

@@ -61,6 +61,8 @@ type drive struct {
 	lease driveLease
 	from  driveSource
 	token driveToken
+	// fly is what the drive has in flight (flight.go).
+	fly *flight
 }
 
 // handle drives the run named by a work message; the drive gives the

@@ -4,18 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"sort"
-	"strings"
 	"time"
 
-	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/internal/telemetry"
-	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/workflow"
 )
 
 // Default step timeouts when a node sets none.
@@ -30,6 +24,8 @@ type stepResult struct {
 	output   json.RawMessage
 	usage    *event.Usage
 	delivery string
+	// delivered is a delivery's receipt, journaled before its outcome.
+	delivered *event.SideEffectDeliveredData
 	// stderr is a process step's stderr tail, journaled with its outcome.
 	stderr string
 	// confidence is the score of a gated LLM step's answer: journaled
@@ -39,21 +35,23 @@ type stepResult struct {
 	final bool
 }
 
-// runStep executes one planned step attempt and journals its outcome,
-// under the attempt's span; the span's end counts the attempt
-// (pal_steps_total by node type and outcome).
-func (d *drive) runStep(p engine.StepPlan) error {
+// spanned runs one step attempt on the drive's goroutine under the
+// attempt's span; the span's end counts the attempt (pal_steps_total by
+// node type and outcome). A step in a branch of its own has its span
+// opened and ended by the flight (flight.go).
+func (d *drive) spanned(p engine.StepPlan, run func() error) error {
 	outer := d.ctx
 	ctx, span := telemetry.StartStep(d.ctx, d.runID, p.StepID, p.Attempt, p.NodeType)
 	d.ctx = ctx
-	err := d.step(p)
+	err := run()
 	d.ctx = outer
 	span.End(d.stepOutcome(p, err))
 	return err
 }
 
 // stepOutcome names how a step attempt ended: as the state has it after
-// the attempt, or waiting (parked), or interrupted (the drive ended first).
+// the attempt, or waiting (parked), or interrupted (the drive ended first,
+// or a step beside it failed the run).
 func (d *drive) stepOutcome(p engine.StepPlan, err error) string {
 	switch {
 	case errors.Is(err, errParked):
@@ -65,71 +63,99 @@ func (d *drive) stepOutcome(p engine.StepPlan, err error) string {
 	if s == nil {
 		return "failed" // failed before it could be journaled as started
 	}
-	switch s.Status {
-	case engine.StepCompleted, engine.StepFailed, engine.StepRetrying, engine.StepWaiting:
+	switch {
+	case s.Status == engine.StepFailed && s.Class == event.ClassInterrupted:
+		return "interrupted"
+	case s.Status == engine.StepCompleted, s.Status == engine.StepFailed, s.Status == engine.StepRetrying, s.Status == engine.StepWaiting:
 		return string(s.Status)
 	}
 	return "interrupted"
 }
 
-// step is runStep's work.
-func (d *drive) step(p engine.StepPlan) error {
-	if wait := p.NotBefore.Sub(d.w.now()); wait > 0 {
-		// A retry's backoff; flush first so nothing waits in memory.
+// runHere runs a step that acts on nothing outside the process, on the
+// drive's goroutine: a wait, a gate's verdict, a pure step, a delivery an
+// earlier drive claimed.
+func (d *drive) runHere(p engine.StepPlan) error {
+	return d.spanned(p, func() error {
+		switch {
+		case p.Wait != nil:
+			return d.runWait(p)
+		case p.Gate != nil:
+			return d.runGate(p)
+		case p.Pure:
+			d.runPure(p)
+			return nil
+		default:
+			res, err := d.claimedDelivery(p)
+			return d.journalOutcome(p, res, err, 0)
+		}
+	})
+}
+
+// runPure journals a step that needs no I/O: its output (or, for a pure
+// step that fails, its error).
+func (d *drive) runPure(p engine.StepPlan) {
+	if !d.prepare(p) {
+		return
+	}
+	if p.Error != "" {
+		d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: p.Error, Class: p.Class})
+		return
+	}
+	if err := d.fits(p, "output", p.Output); err != nil {
+		d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
+		return
+	}
+	d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output,
+		SignalSeq: p.SignalSeq, CopiedFrom: p.CopiedFrom})
+}
+
+// prepare emits the step_started of a step not started yet; a step whose
+// input cannot be journaled fails instead (false).
+func (d *drive) prepare(p engine.StepPlan) bool {
+	if p.Started {
+		return true
+	}
+	if err := d.fits(p, "input", p.Input); err != nil {
+		d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
+		return false
+	}
+	d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
+		NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	return true
+}
+
+// runAlone runs a process step on the drive's goroutine with nothing else
+// in flight: its child reports sub-steps, which the drive journals while
+// the process runs (process.go).
+func (d *drive) runAlone(p engine.StepPlan) error {
+	return d.spanned(p, func() error {
+		if !d.prepare(p) {
+			return nil
+		}
+		// Barrier: step_started is durable before the step acts.
 		if err := d.flush(); err != nil {
 			return err
 		}
-		sleep(d.ctx, wait)
-		if d.ctx.Err() != nil {
-			return context.Cause(d.ctx)
+		start := time.Now()
+		res, err := d.execProcess(p)
+		if c := context.Cause(d.ctx); c != nil {
+			// Interrupted (lease lost, shutdown): journal nothing more.
+			return c
 		}
-	}
-	if p.Wait != nil {
-		return d.runWait(p)
-	}
-	if p.Gate != nil {
-		return d.runGate(p)
-	}
-	if p.Exec == engine.ExecSubagent {
-		return d.runSubagent(p)
-	}
-	if !p.Started {
-		if err := d.fits(p, "input", p.Input); err != nil {
-			// The step cannot even be journaled as started: it fails.
-			d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
-			return nil
+		if errors.Is(err, errReport) {
+			return err // the drive cannot journal: the next drive resumes the step
 		}
-		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
-			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
-	}
-	if p.Pure {
-		if err := d.fits(p, "output", p.Output); err != nil {
-			d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{Error: err.Error(), Class: baseClass(p.NodeType)})
-			return nil
-		}
-		d.emit(event.StepCompleted, p.StepID, p.Attempt, event.StepCompletedData{Output: p.Output,
-			SignalSeq: p.SignalSeq, CopiedFrom: p.CopiedFrom})
-		return nil
-	}
-	// Barrier: step_started is durable before the step acts.
-	if err := d.flush(); err != nil {
-		return err
-	}
-	start := time.Now()
-	res, err := d.execute(p)
-	if c := context.Cause(d.ctx); c != nil {
-		// Interrupted (lease lost, shutdown): journal nothing more.
-		return c
-	}
-	if errors.Is(err, errReport) {
-		return err // the drive cannot journal: the next drive resumes the step
-	}
-	return d.journalOutcome(p, res, err, time.Since(start))
+		return d.journalOutcome(p, res, err, time.Since(start))
+	})
 }
 
 // journalOutcome journals a step's outcome: completed, retrying or failed.
 func (d *drive) journalOutcome(p engine.StepPlan, res stepResult, err error, took time.Duration) error {
 	dur := took.Milliseconds()
+	if res.delivered != nil {
+		d.emit(event.SideEffectDelivered, p.StepID, p.Attempt, *res.delivered)
+	}
 	if err == nil {
 		if ferr := d.fits(p, "output", res.output); ferr != nil {
 			err = ferr // journaling it would fail on every try: the step fails
@@ -164,12 +190,6 @@ func (d *drive) journalOutcome(p engine.StepPlan, res stepResult, err error, too
 	d.emit(event.StepFailed, p.StepID, p.Attempt, event.StepFailedData{
 		Error: msg, Class: f.classes[0], DurationMs: dur, OutcomeUnknown: f.unknown, Stderr: res.stderr, Usage: res.usage})
 	return nil
-}
-
-// journalFailure journals a step that failed after spending usage (a
-// subagent whose child run failed): step_failed carries the spend.
-func (d *drive) journalFailure(p engine.StepPlan, usage *event.Usage, err error, took time.Duration) error {
-	return d.journalOutcome(p, stepResult{usage: usage}, err, took)
 }
 
 // inputArrived reports whether what a wait plan waits for is in the
@@ -232,187 +252,9 @@ func (d *drive) fits(p engine.StepPlan, what string, v json.RawMessage) error {
 		p.StepID, what, len(v), limit)
 }
 
-func (d *drive) execute(p engine.StepPlan) (stepResult, error) {
-	switch p.Exec {
-	case engine.ExecLLM:
-		return d.execAI(p)
-	case engine.ExecTool:
-		return d.execTool(p)
-	case engine.ExecConnector:
-		return d.execConnector(p)
-	case engine.ExecProcess:
-		return d.execProcess(p)
-	default:
-		return stepResult{}, permanent("step %s: nothing executes %q steps", p.StepID, p.Exec)
-	}
-}
-
 func timeoutOf(ms int, def time.Duration) time.Duration {
 	if ms > 0 {
 		return time.Duration(ms) * time.Millisecond
 	}
 	return def
-}
-
-func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
-	var in engine.AIInput
-	if err := json.Unmarshal(p.Call(), &in); err != nil {
-		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	prov, err := d.w.providers.Get(in.Provider)
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
-	gate := p.Confidence
-	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key,
-		Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
-	ctx, call := telemetry.StartLLM(d.ctx, in.Provider, in.Model)
-	resp, err := d.complete(ctx, prov, req, p.TimeoutMs)
-	if err != nil {
-		return stepResult{}, err
-	}
-	u := d.st.UsageOf(resp.Model, in.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
-	call.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
-		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
-	llm := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID}
-	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
-	if gate != nil && res.final {
-		score, judged, err := d.score(p, gate, resp)
-		if err != nil {
-			return stepResult{}, err
-		}
-		if judged != nil {
-			u.Add(*judged)
-		}
-		llm.Confidence = &score
-		res.confidence = &event.ConfidenceEvaluatedData{Score: score, Min: gate.Min, Passed: score >= gate.Min,
-			Source: gate.Source, Usage: u}
-	}
-	if res.output, err = json.Marshal(llm); err != nil {
-		return stepResult{}, err
-	}
-	if res.confidence != nil {
-		res.confidence.Output = res.output
-	}
-	return res, nil
-}
-
-func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
-	var in engine.ToolInput
-	if err := json.Unmarshal(p.Input, &in); err != nil {
-		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	fn, ok := d.w.tools[in.Tool]
-	if !ok {
-		names := make([]string, 0, len(d.w.tools))
-		for n := range d.w.tools {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return stepResult{}, permanent("step %s: tool %q is not registered on worker %s (registered: %v)", p.StepID, in.Tool, d.w.cfg.ID, names)
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultToolTimeout))
-	defer cancel()
-	ctx = context.WithValue(ctx, stepInfoKey{}, StepInfo{RunID: d.runID, StepID: p.StepID, Attempt: p.Attempt, IdempotencyKey: p.Key})
-	sec := d.secretsFor(p.Node)
-	out, err := fn(context.WithValue(ctx, secretsKey{}, sec), in.Input)
-	if err != nil {
-		return stepResult{}, redact.Error(err, sec.used...)
-	}
-	if len(out) == 0 {
-		out = json.RawMessage("null")
-	}
-	if !json.Valid(out) {
-		return stepResult{}, &ToolError{Err: fmt.Errorf("tool %q returned output that is not JSON", in.Tool)}
-	}
-	return stepResult{output: out}, nil
-}
-
-// execConnector delivers once, with a receipt: claim (durable) → send →
-// confirm. A claim without a confirmation from an earlier drive means the
-// outcome is unknown; it is not sent again.
-func (d *drive) execConnector(p engine.StepPlan) (stepResult, error) {
-	var in engine.ConnectorInput
-	if err := json.Unmarshal(p.Input, &in); err != nil {
-		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	switch {
-	case p.Delivered:
-		return deliveryResult(event.DeliveryDelivered, d.st.Steps[p.StepID].DeliveryStatus)
-	case p.Claimed:
-		d.log.Warn("delivery was claimed by an interrupted drive and never confirmed; not sending again",
-			"step_id", p.StepID, "attempt", p.Attempt, "idempotency_key", p.Key)
-		return deliveryResult(event.DeliveryUnconfirmed, 0)
-	}
-	conn, err := d.w.connectors.Get(in.Kind)
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
-	sec := d.secretsFor(p.Node)
-	url, headers, err := sec.expandAll(in.URL, in.Headers)
-	if err == nil {
-		err = sec.allowToURL(url) // a webhook follows no redirect: its URL is where it goes
-	}
-	if err != nil {
-		return stepResult{}, redact.Error(fmt.Errorf("step %s: %w", p.StepID, err), sec.used...)
-	}
-	target := redact.URL(in.URL)
-	if in.Email != nil {
-		target = emailTarget(in.Email)
-	}
-	d.emit(event.SideEffectClaimed, p.StepID, p.Attempt, event.SideEffectClaimedData{
-		IdempotencyKey: p.Key, Connector: in.Kind, Target: target})
-	if err := d.flush(); err != nil {
-		return stepResult{}, err
-	}
-	// The delivery is claimed: let it finish even if the drive is being
-	// stopped, so the receiver is not left with a cut request.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), timeoutOf(p.TimeoutMs, defaultConnectorTimeout))
-	defer cancel()
-	rec, err := conn.Deliver(ctx, connector.Delivery{RunID: d.runID, StepID: p.StepID, IdempotencyKey: p.Key,
-		URL: url, Method: in.Method, Headers: headers, Body: in.Body, Email: in.Email})
-	if err != nil {
-		return stepResult{}, redact.Error(err, sec.used...)
-	}
-	d.emit(event.SideEffectDelivered, p.StepID, p.Attempt, event.SideEffectDeliveredData{
-		IdempotencyKey: p.Key, Status: rec.Status})
-	return deliveryResult(event.DeliveryDelivered, rec.Status)
-}
-
-func deliveryResult(delivery string, status int) (stepResult, error) {
-	b, err := json.Marshal(engine.ConnectorOutput{Delivery: delivery, Status: status})
-	if err != nil {
-		return stepResult{}, err
-	}
-	return stepResult{output: b, delivery: delivery}, nil
-}
-
-// maxEmailTarget bounds the recipients quoted in side_effect_claimed.
-const maxEmailTarget = 256
-
-// emailTarget names an email's recipients for the claim, as a mailto: URL
-// cut to maxEmailTarget bytes.
-func emailTarget(m *connector.Email) string {
-	t := "mailto:" + m.To
-	if len(t) > maxEmailTarget {
-		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
-	}
-	return t
-}
-
-// complete sends one model call once a concurrency slot for its provider
-// and model is free (PAL_PROVIDER_CONCURRENCY). Waiting for a slot is not
-// part of the call's timeout and not a failure: it ends only with the
-// drive (a lost lease, a shutdown).
-func (d *drive) complete(ctx context.Context, prov provider.Provider, req provider.Request, timeoutMs int) (*provider.Response, error) {
-	release, err := d.w.slots.acquire(ctx, prov.Name(), req.Model)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, timeoutOf(timeoutMs, defaultLLMTimeout))
-	defer cancel()
-	return prov.Complete(ctx, req)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/eventstore"
 )
@@ -69,3 +71,19 @@ func EncodeSnapshot(st *engine.RunState, head eventstore.Head) ([]byte, error) {
 // SnapshotInterval is how many events a journal of n events grows by
 // between a worker's snapshots of it: a resume's tail is at most that long.
 func SnapshotInterval(n int) int { return int(snapshotInterval(uint64(n))) }
+
+// PresenceProbeEvery is how often a worker probes each peer (presence.go).
+const PresenceProbeEvery = presenceProbeEvery
+
+// ProbeByHand makes w, before Start, probe its peers' presence only when
+// the test calls probe, once per call, instead of every
+// PresenceProbeEvery. probe returns how many probes it sent; they are in
+// the connection's buffer when it returns.
+func ProbeByHand(w *Worker) (probe func() int) {
+	w.probeByHand = true
+	return func() int { return w.presence.probeAll() }
+}
+
+// Handle drives the run of work message msg, fetched by the test, as the
+// worker's fetch loop does, and returns when the drive is over.
+func Handle(ctx context.Context, w *Worker, msg jetstream.Msg) { w.handle(ctx, msg) }

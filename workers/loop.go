@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/palrun/pal/engine"
@@ -9,7 +10,9 @@ import (
 )
 
 // run folds the journal, appends the fencing token and drives the run
-// until it ends or parks.
+// until it ends or parks: engine.Frontier says what may go on, and the
+// drive starts it, several steps at once (flight.go), and asks again as
+// their outcomes come in.
 func (d *drive) run() error {
 	if err := d.load(); err != nil {
 		return err
@@ -30,11 +33,13 @@ func (d *drive) run() error {
 		}
 	}
 	d.resume()
+	d.fly = newFlight(d.runLimit())
+	defer d.fly.stop()
 	for {
 		if err := d.ctx.Err(); err != nil {
 			return context.Cause(d.ctx)
 		}
-		a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
+		a := engine.Frontier(d.ctx, d.st.Workflow, d.st, d.w.now(), d.fly.busy())
 		if err := d.ctx.Err(); err != nil {
 			// An evaluation cut short is no decision: act on none.
 			return context.Cause(d.ctx)
@@ -47,33 +52,50 @@ func (d *drive) run() error {
 				continue
 			}
 		}
-		switch a := a.(type) {
-		case engine.Done:
-			return d.flush()
-		case engine.Complete:
-			d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
-			return d.flush()
-		case engine.Fail:
-			d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID, Attempts: a.Attempts})
-			return d.flush()
-		case engine.RunStep:
-			if err := d.runStep(a.Plan); err != nil {
-				if err := d.resumeAgain(err); err != nil {
-					return err
-				}
-			}
-		case engine.Note:
-			// A brake's record (budget_warning, budget_exceeded,
-			// anomaly_detected): journaled with what comes next, and Next
-			// asked again, which now sees it.
-			d.emit(a.Kind, a.StepID, 0, a.Data)
-		case engine.Park:
-			if err := d.park(a); err != nil {
+		end, err := d.act(a)
+		if end {
+			return err
+		}
+		if err != nil {
+			if err := d.resumeAgain(err); err != nil {
 				return err
 			}
-		default:
-			return fmt.Errorf("run %s: unexpected action %T", d.runID, a)
 		}
+	}
+}
+
+// act carries out one action of the engine's. end: the drive is over,
+// with err; otherwise err, if any, is a flush's that resumeAgain may
+// answer.
+func (d *drive) act(a engine.Action) (end bool, err error) {
+	switch a := a.(type) {
+	case engine.Done:
+		return true, d.flush()
+	case engine.Complete:
+		d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
+		return true, d.flush()
+	case engine.Fail:
+		d.interrupt(a.StepID)
+		d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID, Attempts: a.Attempts})
+		return true, d.flush()
+	case engine.RunSteps:
+		err := d.runSteps(a.Plans)
+		return errors.Is(err, errParked), err
+	case engine.Note:
+		// A brake's record (budget_warning, budget_exceeded,
+		// anomaly_detected): journaled with what comes next, and Next
+		// asked again, which now sees it.
+		d.emit(a.Kind, a.StepID, 0, a.Data)
+		return false, nil
+	case engine.Park:
+		if len(d.fly.branches) > 0 {
+			// A run parks only when nothing is in flight.
+			return false, d.await()
+		}
+		err := d.park(a)
+		return errors.Is(err, errParked), err
+	default:
+		return true, fmt.Errorf("run %s: unexpected action %T", d.runID, a)
 	}
 }
 
@@ -94,18 +116,27 @@ func (d *drive) park(p engine.Park) error {
 }
 
 // wakeable reports whether a waiting run has something to do now: a
-// decision arrived, its wait timed out (Next decides that, at the
-// worker's clock), or the child it waits for can go on or has ended.
+// decision arrived, a wait timed out (Next decides that, at the worker's
+// clock), or a child it waits for can go on or has ended.
 func (d *drive) wakeable() bool {
-	a := engine.NextContext(d.ctx, d.st.Workflow, d.st, d.w.now())
-	if p, ok := a.(engine.Park); ok {
-		return !p.Waiting
+	a := engine.Frontier(d.ctx, d.st.Workflow, d.st, d.w.now(), nil)
+	switch a := a.(type) {
+	case engine.Park:
+		return !a.Waiting
+	case engine.RunSteps:
+		for _, p := range a.Plans {
+			if d.mayGoOn(p) {
+				return true
+			}
+		}
+		return false
 	}
-	rs, ok := a.(engine.RunStep)
-	if !ok {
-		return true
-	}
-	p := rs.Plan
+	return true
+}
+
+// mayGoOn reports whether a step of a waiting run may go on: it is not a
+// wait still waiting, nor a subagent step whose child cannot go on yet.
+func (d *drive) mayGoOn(p engine.StepPlan) bool {
 	switch {
 	case p.Wait != nil && p.Wait.Waiting:
 		return false

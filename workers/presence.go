@@ -2,7 +2,8 @@ package workers
 
 import (
 	"context"
-	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,10 +17,19 @@ import (
 // so a kill -9 is noticed within this and its runs resumed straight after.
 const presenceProbeEvery = 50 * time.Millisecond
 
-// presenceProbeTimeout bounds one probe. A peer that does not answer in
-// time (frozen, partitioned, slow) still holds its subscription and is
-// left to its leases' TTL.
-const presenceProbeTimeout = time.Second
+// A probe is a publish with a reply subject, not a request: nothing waits
+// for its answer and nothing times out. A live peer answers (which says
+// nothing more), a frozen one holds its subscription and stays silent
+// (which says nothing either), and only a peer whose connection is gone
+// makes the server send the status "no responders" to the reply subject,
+// at once. So a probe in flight to a peer that dies never delays the
+// next one: every peer is probed at every interval whatever is
+// outstanding, and a peer killed while a probe waited in its socket is
+// found gone by the next (docs/architecture.md §11.1).
+const (
+	statusHeader = "Status" // what nats.go's request reads, unexported there
+	noResponders = "503"
+)
 
 // presence is a worker's side of instant takeover (docs/architecture.md
 // §11): it answers probes on its presence subject, keeps its presence
@@ -29,8 +39,14 @@ type presence struct {
 	w     *Worker
 	nc    *nats.Conn
 	token string
-	sub   *nats.Subscription
-	wg    sync.WaitGroup
+	sub   *nats.Subscription // answers peers' probes
+	// replies receives the server's answers to this worker's probes, on
+	// inbox.<token>.<revision> of the entry probed; gone is where the
+	// "no responders" among them go, to the probe loop.
+	replies *nats.Subscription
+	inbox   string
+	gone    chan eventstore.Presence
+	wg      sync.WaitGroup
 
 	mu    sync.Mutex
 	peers map[string]*peer // token → peer
@@ -38,27 +54,36 @@ type presence struct {
 
 type peer struct {
 	eventstore.Presence
-	busy bool // a probe or a takeover is in progress
+	taking bool // a takeover is in progress
 }
 
 func (w *Worker) startPresence(ctx context.Context) (*presence, error) {
 	nc := w.store.JetStream().Conn()
-	p := &presence{w: w, nc: nc, token: eventstore.PresenceToken(w.owner), peers: map[string]*peer{}}
+	p := &presence{w: w, nc: nc, token: eventstore.PresenceToken(w.owner), inbox: nc.NewInbox(),
+		gone: make(chan eventstore.Presence, 16), peers: map[string]*peer{}}
 	sub, err := nc.Subscribe(eventstore.PresenceSubject(w.owner), func(m *nats.Msg) { _ = m.Respond(nil) })
 	if err != nil {
 		return nil, err
 	}
 	p.sub = sub
+	if p.replies, err = nc.Subscribe(p.inbox+".*.*", p.reply); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	unsubscribe := func() {
+		_ = sub.Unsubscribe()
+		_ = p.replies.Unsubscribe()
+	}
 	// The server must know the subscription before peers learn of it,
 	// or their first probe finds no responders.
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
-		_ = sub.Unsubscribe()
+		unsubscribe()
 		return nil, err
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := w.leases.Announce(actx, w.owner); err != nil {
-		_ = sub.Unsubscribe()
+		unsubscribe()
 		return nil, err
 	}
 	p.wg.Add(2)
@@ -68,7 +93,13 @@ func (w *Worker) startPresence(ctx context.Context) (*presence, error) {
 	}()
 	go func() {
 		defer p.wg.Done()
-		p.probeLoop(ctx)
+		var ticks <-chan time.Time // probed by hand (tests): never
+		if !w.probeByHand {
+			t := time.NewTicker(presenceProbeEvery)
+			defer t.Stop()
+			ticks = t.C
+		}
+		p.probeLoop(ctx, ticks)
 	}()
 	return p, nil
 }
@@ -107,49 +138,91 @@ func (p *presence) watch(ctx context.Context) {
 	}
 }
 
-func (p *presence) probeLoop(ctx context.Context) {
-	t := time.NewTicker(presenceProbeEvery)
-	defer t.Stop()
+// probeLoop probes every peer on each tick and starts the takeover of
+// each peer found gone.
+func (p *presence) probeLoop(ctx context.Context, ticks <-chan time.Time) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-ticks:
+			p.probeAll()
+		case e := <-p.gone:
+			p.startTakeOver(ctx, e)
 		}
-		p.mu.Lock()
-		for _, pr := range p.peers {
-			if pr.busy {
-				continue
-			}
-			pr.busy = true
-			e := pr.Presence
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				p.probe(ctx, e)
-			}()
-		}
-		p.mu.Unlock()
 	}
 }
 
-// probe asks whether a peer is there and takes over from it if its
-// connection is gone.
-func (p *presence) probe(ctx context.Context, e eventstore.Presence) {
-	defer func() {
-		p.mu.Lock()
-		if pr := p.peers[e.Token]; pr != nil {
-			pr.busy = false
+// probeAll sends one probe to each peer not being taken over, and returns
+// how many it sent.
+func (p *presence) probeAll() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, pr := range p.peers {
+		if pr.taking {
+			continue
 		}
-		p.mu.Unlock()
-	}()
-	pctx, cancel := context.WithTimeout(ctx, presenceProbeTimeout)
-	_, err := p.nc.RequestWithContext(pctx, eventstore.PresencePrefix+e.Token, nil)
-	cancel()
-	if !errors.Is(err, nats.ErrNoResponders) {
-		return // there, or not known to be gone
+		reply := p.inbox + "." + pr.Token + "." + strconv.FormatUint(pr.Revision, 10)
+		// A probe that cannot be sent (the connection is down) says
+		// nothing of the peer; the next tick probes again.
+		if p.nc.PublishRequest(eventstore.PresencePrefix+pr.Token, reply, nil) == nil {
+			n++
+		}
 	}
-	p.takeOver(ctx, e)
+	return n
+}
+
+// reply reads an answer to a probe: "no responders" says the peer's
+// connection is gone. The reply subject names the entry probed, so an
+// answer about an entry since written again (the same worker back after a
+// reconnect) takes nothing over.
+func (p *presence) reply(m *nats.Msg) {
+	if len(m.Data) > 0 || m.Header.Get(statusHeader) != noResponders {
+		return // there
+	}
+	token, rev, ok := strings.Cut(strings.TrimPrefix(m.Subject, p.inbox+"."), ".")
+	if !ok {
+		return
+	}
+	r, err := strconv.ParseUint(rev, 10, 64)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	pr := p.peers[token]
+	if pr == nil || pr.Revision != r {
+		p.mu.Unlock()
+		return
+	}
+	e := pr.Presence
+	p.mu.Unlock()
+	select {
+	case p.gone <- e:
+	default: // the loop is behind: the next tick's probe says it again
+	}
+}
+
+// startTakeOver takes over from the peer of entry e, unless its entry
+// changed since the probe or a takeover of it is under way.
+func (p *presence) startTakeOver(ctx context.Context, e eventstore.Presence) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pr := p.peers[e.Token]
+	if pr == nil || pr.Revision != e.Revision || pr.taking {
+		return
+	}
+	pr.taking = true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.takeOver(ctx, e)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if pr := p.peers[e.Token]; pr != nil {
+			pr.taking = false
+		}
+	}()
 }
 
 // takeOver revokes the leases a departed worker held and requeues their
@@ -198,4 +271,5 @@ func (p *presence) stop(ctx context.Context) {
 		p.w.log.Warn("withdrawing presence", "err", err)
 	}
 	_ = p.sub.Unsubscribe()
+	_ = p.replies.Unsubscribe()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -16,35 +17,66 @@ import (
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workers"
 )
 
-// BenchmarkRecoveryAfterKill measures, over PAL_BENCH_KILLS kills (default
-// 20), the time from kill -9 of the pal worker process driving a run to the
-// moment another, already running, worker appends run_resumed. It uses
-// PAL's default lease TTL unless PAL_LEASE_TTL is set:
+// BenchmarkRecoveryAfterKill measures the time from kill -9 of the pal
+// worker process driving a run to the moment another, already running,
+// worker appends run_resumed, and reports its p50, p99 and max over the
+// kills. It uses PAL's default lease TTL unless PAL_LEASE_TTL is set.
+//
+//   - PAL_BENCH_KILLS: how many kills (default 20; 100 to see a 1% tail).
+//   - PAL_BENCH_KILL_PHASE: when, after the step the worker drives has
+//     started, it is killed: "random" (default), a delay drawn uniformly
+//     from one presence probe interval, so that kills fall at every
+//     phase of the survivor's probes; or a fixed delay ("0s", "20ms").
+//
+// For example:
 //
 //	go test -run '^$' -bench RecoveryAfterKill -benchtime 1x ./workers/
+//	PAL_BENCH_KILLS=100 go test -run '^$' -bench RecoveryAfterKill -benchtime 1x -timeout 30m ./workers/
 //	PAL_LEASE_TTL=1s go test -run '^$' -bench RecoveryAfterKill -benchtime 1x ./workers/
 func BenchmarkRecoveryAfterKill(b *testing.B) {
 	kills := 20
 	if v := os.Getenv("PAL_BENCH_KILLS"); v != "" {
-		if _, err := fmt.Sscan(v, &kills); err != nil || kills < 1 {
-			b.Fatalf("PAL_BENCH_KILLS=%q: want a positive number", v)
+		if _, err := fmt.Sscan(v, &kills); err != nil || kills < 1 || kills > 10_000 {
+			b.Fatalf("PAL_BENCH_KILLS=%q: want a number from 1 to 10000", v)
 		}
 	}
+	phase := killPhase(b, os.Getenv("PAL_BENCH_KILL_PHASE"))
 	ttl := os.Getenv("PAL_LEASE_TTL")
 	for range b.N {
-		lat := recoveryRun(b, kills, ttl)
+		lat := recoveryRun(b, kills, ttl, phase)
 		slices.Sort(lat)
-		p50, p99, top := lat[len(lat)/2], lat[(len(lat)*99)/100], lat[len(lat)-1]
-		b.ReportMetric(float64(p50.Milliseconds()), "p50-ms")
-		b.ReportMetric(float64(p99.Milliseconds()), "p99-ms")
-		b.ReportMetric(float64(top.Milliseconds()), "max-ms")
-		b.Logf("recovery after kill -9, %d kills, PAL_LEASE_TTL=%q: p50 %v  p99 %v  max %v", kills, ttl, p50, p99, top)
+		p50, p99, top := percentile(lat, 50), percentile(lat, 99), lat[len(lat)-1]
+		b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(top.Microseconds())/1000, "max-ms")
+		b.Logf("recovery after kill -9, %d kills, PAL_LEASE_TTL=%q: p50 %v  p99 %v  max %v",
+			kills, ttl, p50.Round(time.Millisecond), p99.Round(time.Millisecond), top.Round(time.Millisecond))
 	}
 }
 
-func recoveryRun(tb testing.TB, kills int, ttl string) []time.Duration {
+// killPhase reads PAL_BENCH_KILL_PHASE: the delay between a step's start
+// and the kill of its worker, drawn for each kill.
+func killPhase(tb testing.TB, v string) func() time.Duration {
+	if v == "" || v == "random" {
+		return func() time.Duration { return rand.N(workers.PresenceProbeEvery) }
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > time.Minute {
+		tb.Fatalf("PAL_BENCH_KILL_PHASE=%q: want random or a delay from 0s to 1m", v)
+	}
+	return func() time.Duration { return d }
+}
+
+// percentile is the p-th percentile of sorted (nearest rank).
+func percentile(sorted []time.Duration, p int) time.Duration {
+	i := (len(sorted)*p + 99) / 100
+	return sorted[max(i, 1)-1]
+}
+
+func recoveryRun(tb testing.TB, kills int, ttl string, phase func() time.Duration) []time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(kills)*30*time.Second)
 	defer cancel()
 	ns := testenv.NATS(tb)
@@ -98,6 +130,8 @@ func recoveryRun(tb testing.TB, kills int, ttl string) []time.Duration {
 			tb.Fatal(err)
 		}
 		driver := find(evs, event.RunResumed, "")[0].WorkerID
+		delay := phase()
+		time.Sleep(delay)
 		killed := time.Now()
 		procs[driver].Kill()
 		var resumed event.Event
@@ -111,7 +145,11 @@ func recoveryRun(tb testing.TB, kills int, ttl string) []time.Duration {
 		if err != nil {
 			tb.Fatalf("kill %d: no other worker resumed run %s: %v", i, runID, err)
 		}
-		lat = append(lat, resumed.TS.Sub(killed))
+		took := resumed.TS.Sub(killed)
+		if took > 200*time.Millisecond {
+			tb.Logf("kill %d, %v after the step started: run_resumed %v after the kill", i, delay, took.Round(time.Millisecond))
+		}
+		lat = append(lat, took)
 		hold.Release()
 		procs[driver] = start(driver)
 	}

@@ -71,15 +71,15 @@ func (d *drive) resumePending() bool {
 }
 
 // carriesResumed says whether a, the drive's first action, may take the
-// pending run_resumed along in its own first flush: a plain step flushes
-// its step_started before it acts (or fails, or completes a pure step,
-// without acting), so run_resumed and step_started go as one message (one
-// fsync in strict mode) and nothing outside the process has seen the
-// drive before its token is in the journal. Any other action flushes
-// run_resumed first.
+// pending run_resumed along in its own first flush: a set of steps
+// flushes every step_started before any of them acts outside the process
+// (or fails, completes a pure step or waits, without acting), so
+// run_resumed and the step_started go as one message (one fsync in strict
+// mode) and nothing outside the process has seen the drive before its
+// token is in the journal. Any other action flushes run_resumed first.
 func carriesResumed(a engine.Action) bool {
-	rs, ok := a.(engine.RunStep)
-	return ok && rs.Plan.Wait == nil && rs.Plan.Gate == nil && rs.Plan.Exec != engine.ExecSubagent
+	_, ok := a.(engine.RunSteps)
+	return ok
 }
 
 // errResumeConflict: a flush that carried this drive's run_resumed found

@@ -64,10 +64,10 @@ type secrets struct {
 	names    []string // the names of used, for allowTo
 }
 
-// secretsFor returns the secrets of a step of node in this drive's run.
-func (d *drive) secretsFor(node *workflow.Node) *secrets {
-	s := &secrets{runID: d.runID, deployed: d.st.Created.Deployed, named: map[string]bool{},
-		lookup: d.w.cfg.Secrets, hosts: d.w.cfg.SecretHosts}
+// secretsFor returns the secrets of this call's step, of node.
+func (c *call) secretsFor(node *workflow.Node) *secrets {
+	s := &secrets{runID: c.d.runID, deployed: c.deployed, named: map[string]bool{},
+		lookup: c.d.w.cfg.Secrets, hosts: c.d.w.cfg.SecretHosts}
 	if node != nil {
 		for _, m := range definedRef.FindAllSubmatch(node.Data, -1) {
 			s.named[string(m[1])] = true

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
@@ -13,43 +12,72 @@ import (
 	"github.com/palrun/pal/workflow"
 )
 
-// runSubagent drives a subagent step: it creates the child run (its id is
-// derived from this run and step, so a re-driven parent adopts the child it
-// created before a crash), drives the child in this drive, and completes
-// the step with the child's outcome. A child that parks (an approval) parks
-// this run too; the child's end wakes it.
-func (d *drive) runSubagent(p engine.StepPlan) error {
-	s := d.st.Steps[p.StepID]
-	if s != nil && s.Status == engine.StepWaiting && !d.w.childMayProceed(d.ctx, p.ChildRunID) {
-		return errParked
+// A subagent step creates its child run (its id is derived from this run
+// and step, so a re-driven parent adopts the child it created before a
+// crash), drives the child in a branch of this drive, and completes with
+// the child's outcome. The child's run_created is built by the drive when
+// the step starts (childCreated: it draws on the parent's budget, which
+// is the drive's state); the branch appends it, has the drive journal
+// child_run_created, and drives the child (runChild). A child that parks
+// (an approval), or that another worker drives, leaves the step waiting
+// for it (childWaitError); the child's end wakes the parent.
+
+// childCreated is the run_created of the child a subagent step starts
+// with: nil when the step created its child before. A workflow that does
+// not validate fails the step (permanently).
+func (d *drive) childCreated(p engine.StepPlan) (*event.Event, error) {
+	if s := d.st.Steps[p.StepID]; s != nil && s.ChildRunID != "" {
+		return nil, nil
 	}
-	if !p.Started {
-		d.emit(event.StepStarted, p.StepID, p.Attempt, event.StepStartedData{
-			NodeID: p.NodeID, NodeType: p.NodeType, Input: p.Input, IdempotencyKey: p.Key})
+	nd, err := p.Node.Subagent()
+	if err != nil {
+		return nil, permanent("step %s: child workflow: %v", p.StepID, err)
 	}
-	if s = d.st.Steps[p.StepID]; s.ChildRunID == "" {
-		if err := d.createChild(p); err != nil {
-			var ve *workflow.ValidationError
-			if errors.As(err, &ve) {
-				return d.journalOutcome(p, stepResult{}, permanent("step %s: child workflow: %v", p.StepID, err), 0)
-			}
-			return err
+	wf, err := workflow.ParseCached(nd.Workflow)
+	if err != nil {
+		return nil, permanent("step %s: child workflow: %v", p.StepID, err)
+	}
+	var in engine.SubagentInput
+	if err := json.Unmarshal(p.Input, &in); err != nil {
+		return nil, permanent("step %s: bad input: %v", p.StepID, err)
+	}
+	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
+	if err != nil {
+		return nil, permanent("step %s: child run_created: %v", p.StepID, err)
+	}
+	return &ev, nil
+}
+
+// childWaitError: the child run is not over (it waits, or another worker
+// drives it): the step waits for it.
+type childWaitError struct{ why string }
+
+func (e *childWaitError) Error() string { return "the child run is not over: " + e.why }
+
+// runChild creates the step's child unless it exists, and drives it
+// inline: the step's outcome is the child's, its usage the child's spend.
+func (c *call) runChild() (stepResult, error) {
+	p := c.p
+	if c.child != nil {
+		if err := c.createChild(); err != nil {
+			return stepResult{}, &abortError{err: err}
 		}
-		d.emit(event.ChildRunCreated, p.StepID, p.Attempt, event.ChildRunCreatedData{ChildRunID: p.ChildRunID})
+		if err := c.journal(func() error {
+			c.d.emit(event.ChildRunCreated, p.StepID, p.Attempt, event.ChildRunCreatedData{ChildRunID: p.ChildRunID})
+			return c.d.flush()
+		}); err != nil {
+			return stepResult{}, &abortError{err: err}
+		}
 	}
-	if err := d.flush(); err != nil {
-		return err
-	}
-	start := time.Now()
-	child, err := d.w.driveInline(d.ctx, p.ChildRunID)
-	if c := context.Cause(d.ctx); c != nil {
-		return c
+	child, err := c.d.w.driveInline(c.ctx, p.ChildRunID)
+	if cause := context.Cause(c.ctx); cause != nil {
+		return stepResult{}, cause
 	}
 	switch {
 	case errors.Is(err, eventstore.ErrLeaseHeld):
-		return d.waitForChild(p, "another worker drives it")
+		return stepResult{}, &childWaitError{why: "another worker drives it"}
 	case err != nil:
-		return err
+		return stepResult{}, &abortError{err: err}
 	}
 	// The child's spend is the parent's: the step carries it, so the
 	// parent's journal alone says what the run spent.
@@ -63,24 +91,22 @@ func (d *drive) runSubagent(p engine.StepPlan) error {
 		if len(out) == 0 {
 			out = json.RawMessage("null")
 		}
-		return d.journalOutcome(p, stepResult{output: out, usage: usage}, nil, time.Since(start))
+		return stepResult{output: out, usage: usage}, nil
 	case engine.StatusFailed, engine.StatusCancelled:
-		return d.journalFailure(p, usage, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error), time.Since(start))
+		return stepResult{usage: usage}, permanent("child run %s %s: %s", p.ChildRunID, child.Status, child.Error)
 	default:
-		return d.waitForChild(p, string(child.Status))
+		return stepResult{}, &childWaitError{why: string(child.Status)}
 	}
 }
 
-// waitForChild parks the run until its child run ends.
-func (d *drive) waitForChild(p engine.StepPlan, why string) error {
+// childWaits journals that a subagent step waits for its child run (once).
+func (d *drive) childWaits(p engine.StepPlan, why string) error {
 	if s := d.st.Steps[p.StepID]; s == nil || s.Status != engine.StepWaiting {
 		d.emit(event.StepWaiting, p.StepID, p.Attempt, event.StepWaitingData{Reason: event.WaitChild, ChildRunID: p.ChildRunID})
 	}
-	if err := d.flush(); err != nil {
-		return err
-	}
+	d.fly.waiting[p.StepID] = true
 	d.log.Info("waiting for the child run", "step_id", p.StepID, "child_run_id", p.ChildRunID, "child", why)
-	return errParked
+	return d.flush()
 }
 
 // createChild appends the child's run_created, fenced on an empty subject:
@@ -90,30 +116,15 @@ func (d *drive) waitForChild(p engine.StepPlan, why string) error {
 // finds an orphaned child with NATS alone, as it finds any run. A child
 // whose entry did not land fails the drive; the re-drive adopts the child
 // and puts its entry again.
-func (d *drive) createChild(p engine.StepPlan) error {
-	nd, err := p.Node.Subagent()
-	if err != nil {
-		return err
-	}
-	wf, err := workflow.ParseCached(nd.Workflow)
-	if err != nil {
-		return err
-	}
-	var in engine.SubagentInput
-	if err := json.Unmarshal(p.Input, &in); err != nil {
-		return permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
-	if err != nil {
-		return permanent("step %s: child run_created: %v", p.StepID, err)
-	}
-	indexed := d.w.store.MarkInflight(p.ChildRunID)
-	_, err = d.w.store.Append(d.ctx, p.ChildRunID, eventstore.Head{}, ev)
+func (c *call) createChild() error {
+	p, store := c.p, c.d.w.store
+	indexed := store.MarkInflight(p.ChildRunID)
+	_, err := store.Append(c.ctx, p.ChildRunID, eventstore.Head{}, *c.child)
 	if errors.Is(err, eventstore.ErrConflict) {
-		d.log.Info("adopting the child run created before", "child_run_id", p.ChildRunID)
+		c.d.log.Info("adopting the child run created before", "child_run_id", p.ChildRunID)
 		err = nil
 	}
-	if ierr := indexed(d.ctx); ierr != nil && err == nil {
+	if ierr := indexed(c.ctx); ierr != nil && err == nil {
 		return fmt.Errorf("step %s: child run %s: %w", p.StepID, p.ChildRunID, ierr)
 	}
 	return err

@@ -36,6 +36,11 @@ type Config struct {
 	ID string
 	// Concurrency is how many runs the worker drives at once (default 64).
 	Concurrency int
+	// RunConcurrency caps how many steps of one run are in flight at once
+	// (PAL_RUN_CONCURRENCY, default DefaultRunConcurrency): a run's
+	// workflow asks for policy.concurrency (default 8), and gets at most
+	// this many.
+	RunConcurrency int
 	// MaxCrashes is how many consecutive crashed drives without progress a
 	// run survives before it fails with code crash_loop (default 5).
 	MaxCrashes int
@@ -94,6 +99,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
+	}
+	if c.RunConcurrency <= 0 {
+		c.RunConcurrency = DefaultRunConcurrency
 	}
 	if c.MaxCrashes <= 0 {
 		c.MaxCrashes = 5
@@ -159,6 +167,9 @@ type Worker struct {
 
 	// beforeDrive, when set (tests), runs at the start of each drive.
 	beforeDrive atomic.Pointer[func(runID string)]
+	// probeByHand (tests, set before Start): presence probes the peers
+	// only when the test says (ProbeByHand), not every presenceProbeEvery.
+	probeByHand bool
 }
 
 // New returns a worker. providers and connectors may be nil for a worker

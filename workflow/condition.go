@@ -298,8 +298,11 @@ func (c *condition) env(env Env) (exprEnv, error) {
 		if err != nil {
 			return fmt.Errorf("steps.%s.output: %w", id, err)
 		}
-		steps[id] = map[string]any{fieldOut: v}
+		steps[id] = map[string]any{fieldOut: v, fieldStatus: StatusCompleted}
 		return nil
+	}
+	failed := func(id, msg string) {
+		steps[id] = map[string]any{fieldOut: nil, fieldStatus: StatusFailed, fieldError: msg}
 	}
 	if c.dynamic {
 		for _, id := range slices.Sorted(maps.Keys(env.Steps)) {
@@ -307,12 +310,17 @@ func (c *condition) env(env Env) (exprEnv, error) {
 				return exprEnv{}, err
 			}
 		}
+		for _, id := range slices.Sorted(maps.Keys(env.Failed)) {
+			failed(id, env.Failed[id])
+		}
 	} else {
 		for _, id := range c.steps {
 			if out, ok := env.Steps[id]; ok {
 				if err := add(id, out); err != nil {
 					return exprEnv{}, err
 				}
+			} else if msg, ok := env.Failed[id]; ok {
+				failed(id, msg)
 			}
 		}
 	}

@@ -83,6 +83,10 @@
 //     data.with rendered against the outer run. Step ids carry the
 //     iteration: each[3].fetch. The loop's output is {"iterations",
 //     "results" (each iteration's last output), "stopped"}.
+//     data.concurrency (1 to 1000, default 1) lets that many iterations
+//     be in progress at once, within the run's policy.concurrency; later
+//     ones start as earlier ones finish, and results keep the items'
+//     order. A loop with until runs one at a time.
 //
 //   - subagent: runs data.workflow (a whole workflow document) as a child
 //     run with data.input (strings are templates). The child's id is
@@ -95,7 +99,9 @@
 //     Go functions registered on the worker under those names), maxTurns
 //     (default 10), maxTokens, temperature, timeoutMs, retry. Each model
 //     turn and each tool call is a step: ask.turn[0], ask.turn[0].tool[0].
-//     The output is {"text", "turns"}.
+//     The output is {"text", "turns"}. data.parallelToolCalls (default
+//     true) runs one turn's tool calls at once; the next turn lists their
+//     results in the model's order.
 //
 //   - process: a program the worker runs in a sandbox (package
 //     internal/sandbox). data: command (argv, required: command[0] is a
@@ -122,6 +128,13 @@
 // maxAttempts counts the first try (default 1), classes are any, timeout,
 // llm, connector and tool.
 //
+// A node's "onFailure" (beside id and type) says what its failed step,
+// after its retries, does: "fail" (the default) fails the run, and the
+// steps in flight beside it are interrupted; "continue" lets the run go
+// on: the node counts as resolved, its outgoing edges are evaluated, and
+// their conditions read steps.<id>.status == "failed" and
+// steps.<id>.error (Node.Continues).
+//
 // # Policy
 //
 // A workflow may carry run-wide brakes under "policy" (Policy):
@@ -131,7 +144,11 @@
 // runaway_loop, excessive_steps, retry_storm, cost_spike and token_spike.
 // The engine enforces them (docs/architecture.md §7.8, §7.9); a loop
 // body's policy is ignored, a subagent's workflow's applies to its child
-// run.
+// run. "concurrency" (1 to 1000, default 8: Workflow.Concurrency) is how
+// many of a run's steps may be in flight at once: the branches of the
+// graph that are ready together, a parallel loop's iterations and an
+// agent turn's tool calls all count; a worker caps it with
+// PAL_RUN_CONCURRENCY.
 //
 // An ai-step or agent may gate its answer with data.confidence:
 // {"min": 0.8, "source": "logprobs" | "field" | "judge", "field": "a.b",
@@ -196,7 +213,10 @@
 //
 // Parse compiles every expression once and checks the steps it names the
 // way it checks templates (an edge's condition may also read the edge's
-// source node). An edge without a condition always fires; a condition must
+// source node). Besides steps.<id>.output, a condition reads
+// steps.<id>.status ("completed", or "failed" for a node that continues
+// past its failure) and steps.<id>.error. An edge without a condition
+// always fires; a condition must
 // give a boolean, and a missing value is nil, so use ?? to default one.
 // JSON numbers are int when whole, float64 otherwise. Evaluation is
 // deterministic: now, date and timezone are not available, and keys, values

@@ -46,6 +46,10 @@ type LoopData struct {
 	With json.RawMessage `json:"with,omitempty"`
 	// Body is the workflow each iteration runs.
 	Body json.RawMessage `json:"body"`
+	// Concurrency is how many iterations may be in progress at once (1 to
+	// MaxConcurrency; 0: one after another). The output keeps the items'
+	// order whatever order they finish in.
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 // DefaultMaxIterations bounds a loop that sets no maxIterations.
@@ -89,6 +93,9 @@ type AgentData struct {
 	Retry       *RetryPolicy `json:"retry,omitempty"`
 	// Confidence gates the final answer (Node.Confidence).
 	Confidence *ConfidenceGate `json:"confidence,omitempty"`
+	// ParallelToolCalls runs the tool calls of one turn together (nil:
+	// true); the next turn lists their results in the model's order.
+	ParallelToolCalls *bool `json:"parallelToolCalls,omitempty"`
 }
 
 // DefaultMaxTurns bounds an agent that sets no maxTurns.
@@ -235,6 +242,10 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			tmpl("data.over", d.Over)
 		}
 		tmplJSON("data.with", d.With)
+		if d.Until != "" && d.Concurrency > 1 {
+			ps.node(n.ID, "data.concurrency", "until stops the loop after the first iteration for which it is true, "+
+				"in order; a loop with until runs one iteration at a time (drop concurrency, or until)")
+		}
 		body := w.checkNested(n, "data.body", d.Body, ps)
 		if body != nil && d.Until != "" {
 			if err := body.CheckExpression(d.Until); err != nil {

@@ -508,8 +508,8 @@ func (w *Workflow) checkExprRefs(c *condition, self string, ownOK bool, anc ance
 			report("steps." + r.id + ": " + msg)
 			continue
 		}
-		if r.member != "" && r.member != "[]" && r.member != fieldOut {
-			report(fmt.Sprintf("steps.%s has no field %q (want steps.%s.output…)", r.id, r.member, r.id))
+		if r.member != "" && r.member != "[]" && r.member != fieldOut && r.member != fieldStatus && r.member != fieldError {
+			report(fmt.Sprintf("steps.%s has no field %q (want steps.%s.output…, .status or .error)", r.id, r.member, r.id))
 		}
 	}
 }

@@ -22,6 +22,11 @@ type Env struct {
 	// UseNumber) or as a json.RawMessage. A template reads it as
 	// steps.<id>.output.
 	Steps map[string]any
+	// Failed maps the id of a node whose step failed and whose run went on
+	// (onFailure "continue") to the step's error. A condition reads it as
+	// steps.<id>.status == "failed" and steps.<id>.error; a step in Steps
+	// has status "completed".
+	Failed map[string]string
 }
 
 // segment is one step of a template path: a field name or an array index.
@@ -201,6 +206,11 @@ const (
 	rootSteps   = "steps"
 	rootSecrets = "secrets"
 	fieldOut    = "output"
+	// fieldStatus and fieldError are what a condition reads besides a
+	// step's output: "completed" or "failed", and a failed step's error
+	// (a node with onFailure "continue").
+	fieldStatus = "status"
+	fieldError  = "error"
 )
 
 // checkPathShape checks that a path starts with input or steps.<id>.output,

@@ -49,6 +49,9 @@ type Node struct {
 	ID   string          `json:"id"`
 	Type string          `json:"type"`
 	Data json.RawMessage `json:"data,omitempty"`
+	// OnFailure is what the node's failed step does to the run:
+	// OnFailureFail ("fail", the default when empty) or OnFailureContinue.
+	OnFailure string `json:"onFailure,omitempty"`
 }
 
 // Edge connects two nodes. Condition, when set, is an expression over the
@@ -59,14 +62,18 @@ type Edge struct {
 	Condition string `json:"condition,omitempty"`
 }
 
-// Policy is a workflow's policy: the run's budget and anomaly rules, and
-// the confidence gate switch.
+// Policy is a workflow's policy: the run's budget and anomaly rules, the
+// confidence gate switch and how many steps may be in flight at once.
 type Policy struct {
 	Budget    *Budget                `json:"budget,omitempty"`
 	Anomalies map[string]AnomalyRule `json:"anomalies,omitempty"`
 	// ConfidenceGate is "on" (the default) or "off": with "off" no gated
 	// step is scored, and each journals confidence_gate_bypassed instead.
 	ConfidenceGate string `json:"confidenceGate,omitempty"`
+	// Concurrency is how many steps of a run may be in flight at once
+	// (1 to MaxConcurrency; 0: DefaultConcurrency), capped by the
+	// worker's PAL_RUN_CONCURRENCY.
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 // Budget is policy.budget (and a start request's budget): limits on what

@@ -21,6 +21,11 @@
 // as a role of PAL's account, ConnAsUser as a client user (ClientUsers
 // adds some; Users lists them for PAL's processes), Conn as admin.
 //
+// CountRequests connects as Conn does and counts the requests the
+// connection sends (publishes with a reply subject, whose answer the
+// sender waits for), by subject, as it writes them to its socket: the
+// round-trip count tests of PAL's hot paths use it.
+//
 // NATSProcess runs nats-server as a separate process, for tests that kill -9
 // the broker: Kill sends SIGKILL, Start brings it back on the same port and
 // store directory, and anything JetStream acknowledged before the kill must

@@ -13,7 +13,9 @@
 // Retry-After (RateLimit), cut the connection without answering (Drop),
 // answer slowly (SetLatency) and replay the first answer for a repeated
 // idempotency key (Dedup), like a provider that honours keys. MaxConcurrent
-// observes how many requests it handled at once; Reply.Logprobs scripts
+// observes how many requests it handled at once, InFlight how many it is
+// handling now, Answered and Abandoned which were answered and which
+// their client gave up on (a cancelled call); Reply.Logprobs scripts
 // token log probabilities.
 //
 // The default answer is deterministic: "echo: " followed by the last user
@@ -115,6 +117,10 @@ type Server struct {
 	latency   time.Duration
 	active    int // requests being handled now
 	maxActive int // the most handled at once since the start or Reset
+	// answered are the requests answered with 200, abandoned those whose
+	// client went away before an answer (a cancelled call).
+	answered  []Call
+	abandoned []Call
 }
 
 // answer is an HTTP answer the server wrote, kept for Dedup.
@@ -266,6 +272,38 @@ func (s *Server) MaxConcurrent() int {
 	return s.maxActive
 }
 
+// InFlight is how many requests the server is handling now: held,
+// waiting out SetLatency, or being answered.
+func (s *Server) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
+// Answered returns the requests answered with 200 since the start or
+// Reset, in the order they were answered.
+func (s *Server) Answered() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.answered...)
+}
+
+// Abandoned returns the requests whose client went away before they were
+// answered (a call cancelled while held or slow), in that order, since the
+// start or Reset.
+func (s *Server) Abandoned() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.abandoned...)
+}
+
+// record appends c to *to under the lock.
+func (s *Server) record(to *[]Call, c Call) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*to = append(*to, c)
+}
+
 // Drop makes the next n requests that match (nil matches all) end with their
 // connection closed and no answer, after the request was read in full: the
 // client cannot know whether the provider did the work.
@@ -323,7 +361,7 @@ func (s *Server) CallsWithKey(key string) []Call {
 func (s *Server) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = nil
+	s.calls, s.answered, s.abandoned = nil, nil, nil
 	s.answers = map[string]answer{}
 	s.faults = nil
 	s.maxActive = s.active
@@ -405,25 +443,35 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		owner = s.claim(key)
 	}
 	s.mu.Unlock()
-	defer func() {
+	// A request stops counting as in flight just before its answer is
+	// written, so a client's next request never finds it still counted.
+	finish := sync.OnceFunc(func() {
 		s.mu.Lock()
 		s.active--
 		if owner {
 			delete(s.inFlight, key)
 		}
 		s.mu.Unlock()
-	}()
+	})
+	defer finish()
+	reply := func(status int, body []byte) {
+		finish()
+		writeJSON(w, status, body)
+	}
 
 	for _, h := range holds {
 		if !h.hold(r.Context(), s.closing, call) {
 			// The client went away or the server is closing: no answer.
+			if r.Context().Err() != nil {
+				s.record(&s.abandoned, call)
+			}
 			dropConn(w)
 			return
 		}
 	}
 
 	if parseErr != nil {
-		writeJSON(w, http.StatusBadRequest, wf.fail(http.StatusBadRequest, "fake provider: "+parseErr.Error()))
+		reply(http.StatusBadRequest, wf.fail(http.StatusBadRequest, "fake provider: "+parseErr.Error()))
 		return
 	}
 
@@ -438,7 +486,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		for k, vs := range f.header {
 			w.Header()[k] = vs
 		}
-		writeJSON(w, f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
+		reply(f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
 		return
 	}
 
@@ -447,13 +495,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if dedup {
 		if a, ok := s.answers[key]; ok {
 			s.mu.Unlock()
-			writeJSON(w, a.status, a.body)
+			reply(a.status, a.body)
 			return
 		}
 		if !owner {
 			if owner = s.claim(key); !owner {
 				s.mu.Unlock()
-				writeJSON(w, http.StatusConflict, wf.fail(http.StatusConflict,
+				reply(http.StatusConflict, wf.fail(http.StatusConflict,
 					"fake provider: another request with this idempotency key is in progress"))
 				return
 			}
@@ -470,6 +518,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
+			s.record(&s.abandoned, call)
 			return
 		case <-s.closing:
 			t.Stop()
@@ -477,15 +526,15 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	reply := Reply{Text: "echo: " + call.LastUser()}
+	rep := Reply{Text: "echo: " + call.LastUser()}
 	if responder != nil {
-		reply = responder(call)
+		rep = responder(call)
 	}
 	a := answer{status: http.StatusOK}
-	if reply.Status != 0 && reply.Status != http.StatusOK {
-		a = answer{status: reply.Status, body: wf.fail(reply.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", reply.Status))}
+	if rep.Status != 0 && rep.Status != http.StatusOK {
+		a = answer{status: rep.Status, body: wf.fail(rep.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", rep.Status))}
 	} else {
-		a.body = wf.reply(call, withUsage(call, reply), id)
+		a.body = wf.reply(call, withUsage(call, rep), id)
 	}
 
 	if dedup && a.status == http.StatusOK {
@@ -493,7 +542,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.answers[key] = a
 		s.mu.Unlock()
 	}
-	writeJSON(w, a.status, a.body)
+	if a.status == http.StatusOK {
+		s.record(&s.answered, call)
+	}
+	reply(a.status, a.body)
 }
 
 // claim marks key as being answered, unless it is answered or being

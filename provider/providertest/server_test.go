@@ -451,3 +451,32 @@ func TestCloseEndsHeldRequests(t *testing.T) {
 	_, err = hold.Wait(ctx)
 	require.ErrorIs(t, err, providertest.ErrClosed)
 }
+
+// TestInFlightAnsweredAbandoned: InFlight counts the held requests, a
+// request whose client gives up is abandoned, a released one answered.
+func TestInFlightAnsweredAbandoned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	hold := b.srv.Hold(nil)
+	gone, cancel := context.WithCancel(ctx)
+	done := make(chan answer, 2)
+	go func() { done <- b.post(gone, chatPath, "cut", chatBody) }()
+	go func() { done <- b.post(ctx, chatPath, "kept", chatBody) }()
+	for range 2 {
+		_, err := hold.Wait(ctx)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, b.srv.InFlight())
+	cancel()
+	<-done
+	require.Eventually(t, func() bool { return len(b.srv.Abandoned()) == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, "cut", b.srv.Abandoned()[0].IdempotencyKey)
+	require.Empty(t, b.srv.Answered())
+	hold.Release()
+	require.Equal(t, http.StatusOK, (<-done).status)
+	require.Equal(t, "kept", b.srv.Answered()[0].IdempotencyKey)
+	require.Len(t, b.srv.Answered(), 1)
+	require.Eventually(t, func() bool { return b.srv.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, 2, b.srv.MaxConcurrent())
+}

@@ -12,6 +12,7 @@
   const detail = document.getElementById("detail");
   const approvals = document.getElementById("approvals");
   const cancelBtn = document.getElementById("cancel");
+  const lanesBtn = document.getElementById("lanes-view");
   const terminal = new Set(["succeeded", "failed", "cancelled"]);
   const expanded = new Set();
   const collapsed = new Set(); // rows the user folded that would open by default
@@ -19,6 +20,7 @@
   let wf = null;
   let selected = "";
   let es = null;
+  let lanesView = false; // one row per lane instead of one per step
 
   // Rows with few children open by default; a 1,000-iteration loop stays
   // folded until asked.
@@ -125,6 +127,44 @@
     return row;
   }
 
+  // laneRows draws the lane view: one row per lane, each holding the
+  // steps of this run that ran in it, one after another, so steps that ran
+  // at once overlap on rows of their own. The server lays them out
+  // (row.lane); a click on a bar selects its step.
+  function laneRows(span) {
+    const rows = [], counts = [];
+    for (let i = 0; i < wf.lanes; i++) {
+      const row = pal.el("div", "wf-row lane");
+      row.dataset.lane = i;
+      const name = pal.el("div", "wf-name");
+      name.appendChild(pal.el("span", "toggle-space"));
+      name.appendChild(pal.el("span", "step-id", "lane " + (i + 1)));
+      row.appendChild(name);
+      row.appendChild(pal.el("div", "wf-track"));
+      rows.push(row);
+      counts.push(0);
+    }
+    for (const r of wf.rows) {
+      if (r.lane < 0 || r.lane >= rows.length) continue;
+      counts[r.lane]++;
+      const track = rows[r.lane].lastChild;
+      for (const s of r.segments) {
+        const seg = pal.el("div", "seg " + s.outcome + (s.open ? " open" : "") + (r.step_id === selected ? " selected" : ""));
+        seg.style.left = pct(s.start_ms, span) + "%";
+        seg.style.width = (pct(s.end_ms, span) - pct(s.start_ms, span)) + "%";
+        seg.dataset.key = r.step_id;
+        seg.dataset.step = r.step_id;
+        seg.dataset.attempt = s.attempt;
+        seg.dataset.outcome = s.outcome;
+        seg.title = r.step_id + " · attempt " + s.attempt + ": " + s.outcome + ", " + pal.ms(s.end_ms - s.start_ms) + (s.error ? " — " + s.error : "");
+        seg.textContent = r.step_id; // cut to the bar's width
+        track.appendChild(seg);
+      }
+    }
+    rows.forEach((row, i) => row.firstChild.appendChild(pal.el("span", "node-type", counts[i] + " step" + (counts[i] === 1 ? "" : "s"))));
+    return rows;
+  }
+
   function drawMarkers(span) {
     const frag = document.createDocumentFragment();
     for (const d of wf.drives) {
@@ -156,6 +196,7 @@
     document.body.dataset.lastSeq = wf.last_seq;
     const meta = [wf.workflow || "plain LLM run", "created " + pal.time(wf.created_at),
       (terminal.has(wf.status) ? "took " : "running for ") + pal.ms(span), wf.drives.length + " drive" + (wf.drives.length === 1 ? "" : "s")];
+    if (wf.lanes > 1) meta.push("at most " + wf.lanes + " steps at once");
     if (wf.usage.total_tokens) meta.push(wf.usage.total_tokens + " tokens");
     if (wf.usage.cost_usd) meta.push(pal.cost(wf.usage.cost_usd));
     if (wf.error) meta.push("error: " + wf.error);
@@ -172,8 +213,11 @@
     }
     drawAxis(span);
     const frag = document.createDocumentFragment();
-    for (const v of visibleRows(wf, 0, 0, "", [])) frag.appendChild(drawRow(v, span));
+    if (lanesView) for (const row of laneRows(span)) frag.appendChild(row);
+    else for (const v of visibleRows(wf, 0, 0, "", [])) frag.appendChild(drawRow(v, span));
     rowsEl.replaceChildren(overlay, frag);
+    document.body.dataset.view = lanesView ? "lanes" : "steps";
+    lanesBtn.textContent = lanesView ? "Step view" : "Lane view";
     drawMarkers(span);
     drawApprovals();
     cancelBtn.hidden = terminal.has(wf.status) || !pal.may("cancel");
@@ -243,7 +287,9 @@
 
   function findSelected() {
     for (const v of visibleRows(wf, 0, 0, "", [])) if (v.key === selected) return v;
-    return null;
+    // A step folded away, selected in the lane view.
+    const r = wf.rows.find(r => r.step_id === selected);
+    return r ? { r, key: r.step_id } : null;
   }
 
   function drawDetail() {
@@ -348,12 +394,22 @@
       return;
     }
     if (ev.target.closest("a")) return;
+    const seg = ev.target.closest(".lane .seg");
+    if (seg) {
+      selected = seg.dataset.key;
+      draw();
+      return;
+    }
     const row = ev.target.closest(".wf-row");
     if (!row) return;
     selected = row.dataset.key;
     draw();
   });
 
+  lanesBtn.addEventListener("click", () => {
+    lanesView = !lanesView;
+    draw();
+  });
   document.getElementById("expand-all").addEventListener("click", () => {
     for (const r of wf.rows) if (r.children > 0) { expanded.add(r.step_id); collapsed.delete(r.step_id); }
     draw();

@@ -50,6 +50,9 @@ type Options struct {
 	Replicas int
 	// Concurrency is the worker's concurrency (default 64).
 	Concurrency int
+	// RunConcurrency caps the steps of one run in flight (default the
+	// worker's, workers.DefaultRunConcurrency).
+	RunConcurrency int
 	// Logger receives worker logs (discarded when nil).
 	Logger *slog.Logger
 }
@@ -120,7 +123,8 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	w := workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, Logger: log}, e.Store, leases, nil, nil)
+	w := workers.New(workers.Config{ID: "bench", Concurrency: o.Concurrency, RunConcurrency: o.RunConcurrency, Logger: log},
+		e.Store, leases, nil, nil)
 	if err := e.parts.Start(ctx, "the worker", w); err != nil {
 		return nil, err
 	}
@@ -162,6 +166,51 @@ func Workflow(n int) json.RawMessage {
 	return chain(fmt.Sprintf("bench-%d", n), n, func(i int, _ string) (string, json.RawMessage) {
 		return "tool", json.RawMessage(`{"tool":"echo","input":{"i":` + fmt.Sprint(i) + `}}`)
 	})
+}
+
+// FanOutWorkflow returns a workflow of one loop over items items whose
+// body is one echo tool step, concurrency iterations in flight at once
+// (the run's policy.concurrency too): a fan-out of items steps.
+func FanOutWorkflow(items, concurrency int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"name":"bench-fan-out-%d","nodes":[{"id":"start","type":"trigger"},`+
+		`{"id":"each","type":"loop","data":{"over":"{{input.items}}","maxIterations":%d,"concurrency":%d,`+
+		`"body":{"name":"one","nodes":[{"id":"start","type":"trigger"},{"id":"echo","type":"tool","data":{"tool":"echo","input":{"i":"{{input.index}}"}}}],`+
+		`"edges":[{"from":"start","to":"echo"}]}}}],"edges":[{"from":"start","to":"each"}],"policy":{"concurrency":%d}}`,
+		items, max(items, 1), concurrency, concurrency))
+}
+
+// FanOut runs one fan-out of items echo steps with concurrency in flight
+// at once (FanOutWorkflow) and waits for it to end; it must succeed. The
+// Result is one run of items steps: StepsPerSecond compares with Runs'.
+func (e *Env) FanOut(ctx context.Context, items, concurrency int) (Result, error) {
+	in, err := json.Marshal(map[string]any{"items": make([]int, items)})
+	if err != nil {
+		return Result{}, err
+	}
+	done := make(chan event.Kind, 1)
+	id := event.NewRunID()
+	stop, err := e.onEnd(eventstore.WatchPrefix, func(runID string, end event.Kind) {
+		if runID == id {
+			done <- end
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	start := time.Now()
+	if _, err := e.client.Start(ctx, runs.StartCommand{RunID: id, Workflow: FanOutWorkflow(items, concurrency), Input: in, By: "bench", Rights: runs.AllRights}); err != nil {
+		return Result{}, err
+	}
+	select {
+	case end := <-done:
+		if end != event.RunSucceeded {
+			return Result{}, fmt.Errorf("bench: fan-out run %s ended with %s", id, end)
+		}
+	case <-ctx.Done():
+		return Result{}, fmt.Errorf("bench: fan-out run %s has not ended: %w", id, ctx.Err())
+	}
+	return Result{Runs: 1, StepsPerRun: items, Elapsed: time.Since(start)}, nil
 }
 
 // chain is a workflow of n nodes s1…sn after the trigger, one after

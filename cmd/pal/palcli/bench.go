@@ -21,6 +21,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 func (e *env) benchCmd() *cobra.Command {
@@ -40,6 +41,11 @@ worker, and measures, for each durability mode:
     drain.
 
 The worker reaches the server over loopback TCP unless --in-process.
+
+pal bench --fan-out 1000 adds, in each mode, one run whose steps run at
+once: a loop over 1000 items with --fan-out-concurrency (64) iterations in
+flight, its body one no-op tool step, measured on the same worker right
+after the concurrent runs, and prints its steps per second beside theirs.
 
 pal bench --cluster adds a row for a 3-node JetStream cluster (three
 pal dev-nats-node processes on loopback, as pal dev --cluster 3 starts
@@ -64,6 +70,8 @@ deduplicates) against a restart from scratch at each kill.`,
 	f.Duration("duration", 0, "keep --runs runs in flight this long (steady throughput) instead of one burst")
 	f.Bool("in-process", false, "connect the worker to NATS in-process")
 	f.Bool("cluster", false, "also measure on a 3-node cluster (three pal dev-nats-node processes on loopback, R3)")
+	f.Int("fan-out", 0, "also measure one run fanning out to this many steps (0: none; at most 10000)")
+	f.Int("fan-out-concurrency", 64, "steps of the fan-out in flight at once (1 to 1000)")
 	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
 	f.String("model", "gpt-4o", "model the economics run is priced as")
 	return cmd
@@ -78,6 +86,8 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	inproc, _ := cmd.Flags().GetBool("in-process")
 	cluster, _ := cmd.Flags().GetBool("cluster")
 	sustain, _ := cmd.Flags().GetDuration("duration")
+	fan, _ := cmd.Flags().GetInt("fan-out")
+	fanConc, _ := cmd.Flags().GetInt("fan-out-concurrency")
 	if econ, _ := cmd.Flags().GetBool("economics"); econ {
 		model, _ := cmd.Flags().GetString("model")
 		return e.runEconomics(ctx, model)
@@ -97,29 +107,63 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	if sustain < 0 || sustain > time.Hour {
 		return badInput("--duration=%s: want 0 (one burst) up to 1h", sustain)
 	}
+	if fan < 0 || fan > 10000 || fanConc < 1 || fanConc > workflow.MaxConcurrency {
+		return badInput("--fan-out=%d --fan-out-concurrency=%d: want 0 to 10000 steps, 1 to %d at once", fan, fanConc, workflow.MaxConcurrency)
+	}
+	fo := fanOut{steps: fan, concurrency: fanConc}
 	shape := fmt.Sprintf("%d × %d", runs, spr)
 	if sustain > 0 {
 		shape = fmt.Sprintf("%d in flight × %d, %s", runs, spr, sustain)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "durability\tstep p50\tstep p99\tsteps/s (1 run)\tsteps/s (concurrent)\tconcurrent runs × steps")
+	var fans []string
 	for _, m := range modes {
 		fmt.Fprintf(e.stderr, "pal bench: %s mode…\n", m)
-		seq, conc, err := benchMode(ctx, palbench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr, sustain)
+		seq, conc, fr, err := benchMode(ctx, palbench.Options{Strict: m == DurabilityStrict, InProcess: inproc}, steps, runs, spr, sustain, fo)
 		if err != nil {
 			return err
 		}
 		row(tw, m, seq, conc, shape)
+		if fo.steps > 0 {
+			fans = append(fans, fanOutRow(m, fo, fr, conc, shape))
+		}
 	}
 	if cluster {
 		fmt.Fprintln(e.stderr, "pal bench: 3-node cluster (R3)…")
-		seq, conc, err := benchCluster(ctx, steps, runs, spr, sustain)
+		seq, conc, fr, err := benchCluster(ctx, steps, runs, spr, sustain, fo)
 		if err != nil {
 			return err
 		}
 		row(tw, "cluster R3", seq, conc, shape)
+		if fo.steps > 0 {
+			fans = append(fans, fanOutRow("cluster R3", fo, fr, conc, shape))
+		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(fans) > 0 {
+		fmt.Fprintln(e.stdout)
+		tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "durability\tfan-out\tsteps/s (fan-out)\tsteps/s (concurrent)\tfan-out / concurrent")
+		for _, f := range fans {
+			fmt.Fprintln(tw, f)
+		}
+		return tw.Flush()
+	}
+	return nil
+}
+
+// fanOut is what --fan-out asks for: one run of steps steps, concurrency
+// of them in flight at once (0 steps: none).
+type fanOut struct{ steps, concurrency int }
+
+// fanOutRow is the fan-out's row: its throughput beside the concurrent
+// runs' of the same mode.
+func fanOutRow(name string, fo fanOut, fan, conc palbench.Result, shape string) string {
+	return fmt.Sprintf("%s\t%d steps, %d at once\t%.0f\t%.0f (%s)\t%.0f%%", name, fo.steps, fo.concurrency,
+		fan.StepsPerSecond(), conc.StepsPerSecond(), shape, 100*fan.StepsPerSecond()/conc.StepsPerSecond())
 }
 
 func row(tw *tabwriter.Writer, name string, seq, conc palbench.Result, shape string) {
@@ -129,43 +173,43 @@ func row(tw *tabwriter.Writer, name string, seq, conc palbench.Result, shape str
 
 // benchCluster measures on three pal dev-nats-node processes (startDevCluster,
 // as pal dev --cluster 3), in a temp dir it removes.
-func benchCluster(ctx context.Context, steps, runs, spr int, sustain time.Duration) (palbench.Result, palbench.Result, error) {
+func benchCluster(ctx context.Context, steps, runs, spr int, sustain time.Duration, fo fanOut) (seq, conc, fan palbench.Result, err error) {
 	dir, err := os.MkdirTemp("", "pal-bench-cluster-*")
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	defer os.RemoveAll(dir)
 	keys, err := natsauth.LoadOrCreate(dir)
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	port, err := freeLoopbackPorts(3)
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := startDevCluster(ctx, 3, dir, "127.0.0.1", port, false, log)
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	defer c.stop()
 	connect := func() (*nats.Conn, error) { return c.connect(keys, natsauth.Admin, log) }
 	// The streams wait for the cluster's meta leader.
 	nc, err := connect()
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := setupWithRetry(sctx, js, eventstore.Config{Replicas: 3}, log); err != nil {
-		return palbench.Result{}, palbench.Result{}, fmt.Errorf("setting up the cluster's streams: %w", err)
+		return seq, conc, fan, fmt.Errorf("setting up the cluster's streams: %w", err)
 	}
-	return benchMode(ctx, palbench.Options{Connect: connect, Replicas: 3}, steps, runs, spr, sustain)
+	return benchMode(ctx, palbench.Options{Connect: connect, Replicas: 3}, steps, runs, spr, sustain, fo)
 }
 
 // freeLoopbackPorts finds n consecutive free loopback ports (the nodes'
@@ -191,30 +235,35 @@ func freeLoopbackPorts(n int) (int, error) {
 }
 
 // benchMode measures one environment: the sequential run, then one burst
-// of runs, or with sustain > 0 runs kept in flight for sustain.
-func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, sustain time.Duration) (palbench.Result, palbench.Result, error) {
+// of runs, or with sustain > 0 runs kept in flight for sustain; then,
+// when fo asks for one, the fan-out.
+func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, sustain time.Duration, fo fanOut) (seq, conc, fan palbench.Result, err error) {
 	o.Concurrency = max(64, runs)
+	o.RunConcurrency = max(fo.concurrency, 1)
 	env, err := palbench.Start(ctx, o)
 	if err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
 	defer env.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	// Warm up connections and caches.
 	if _, err := env.Runs(ctx, 4, 10); err != nil {
-		return palbench.Result{}, palbench.Result{}, err
+		return seq, conc, fan, err
 	}
-	seq, err := env.Runs(ctx, 1, steps)
-	if err != nil {
-		return seq, palbench.Result{}, err
+	if seq, err = env.Runs(ctx, 1, steps); err != nil {
+		return seq, conc, fan, err
 	}
 	if sustain > 0 {
-		conc, err := env.Sustain(ctx, runs, spr, time.Second, sustain)
-		return seq, conc, err
+		conc, err = env.Sustain(ctx, runs, spr, time.Second, sustain)
+	} else {
+		conc, err = env.Runs(ctx, runs, spr)
 	}
-	conc, err := env.Runs(ctx, runs, spr)
-	return seq, conc, err
+	if err != nil || fo.steps == 0 {
+		return seq, conc, fan, err
+	}
+	fan, err = env.FanOut(ctx, fo.steps, fo.concurrency)
+	return seq, conc, fan, err
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }

@@ -103,3 +103,25 @@ func TestBenchHelpAndFlags(t *testing.T) {
 	require.Equal(t, 2, r.code, r)
 	require.Contains(t, r.stderr, `--durability "fast": want process, strict or both`)
 }
+
+// TestBenchFanOut runs `pal bench --fan-out`: beside the concurrent runs,
+// one run fanning out to that many steps, with its throughput and the
+// ratio to theirs; a fan-out out of bounds is refused.
+func TestBenchFanOut(t *testing.T) {
+	t.Parallel()
+	bin := testenv.PalBinary(t)
+	r := runPal(t, bin, nil, "bench", "--durability", "process", "--steps", "10", "--runs", "4", "--steps-per-run", "5",
+		"--fan-out", "60", "--fan-out-concurrency", "8")
+	require.Zero(t, r.code, r)
+	m := regexp.MustCompile(`(?m)^process\s+60 steps, 8 at once\s+(\d+)\s+(\d+) \(4 × 5\)\s+(\d+)%$`).FindStringSubmatch(r.stdout)
+	require.NotNil(t, m, "no fan-out row in\n%s", r.stdout)
+	for _, v := range m[1:] {
+		require.NotEqual(t, "0", v, m[0])
+	}
+	for _, args := range [][]string{{"--fan-out", "10001"}, {"--fan-out", "-1"}, {"--fan-out", "5", "--fan-out-concurrency", "0"},
+		{"--fan-out", "5", "--fan-out-concurrency", "1001"}} {
+		r := runPal(t, bin, nil, append([]string{"bench"}, args...)...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r)
+		require.Contains(t, r.stderr, "--fan-out=", args)
+	}
+}

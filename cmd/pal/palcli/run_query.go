@@ -50,7 +50,9 @@ Each step shows its start offset from the run's creation, its duration
 (waits and retries included), its wait, tokens and cost. An approval that
 waits shows its prompt, who may decide and the command that decides it.
 --waterfall draws the steps against one time axis scaled to the terminal
-(--width to choose): # done, x failed, = running, ~ waiting.
+(--width to choose): # done, x failed, = running, ~ waiting. When steps
+ran at once, a lane view follows: one row per lane, each holding steps
+one after another, as many lanes as steps were in flight at most.
 
 --json prints one JSON object, the same as GET /v1/runs/{id}, plus
 "source": "journal" or "postgres".

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/readmodel"
 	"github.com/palrun/pal/runs"
 )
 
@@ -25,7 +26,9 @@ const minBar = 10
 // printWaterfall draws the run's steps against one time axis scaled to
 // width columns: one row per step in journal order, its bar from the
 // step's start to its end (now, while it runs), waits drawn with ~ over
-// their real span, and the step's duration and wait to the right.
+// their real span, and the step's duration and wait to the right. When
+// steps ran at once, the lane view follows (laneRows): one row per lane,
+// each holding steps one after another.
 func printWaterfall(w io.Writer, v *runs.RunView, width int, now time.Time) error {
 	t0 := parseTime(v.CreatedAt)
 	tEnd := parseTime(v.EndedAt)
@@ -58,39 +61,95 @@ func printWaterfall(w io.Writer, v *runs.RunView, width int, now time.Time) erro
 	fmt.Fprintf(&b, "%-*s %s\n", labelW, "STEP", axis(bar, total))
 	for i, s := range v.Steps {
 		row := []rune(strings.Repeat(" ", bar))
-		start := parseTime(s.StartedAt)
-		if !start.IsZero() {
-			end := parseTime(s.EndedAt)
-			if end.IsZero() {
-				end = now
-			}
-			glyph := glyphRunning
-			switch s.Status {
-			case engine.StepCompleted:
-				glyph = glyphDone
-			case engine.StepFailed:
-				glyph = glyphFailed
-			}
-			for c := col(start); c <= col(end); c++ {
-				row[c] = glyph
-			}
-			if ws := parseTime(s.WaitingSince); !ws.IsZero() {
-				we := now
-				if s.EndedAt != "" {
-					we = ws.Add(time.Duration(s.WaitMs) * time.Millisecond)
-				}
-				for c := col(ws); c <= col(we); c++ {
-					row[c] = glyphWait
-				}
-			}
-		}
+		drawStep(row, s, col, now)
 		fmt.Fprintf(&b, "%-*s |%s| %s\n", labelW, labels[i], string(row), rights[i])
 	}
+	b.WriteString(laneRows(v, labelW, bar, col, now))
 	fmt.Fprintf(&b, "\n%c done  %c failed  %c running  %c waiting  (0 is the run's creation)\n",
 		glyphDone, glyphFailed, glyphRunning, glyphWait)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// drawStep draws step s's bar into row, col mapping a time to a column.
+func drawStep(row []rune, s runs.StepView, col func(time.Time) int, now time.Time) {
+	start := parseTime(s.StartedAt)
+	if start.IsZero() {
+		return
+	}
+	end := parseTime(s.EndedAt)
+	if end.IsZero() {
+		end = now
+	}
+	glyph := glyphRunning
+	switch s.Status {
+	case engine.StepCompleted:
+		glyph = glyphDone
+	case engine.StepFailed:
+		glyph = glyphFailed
+	}
+	for c := col(start); c <= col(end); c++ {
+		row[c] = glyph
+	}
+	if ws := parseTime(s.WaitingSince); !ws.IsZero() {
+		we := now
+		if s.EndedAt != "" {
+			we = ws.Add(time.Duration(s.WaitMs) * time.Millisecond)
+		}
+		for c := col(ws); c <= col(we); c++ {
+			row[c] = glyphWait
+		}
+	}
+}
+
+// maxLaneNames is how many of a lane's steps its row names.
+const maxLaneNames = 3
+
+// laneRows is the lane view of a run whose steps ran at once (nothing
+// when they ran one at a time): one row per lane (readmodel.Lanes), its
+// steps' bars one after another, and the steps it held to the right.
+func laneRows(v *runs.RunView, labelW, bar int, col func(time.Time) int, now time.Time) string {
+	t0 := parseTime(v.CreatedAt)
+	spans := make([]readmodel.Span, 0, len(v.Steps))
+	var of []int // spans[k] is v.Steps[of[k]]
+	for i, s := range v.Steps {
+		start := parseTime(s.StartedAt)
+		if start.IsZero() {
+			continue
+		}
+		sp := readmodel.Span{StartMs: ms(start.Sub(t0)), Open: s.EndedAt == ""}
+		if !sp.Open {
+			sp.EndMs = ms(parseTime(s.EndedAt).Sub(t0))
+		}
+		spans, of = append(spans, sp), append(of, i)
+	}
+	lanes, n := readmodel.Lanes(spans)
+	if n < 2 {
+		return ""
+	}
+	rows := make([][]rune, n)
+	names := make([][]string, n)
+	for k, lane := range lanes {
+		if rows[lane] == nil {
+			rows[lane] = []rune(strings.Repeat(" ", bar))
+		}
+		s := v.Steps[of[k]]
+		drawStep(rows[lane], s, col, now)
+		names[lane] = append(names[lane], s.StepID)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-*s (at most %d steps at once)\n", labelW, "LANE", n)
+	for lane, row := range rows {
+		list := names[lane]
+		if len(list) > maxLaneNames {
+			list = append(list[:maxLaneNames:maxLaneNames], fmt.Sprintf("+%d more", len(names[lane])-maxLaneNames))
+		}
+		fmt.Fprintf(&b, "%-*s |%s| %s\n", labelW, fmt.Sprintf("lane %d", lane+1), string(row), strings.Join(list, ", "))
+	}
+	return b.String()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // axis labels the time axis at its start, middle and end.
 func axis(bar int, total time.Duration) string {

@@ -34,12 +34,23 @@ func TestWaterfallGolden(t *testing.T) {
 		{StepID: "ok", NodeType: "approval", Status: engine.StepWaiting, Attempts: 1, StartedAt: at(2), WaitingSince: at(3),
 			Input: []byte(`{"prompt":"Ship it?","approvers":["ann"]}`)},
 	}}
+	// Five branches at once, one failing the run, its siblings interrupted:
+	// the lane view follows the steps.
+	fanOut := &runs.RunView{RunID: "run_fan", Status: engine.StatusFailed, CreatedAt: at(0), EndedAt: at(4000), Steps: []runs.StepView{
+		{StepID: "b0", NodeType: "ai-step", Status: engine.StepCompleted, Attempts: 1, StartedAt: at(100), EndedAt: at(1200), DurationMs: 1100},
+		{StepID: "b1", NodeType: "ai-step", Status: engine.StepCompleted, Attempts: 1, StartedAt: at(100), EndedAt: at(900), DurationMs: 800},
+		{StepID: "b2", NodeType: "ai-step", Status: engine.StepCompleted, Attempts: 1, StartedAt: at(100), EndedAt: at(2000), DurationMs: 1900},
+		{StepID: "b3", NodeType: "ai-step", Status: engine.StepCompleted, Attempts: 1, StartedAt: at(1000), EndedAt: at(2500), DurationMs: 1500},
+		{StepID: "b4", NodeType: "ai-step", Status: engine.StepFailed, Attempts: 1, StartedAt: at(1300), EndedAt: at(3900), DurationMs: 2600},
+		{StepID: "b5", NodeType: "ai-step", Status: engine.StepFailed, Attempts: 1, StartedAt: at(2600), EndedAt: at(3950), DurationMs: 1350},
+	}}
 	for _, tc := range []struct {
 		name  string
 		v     *runs.RunView
 		width int
 		now   time.Time
 	}{
+		{"fan_out_80", fanOut, 80, t0.Add(time.Hour)},
 		{"finished_80", finished, 80, t0.Add(time.Hour)},
 		{"finished_120", finished, 120, t0.Add(time.Hour)},
 		{"in_flight_60", inFlight, 60, t0.Add(900 * time.Millisecond)},

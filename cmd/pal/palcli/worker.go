@@ -26,6 +26,7 @@ import (
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
+	"github.com/palrun/pal/workflow"
 )
 
 func (e *env) workerCmd() *cobra.Command {
@@ -67,6 +68,7 @@ func addWorkerFlags(cmd *cobra.Command) {
 	f.String("worker-id", "", "worker id in leases and events (env PAL_WORKER_ID, default host-pid)")
 	f.String("lease-ttl", "", "lease time-to-live, whole seconds (env PAL_LEASE_TTL, default 3s)")
 	f.Int("concurrency", 0, "runs driven at once (env PAL_WORKER_CONCURRENCY, default 64)")
+	f.Int("run-concurrency", 0, "steps of one run in flight at once, at most (env PAL_RUN_CONCURRENCY, default 32, at most 1000)")
 	f.String("durability", "", "process or strict (env PAL_DURABILITY, default process)")
 	f.Int("replicas", 0, "stream replicas: 1 on one server, 3 in a cluster (env PAL_REPLICAS, default 1)")
 }
@@ -76,11 +78,14 @@ type workerConfig struct {
 	id          string
 	leaseTTL    time.Duration
 	concurrency int
-	durability  string
-	replicas    int
-	egress      *egress.Policy // PAL_EGRESS_ALLOW
-	smtpURL     string         // PAL_SMTP_URL, for the email connector
-	keys        *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
+	// runConcurrency caps the steps of one run in flight
+	// (PAL_RUN_CONCURRENCY).
+	runConcurrency int
+	durability     string
+	replicas       int
+	egress         *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL        string         // PAL_SMTP_URL, for the email connector
+	keys           *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
 	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
 	retryAfterMax time.Duration
 	// providerConcurrency limits model calls in flight
@@ -108,6 +113,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.concurrency, err = e.intSetting(cmd, "concurrency", "PAL_WORKER_CONCURRENCY", 64, 1); err != nil {
+		return wc, err
+	}
+	if wc.runConcurrency, err = e.runConcurrency(cmd); err != nil {
 		return wc, err
 	}
 	if wc.blobThreshold, err = e.intSetting(cmd, "blob-threshold", "PAL_BLOB_THRESHOLD", eventstore.DefaultBlobThreshold, eventstore.MinBlobThreshold); err != nil {
@@ -149,6 +157,21 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
+}
+
+// runConcurrency is PAL_RUN_CONCURRENCY (--run-concurrency): how many
+// steps of one run a worker has in flight at once, at most; a workflow's
+// policy.concurrency asks for fewer or as many.
+func (e *env) runConcurrency(cmd *cobra.Command) (int, error) {
+	n, err := e.intSetting(cmd, "run-concurrency", workers.EnvRunConcurrency, workers.DefaultRunConcurrency, 1)
+	if err != nil {
+		return 0, err
+	}
+	if n > workflow.MaxConcurrency {
+		_, what := e.rawSetting(cmd, "run-concurrency", workers.EnvRunConcurrency)
+		return 0, badInput("%s: at most %d (a workflow's policy.concurrency is at most that)", what(), workflow.MaxConcurrency)
+	}
+	return n, nil
 }
 
 // processSandbox reads the settings of the process tier. No sandbox may
@@ -246,7 +269,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
 		Sandbox: wc.sandbox}
 	logProcessSandbox(wc.sandbox, s.log)
