@@ -400,7 +400,8 @@ shown and the command returns at once.
 in PAL_EVENTS).
 
 Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
-id, 3 unknown run, 4 NATS unreachable.`,
+id, 3 unknown run, 4 NATS unreachable, 130 Ctrl-C stopped the watch (the
+run goes on).`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.jsonErrors(e.withSettings(e.runWatch)),
 	}
@@ -467,10 +468,7 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 			return nil
 		})
 		if err != nil {
-			if errors.Is(err, context.Canceled) {
-				return withCode(ExitInternal, fmt.Errorf("interrupted before run %s ended", runID))
-			}
-			return withCode(ExitUnavailable, err)
+			return followError(ctx, runID, err)
 		}
 	}
 	took := ""

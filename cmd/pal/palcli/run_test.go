@@ -445,3 +445,35 @@ func TestRunStartBudget(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Regexp(t, `(?m)^Budget\s+\$0\.0000 of \$0\.00001 \(on exceed: fail\)$`, r.stdout)
 }
+
+// TestInterruptedFollowSaysTheRunGoesOn: a signal that stops pal run start
+// --wait or pal run watch stops the following, not the run: exit 130, a
+// line that says the run goes on and how to follow it again, and the run
+// then succeeds.
+func TestInterruptedFollowSaysTheRunGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hold := b.LLM.Hold(nil)
+	t.Cleanup(hold.Release)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env := []string{"PAL_NATS_URL=" + b.NATS.URL()}
+
+	start := testenv.StartProcess(t, b.bin, []string{"run", "start", "--workflow", b.file(t, "held.json", seqWorkflow(1)), "--input", `{"text":"x"}`, "--wait"}, env)
+	require.NoError(t, start.WaitForOutput(ctx, "step_started"))
+	runID := strings.TrimSpace(strings.SplitN(start.Output(), "\n", 2)[0])
+	require.NoError(t, event.ValidateRunID(runID), start.Output())
+	watch := testenv.StartProcess(t, b.bin, []string{"run", "watch", runID}, env)
+	require.NoError(t, watch.WaitForOutput(ctx, "watching run "+runID))
+
+	for _, p := range []*testenv.Process{start, watch} {
+		require.NoError(t, p.Term())
+		var ee *exec.ExitError
+		require.ErrorAs(t, p.Wait(ctx), &ee, p.Output())
+		require.Equal(t, 130, ee.ExitCode(), p.Output())
+		require.Contains(t, p.Output(), "stopped following run "+runID+"; the run goes on (pal run watch "+runID, p.Output())
+		require.NotContains(t, p.Output(), "context canceled")
+	}
+	hold.Release()
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind, "the run went on")
+}
