@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
@@ -213,12 +214,22 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 		b.WaitEnd(t, id)
 		ids = append(ids, id)
 	}
+	other := b.start(t, paltest.Chain("other", 1, func(int, string) (string, string) {
+		return "s1", `{"id":"s1","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"other"}}`
+	}), `{}`)
+	b.WaitEnd(t, other)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(wctx))
 	db := []string{"DATABASE_URL=" + pg.DSN()}
 
-	r := b.pal(t, db, "run", "list")
+	r := b.pal(t, db, "run", "list", "--workflow", "other", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Equal(t, []string{other}, runIDs(decodeJSON[runs.RunList](t, r.stdout)), "--workflow keeps that workflow's runs")
+	r = b.pal(t, db, "run", "list", "--workflow", strings.Repeat("w", 300))
+	require.Equal(t, 2, r.code, "%s", r)
+
+	r = b.pal(t, db, "run", "list", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	require.Len(t, lines, 4, r.stdout)
@@ -227,21 +238,21 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	require.Regexp(t, `^`+ids[1]+`\s+failed\s+seq-2\s.*step_failed: `, lines[2])
 	require.Regexp(t, `^`+ids[0]+`\s+succeeded\s`, lines[3])
 
-	r = b.pal(t, db, "run", "list", "--json", "--status", "failed")
+	r = b.pal(t, db, "run", "list", "--json", "--status", "failed", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list := decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
 	require.Equal(t, ids[1], list.Runs[0].RunID)
 	require.Equal(t, "step_failed", list.Runs[0].ErrorCode)
 
-	r = b.pal(t, db, "run", "list", "--limit", "2", "--json")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--json", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 2)
 	require.NotEmpty(t, list.Next)
-	r = b.pal(t, db, "run", "list", "--limit", "2")
-	require.Contains(t, r.stderr, "more: pal run list --before "+list.Next+" --limit 2")
-	r = b.pal(t, db, "run", "list", "--limit", "2", "--before", list.Next, "--json")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--workflow", "seq-2")
+	require.Contains(t, r.stderr, "more: pal run list --before "+list.Next+" --workflow seq-2 --limit 2")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--before", list.Next, "--json", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
@@ -476,4 +487,12 @@ func TestInterruptedFollowSaysTheRunGoesOn(t *testing.T) {
 	}
 	hold.Release()
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind, "the run went on")
+}
+
+func runIDs(l runs.RunList) []string {
+	var ids []string
+	for _, r := range l.Runs {
+		ids = append(ids, r.RunID)
+	}
+	return ids
 }
