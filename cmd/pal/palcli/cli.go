@@ -23,6 +23,9 @@ const (
 	ExitNotFound    = 3
 	ExitUnavailable = 4
 	ExitInternal    = 5
+	// ExitInterrupted: Ctrl-C (or SIGTERM) stopped a command that follows
+	// a run (run start --wait, run watch); the run goes on.
+	ExitInterrupted = 130
 )
 
 // exitError carries an exit code with its error.
@@ -83,7 +86,7 @@ func answerOf(err error) (exit int, answer string) {
 		// The command knew better (a Postgres it cannot reach, a file it
 		// cannot write): the answer code says what the exit code says.
 		answer = map[int]string{ExitRunFailed: "failed", ExitBadInput: runs.CodeBadInput, ExitNotFound: runs.CodeNotFound,
-			ExitUnavailable: runs.CodeUnavailable, ExitInternal: runs.CodeInternal}[exit]
+			ExitUnavailable: runs.CodeUnavailable, ExitInternal: runs.CodeInternal, ExitInterrupted: "interrupted"}[exit]
 	}
 	return exit, answer
 }

@@ -110,7 +110,7 @@ func (e *env) connectNow(t natsTarget, name string) (*nats.Conn, error) {
 		return nil, &natsRefusal{who: who, err: err, login: true}
 	}
 	if err != nil {
-		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev', or set PAL_NATS_URL and PAL_NATS_CREDS)", t, err))
+		return nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach NATS at %s: %v (start 'pal dev'; from outside its directory set PAL_HOME to its data directory, default ./.pal; or set PAL_NATS_URL and PAL_NATS_CREDS)", t, err))
 	}
 	return nc, nil
 }

@@ -66,9 +66,11 @@ PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
 with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
 directory, readable by you only. Every other pal command run in this
-directory (with PAL_DATA_DIR naming the data directory when it is not
-./.pal) uses those values for the variables its environment does not set, so pal run list
-and a second pal worker need no copying. The file is replaced on every
+directory or below it (or anywhere, with PAL_HOME naming the data
+directory; PAL_DATA_DIR is its earlier name) uses those values for the
+variables its environment does not set, so pal run list and a second pal
+worker need no copying. pal dev's own API token is kept in dev-token
+there, so a restart keeps the browser logged in. The file is replaced on every
 start and removed on stop; in a shell, '. .pal/dev.env' sets the same
 variables.
 
@@ -80,7 +82,7 @@ built-in fake provider that answers "echo: <prompt>".`,
 	addWorkerFlags(cmd)
 	cmd.Flags().Lookup("worker-id").Usage = "the worker's id in leases and events (env PAL_WORKER_ID, default dev-<host>; --cluster's two workers add -1 and -2)"
 	addRESTFlags(cmd)
-	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_DATA_DIR, default ./.pal)")
+	cmd.Flags().String("data-dir", "", "where pal dev keeps its data (env PAL_HOME, default ./.pal)")
 	cmd.Flags().Bool("no-worker", false, "drive no runs in this process: leave them to pal worker processes")
 	cmd.Flags().Int("cluster", 0, "run NATS as a JetStream cluster of N node processes (N >= 3; client ports from PAL_NATS_URL's on) with PAL_REPLICAS=3, and two pal worker processes, to try failover")
 	return cmd
@@ -115,13 +117,13 @@ func (e *env) devConfigOf(cmd *cobra.Command, s *settings) (devConfig, error) {
 		return d, err
 	}
 	d.wc.egress = d.wc.egress.With(egress.Loopback...) // the tour calls local receivers
-	if d.rc, err = e.restSettings(cmd, true); err != nil {
+	d.dataDir = e.dataDir(cmd)
+	if d.rc, err = e.restSettings(cmd, filepath.Join(d.dataDir, devTokenName)); err != nil {
 		return d, err
 	}
 	if d.retention, err = projections.ParseRetention(e.getenv("PAL_RETENTION")); err != nil {
 		return d, badInput("%v", err)
 	}
-	d.dataDir = e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir)
 	d.dbURL = e.getenv("DATABASE_URL")
 	d.noWorker, _ = cmd.Flags().GetBool("no-worker")
 	d.cluster, _ = cmd.Flags().GetInt("cluster")
@@ -493,15 +495,15 @@ func (e *env) devVars(d devConfig, abs string, n *devNATS, dbURL string, rest *a
 }
 
 // devEnvNotes say who reads dev.env in the data directory abs: the pal
-// commands run here when it is the default ./.pal, else only those whose
-// PAL_DATA_DIR names it.
+// commands run here (and below) when it is the default ./.pal, else only
+// those whose PAL_HOME names it.
 func devEnvNotes(abs string) (settings, try string) {
 	if def, err := filepath.Abs(defaultDataDir); err == nil && def == abs {
 		return "pal commands run here use them", "in another terminal, in this directory"
 	}
 	q := shellQuote(abs)
-	return "pal commands use them with PAL_DATA_DIR=" + q + " set",
-		"in another terminal, in this directory, after export PAL_DATA_DIR=" + q
+	return "pal commands use them with PAL_HOME=" + q + " set",
+		"in another terminal, after export PAL_HOME=" + q
 }
 
 // natsStoreNote says where the JetStream store is: one directory, or one
@@ -648,4 +650,36 @@ func devSigningKey(dataDir string, wc *workerConfig, log *slog.Logger) error {
 	}
 	wc.keys = &receipt.Keys{Current: k}
 	return nil
+}
+
+// devTokenName is the file in pal dev's data directory that keeps its own
+// API token, so a restart keeps the browser's session and the token other
+// shells read from dev.env.
+const devTokenName = "dev-token"
+
+// devToken returns the token kept at path, making it (readable by its
+// owner only) the first time.
+func devToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		tok := strings.TrimSpace(string(b))
+		if strings.HasPrefix(tok, "pal_") && len(tok) > len("pal_")+16 && !strings.ContainsAny(tok, " \t\n,:=") {
+			return tok, nil
+		}
+		return "", badInput("%s does not hold a token pal dev made; remove it and pal dev makes a new one", path)
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", badInput("reading pal dev's token %s: %v", path, err)
+	}
+	tok, err := api.GenerateToken()
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", badInput("creating %s: %v", filepath.Dir(path), err)
+	}
+	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", badInput("keeping pal dev's token in %s: %v", path, err)
+	}
+	return tok, nil
 }

@@ -22,20 +22,53 @@ import (
 // devEnvName is the file's name inside the data directory.
 const devEnvName = "dev.env"
 
-// defaultDataDir is PAL_DATA_DIR's default.
+// defaultDataDir is PAL_HOME's default.
 const defaultDataDir = ".pal"
 
 // devEnvKey is what a variable name in dev.env must look like.
 var devEnvKey = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
 
-// devEnvPath is where pal dev writes dev.env and where the other commands
-// look for it: PAL_DATA_DIR (from the process environment), default ./.pal.
-func devEnvPath(getenv func(string) string) string {
-	dir := getenv("PAL_DATA_DIR")
-	if dir == "" {
-		dir = defaultDataDir
+// homeDir is pal dev's data directory as the environment names it:
+// PAL_HOME, else PAL_DATA_DIR (its earlier name); "" when neither is set.
+func homeDir(getenv func(string) string) string {
+	if d := getenv("PAL_HOME"); d != "" {
+		return d
 	}
-	return filepath.Join(dir, devEnvName)
+	return getenv("PAL_DATA_DIR")
+}
+
+// dataDir is pal dev's data directory: --data-dir, PAL_HOME or
+// PAL_DATA_DIR, default ./.pal.
+func (e *env) dataDir(cmd *cobra.Command) string {
+	if f := cmd.Flags().Lookup("data-dir"); f != nil && f.Changed {
+		return f.Value.String()
+	}
+	if d := homeDir(e.getenv); d != "" {
+		return d
+	}
+	return defaultDataDir
+}
+
+// devEnvPath is where pal dev writes dev.env and where the other commands
+// look for it: in PAL_HOME (or PAL_DATA_DIR) when set, else in the
+// nearest .pal of this directory or its parents that holds one, so pal
+// commands work from anywhere in the project; default ./.pal.
+func devEnvPath(getenv func(string) string) string {
+	if d := homeDir(getenv); d != "" {
+		return filepath.Join(d, devEnvName)
+	}
+	if wd, err := os.Getwd(); err == nil {
+		for dir := wd; ; dir = filepath.Dir(dir) {
+			p := filepath.Join(dir, defaultDataDir, devEnvName)
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+			if filepath.Dir(dir) == dir {
+				break
+			}
+		}
+	}
+	return filepath.Join(defaultDataDir, devEnvName)
 }
 
 // useDevEnv makes e.getenv fall back to dev.env for every command but
@@ -66,8 +99,8 @@ func (e *env) useDevEnv(cmd *cobra.Command, _ []string) error {
 // API token and the database's password. Keys are written in order.
 func writeDevEnv(path string, keys []string, vars map[string]string) error {
 	var b bytes.Buffer
-	b.WriteString("# Written by pal dev while it runs; pal commands read it when their PAL_DATA_DIR\n")
-	b.WriteString("# (default ./.pal) is this directory.\n")
+	b.WriteString("# Written by pal dev while it runs; pal commands read it when their PAL_HOME\n")
+	b.WriteString("# is this directory, or (unset) it is the nearest .pal above where they run.\n")
 	b.WriteString("# Variables set in the environment win over these. Shell: . " + path + "\n")
 	for _, k := range keys {
 		if v, ok := vars[k]; ok {

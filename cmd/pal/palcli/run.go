@@ -44,7 +44,8 @@ journal) and queues it for the workers. It prints the run id alone on
 stdout, or with --json {"run_id":…,"created":…} (created is false when the
 idempotency key named a run that existed already). With --wait it then
 follows the run and exits 0 when it succeeds, 1 when it fails or is
-cancelled; progress goes to stderr.`,
+cancelled; progress goes to stderr. Ctrl-C stops following, not the run:
+exit code 130, and pal run watch follows it again.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: e.jsonErrors(e.withSettings(e.runStart)),
 	}
@@ -196,7 +197,7 @@ func (e *env) follow(ctx context.Context, store *eventstore.Store, runID string,
 		return nil
 	})
 	if err != nil {
-		return err
+		return followError(ctx, runID, err)
 	}
 	switch final.Kind {
 	case event.RunSucceeded:
@@ -210,6 +211,16 @@ func (e *env) follow(ctx context.Context, store *eventstore.Store, runID string,
 		_ = final.DecodeData(&d)
 		return withCode(ExitRunFailed, fmt.Errorf("run %s was cancelled %s", runID, d.Reason))
 	}
+}
+
+// followError is the error of a follow of runID that ended before the
+// run: stopped by a signal (ExitInterrupted, saying the run goes on and
+// how to follow it again), else NATS (ExitUnavailable).
+func followError(ctx context.Context, runID string, err error) error {
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return withCode(ExitInterrupted, fmt.Errorf("stopped following run %s; the run goes on (pal run watch %s follows it again, pal run cancel %s stops it)", runID, runID, runID))
+	}
+	return withCode(ExitUnavailable, err)
 }
 
 // progress prints one line per notable event to stderr.

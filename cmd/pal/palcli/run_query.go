@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -282,13 +283,14 @@ func dash(s string) string {
 
 func (e *env) runListCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "list [--status S] [--limit N] [--before CURSOR] [--json]",
+		Use:   "list [--status S] [--workflow NAME] [--limit N] [--before CURSOR] [--json]",
 		Short: "List runs, newest first (needs DATABASE_URL)",
 		Long: `pal run list lists runs, newest first, from the Postgres projection: set
 DATABASE_URL (or --database-url) to the database pal projector writes to.
 
 --status keeps runs with one status: queued, running, waiting, succeeded,
-failed or cancelled. --limit caps the page (default 50, at most 1000); when
+failed or cancelled; --workflow keeps runs of the workflow of that name
+(GET /v1/runs?workflow=). --limit caps the page (default 50, at most 1000); when
 the page is full, the cursor of the next one is printed on stderr (human
 output) or as "next" (--json); pass it to --before.
 
@@ -302,6 +304,7 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 	addJSONFlag(cmd, `print {"runs": [...], "next": "..."} as one JSON object`)
 	addDatabaseFlag(cmd)
 	cmd.Flags().String("status", "", "only runs with this status (queued, running, waiting, succeeded, failed, cancelled)")
+	cmd.Flags().String("workflow", "", "only runs of the workflow of this name")
 	cmd.Flags().Int("limit", projections.DefaultListLimit, fmt.Sprintf("most runs to list (1 to %d)", projections.MaxListLimit))
 	cmd.Flags().String("before", "", "continue a listing: the cursor printed by the previous page")
 	return cmd
@@ -316,6 +319,9 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 			return withCode(ExitBadInput, fmt.Errorf("--status %w", err))
 		}
 		f.Status = st
+	}
+	if f.Workflow, _ = cmd.Flags().GetString("workflow"); len(f.Workflow) > runs.MaxNameBytes {
+		return badInput("--workflow: longer than %d bytes", runs.MaxNameBytes)
 	}
 	f.Limit, _ = cmd.Flags().GetInt("limit")
 	if f.Limit < 1 || f.Limit > projections.MaxListLimit {
@@ -377,11 +383,18 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 }
 
 // flagsAgain repeats the filter flags of a listing, for the next page.
+// plainWord is a value a shell takes as it is.
+var plainWord = regexp.MustCompile(`^[A-Za-z0-9_.@/+-]+$`)
+
 func flagsAgain(cmd *cobra.Command) string {
 	var b strings.Builder
-	for _, name := range []string{"status", "limit"} {
+	for _, name := range []string{"status", "workflow", "limit"} {
 		if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
-			fmt.Fprintf(&b, " --%s %s", name, f.Value.String())
+			v := f.Value.String()
+			if !plainWord.MatchString(v) {
+				v = shellQuote(v)
+			}
+			fmt.Fprintf(&b, " --%s %s", name, v)
 		}
 	}
 	return b.String()
@@ -400,7 +413,8 @@ shown and the command returns at once.
 in PAL_EVENTS).
 
 Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
-id, 3 unknown run, 4 NATS unreachable.`,
+id, 3 unknown run, 4 NATS unreachable, 130 Ctrl-C stopped the watch (the
+run goes on).`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.jsonErrors(e.withSettings(e.runWatch)),
 	}
@@ -467,10 +481,7 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 			return nil
 		})
 		if err != nil {
-			if errors.Is(err, context.Canceled) {
-				return withCode(ExitInternal, fmt.Errorf("interrupted before run %s ended", runID))
-			}
-			return withCode(ExitUnavailable, err)
+			return followError(ctx, runID, err)
 		}
 	}
 	took := ""

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
@@ -213,12 +214,22 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 		b.WaitEnd(t, id)
 		ids = append(ids, id)
 	}
+	other := b.start(t, paltest.Chain("other", 1, func(int, string) (string, string) {
+		return "s1", `{"id":"s1","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"other"}}`
+	}), `{}`)
+	b.WaitEnd(t, other)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, p.WaitCaughtUp(wctx))
 	db := []string{"DATABASE_URL=" + pg.DSN()}
 
-	r := b.pal(t, db, "run", "list")
+	r := b.pal(t, db, "run", "list", "--workflow", "other", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Equal(t, []string{other}, runIDs(decodeJSON[runs.RunList](t, r.stdout)), "--workflow keeps that workflow's runs")
+	r = b.pal(t, db, "run", "list", "--workflow", strings.Repeat("w", 300))
+	require.Equal(t, 2, r.code, "%s", r)
+
+	r = b.pal(t, db, "run", "list", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	require.Len(t, lines, 4, r.stdout)
@@ -227,21 +238,21 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 	require.Regexp(t, `^`+ids[1]+`\s+failed\s+seq-2\s.*step_failed: `, lines[2])
 	require.Regexp(t, `^`+ids[0]+`\s+succeeded\s`, lines[3])
 
-	r = b.pal(t, db, "run", "list", "--json", "--status", "failed")
+	r = b.pal(t, db, "run", "list", "--json", "--status", "failed", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list := decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
 	require.Equal(t, ids[1], list.Runs[0].RunID)
 	require.Equal(t, "step_failed", list.Runs[0].ErrorCode)
 
-	r = b.pal(t, db, "run", "list", "--limit", "2", "--json")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--json", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 2)
 	require.NotEmpty(t, list.Next)
-	r = b.pal(t, db, "run", "list", "--limit", "2")
-	require.Contains(t, r.stderr, "more: pal run list --before "+list.Next+" --limit 2")
-	r = b.pal(t, db, "run", "list", "--limit", "2", "--before", list.Next, "--json")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--workflow", "seq-2")
+	require.Contains(t, r.stderr, "more: pal run list --before "+list.Next+" --workflow seq-2 --limit 2")
+	r = b.pal(t, db, "run", "list", "--limit", "2", "--before", list.Next, "--json", "--workflow", "seq-2")
 	require.Equal(t, 0, r.code, "%s", r)
 	list = decodeJSON[runs.RunList](t, r.stdout)
 	require.Len(t, list.Runs, 1)
@@ -444,4 +455,44 @@ func TestRunStartBudget(t *testing.T) {
 	r = b.pal(t, nil, "run", "get", id, "--journal")
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Regexp(t, `(?m)^Budget\s+\$0\.0000 of \$0\.00001 \(on exceed: fail\)$`, r.stdout)
+}
+
+// TestInterruptedFollowSaysTheRunGoesOn: a signal that stops pal run start
+// --wait or pal run watch stops the following, not the run: exit 130, a
+// line that says the run goes on and how to follow it again, and the run
+// then succeeds.
+func TestInterruptedFollowSaysTheRunGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hold := b.LLM.Hold(nil)
+	t.Cleanup(hold.Release)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env := []string{"PAL_NATS_URL=" + b.NATS.URL()}
+
+	start := testenv.StartProcess(t, b.bin, []string{"run", "start", "--workflow", b.file(t, "held.json", seqWorkflow(1)), "--input", `{"text":"x"}`, "--wait"}, env)
+	require.NoError(t, start.WaitForOutput(ctx, "step_started"))
+	runID := strings.TrimSpace(strings.SplitN(start.Output(), "\n", 2)[0])
+	require.NoError(t, event.ValidateRunID(runID), start.Output())
+	watch := testenv.StartProcess(t, b.bin, []string{"run", "watch", runID}, env)
+	require.NoError(t, watch.WaitForOutput(ctx, "watching run "+runID))
+
+	for _, p := range []*testenv.Process{start, watch} {
+		require.NoError(t, p.Term())
+		var ee *exec.ExitError
+		require.ErrorAs(t, p.Wait(ctx), &ee, p.Output())
+		require.Equal(t, 130, ee.ExitCode(), p.Output())
+		require.Contains(t, p.Output(), "stopped following run "+runID+"; the run goes on (pal run watch "+runID, p.Output())
+		require.NotContains(t, p.Output(), "context canceled")
+	}
+	hold.Release()
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind, "the run went on")
+}
+
+func runIDs(l runs.RunList) []string {
+	var ids []string
+	for _, r := range l.Runs {
+		ids = append(ids, r.RunID)
+	}
+	return ids
 }

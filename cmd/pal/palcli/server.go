@@ -73,7 +73,8 @@ type restConfig struct {
 	addr     string
 	tokens   []api.Token
 	insecure bool
-	// generated is a token made up because PAL_API_TOKENS was unset
+	// generated is pal dev's own token, kept in its data directory,
+	// because PAL_API_TOKENS was unset
 	// (pal dev); print it.
 	generated string
 	// noTokens: PAL_API_TOKENS is unset and --insecure-no-auth was not
@@ -90,10 +91,10 @@ type restConfig struct {
 }
 
 // restSettings reads --http-addr/PAL_HTTP_ADDR, PAL_API_TOKENS and
-// --insecure-no-auth. With generate set (pal dev) and no tokens, it makes
-// up a token; without it (pal server) and without --insecure-no-auth it
-// serves but refuses every /v1 request.
-func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error) {
+// --insecure-no-auth. With tokenFile set (pal dev) and no tokens, it uses
+// the token kept there (devToken); without it (pal server) and without
+// --insecure-no-auth it serves but refuses every /v1 request.
+func (e *env) restSettings(cmd *cobra.Command, tokenFile string) (restConfig, error) {
 	var rc restConfig
 	var err error
 	rc.addr = e.stringSetting(cmd, "http-addr", "PAL_HTTP_ADDR", api.DefaultAddr)
@@ -123,8 +124,8 @@ func (e *env) restSettings(cmd *cobra.Command, generate bool) (restConfig, error
 	}
 	switch {
 	case rc.insecure:
-	case generate:
-		tok, err := api.GenerateToken()
+	case tokenFile != "":
+		tok, err := devToken(tokenFile)
 		if err != nil {
 			return rc, err
 		}
@@ -175,7 +176,7 @@ func printREST(w io.Writer, srv *api.Server, rc restConfig) {
 	fmt.Fprintf(w, "  web UI   %s/   (log in with an API token; runs at %s/runs/<run_id>)\n", u, u)
 	switch {
 	case rc.generated != "":
-		fmt.Fprintf(w, "  token    %s   (scope admin; generated because PAL_API_TOKENS is unset)\n", rc.generated)
+		fmt.Fprintf(w, "  token    %s   (scope admin; pal dev's own, kept in %s because PAL_API_TOKENS is unset)\n", rc.generated, devTokenName)
 		fmt.Fprintf(w, "           curl -H 'Authorization: Bearer %s' %s/v1/runs\n", rc.generated, u)
 	case rc.insecure:
 		fmt.Fprintf(w, "  token    none: authentication is OFF (--insecure-no-auth)\n")
@@ -190,7 +191,7 @@ func printREST(w io.Writer, srv *api.Server, rc restConfig) {
 
 func (e *env) runServer(cmd *cobra.Command, _ []string, s *settings) (err error) {
 	ctx := cmd.Context()
-	rc, err := e.restSettings(cmd, false)
+	rc, err := e.restSettings(cmd, "")
 	if err != nil {
 		return err
 	}

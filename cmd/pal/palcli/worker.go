@@ -178,7 +178,7 @@ func (e *env) runConcurrency(cmd *cobra.Command) (int, error) {
 // see the data directory, the signing key or the NATS credentials, also
 // under a mount.
 func (e *env) processSandbox(cmd *cobra.Command) (*sandbox.Runner, error) {
-	cfg := sandbox.Config{Private: []string{e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir),
+	cfg := sandbox.Config{Private: []string{e.dataDir(cmd),
 		e.getenv(receipt.EnvSigningKey), e.getenv("PAL_NATS_CREDS")}}
 	switch v := e.getenv(workers.EnvProcessSandbox); v {
 	case "", "on":
