@@ -105,7 +105,11 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if _, err := client.Requester(nats.Header(req.Headers()), "pal.api"); err != nil {
+		caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+		if err == nil {
+			err = caller.Reads("pal.api.runs.get")
+		}
+		if err != nil {
 			respondError(req, err, log)
 			return
 		}
@@ -149,6 +153,9 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	if err == nil {
 		err = svc.AddEndpoint("consumer", micro.HandlerFunc(func(req micro.Request) {
 			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+			if err == nil {
+				err = caller.Reads("a consumer")
+			}
 			if err != nil {
 				_ = req.Respond(natsauth.GuardRefusal(err.Error()))
 				return
@@ -202,14 +209,20 @@ func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.C
 		}
 		return client.Deploy(ctx, runs.DeployCommand{Workflow: body, By: caller.Name, Rights: caller.Rights()})
 	})
-	get := serve(func(ctx context.Context, _ runs.Caller, body []byte) (any, error) {
+	get := serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
+		if err := caller.Reads("pal.api.workflows.get"); err != nil {
+			return nil, err
+		}
 		var r workflowGetRequest
 		if err := runs.DecodeStrict(body, &r); err != nil {
 			return nil, err
 		}
 		return client.Workflow(ctx, runs.WorkflowRef{Name: r.Name, Version: r.Version})
 	})
-	list := serve(func(ctx context.Context, _ runs.Caller, body []byte) (any, error) {
+	list := serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
+		if err := caller.Reads("pal.api.workflows.list"); err != nil {
+			return nil, err
+		}
 		if b := bytes.TrimSpace(body); len(b) > 0 && string(b) != "{}" {
 			return nil, &runs.InputError{Msg: "pal.api.workflows.list takes no body (or {})"}
 		}

@@ -42,6 +42,16 @@ func (c Caller) Rights() Rights {
 	return r
 }
 
+// Reads refuses a caller without scope read what it asks (a run's view,
+// the workflows, a consumer of its own). The server already keeps such a
+// user off those subjects; this holds should a permission ever widen.
+func (c Caller) Reads(what string) error {
+	if c.Scopes.Has(natsauth.ScopeRead) {
+		return nil
+	}
+	return &ForbiddenError{Msg: fmt.Sprintf("NATS user %s lacks scope read, which %s needs", c.Name, what)}
+}
+
 // may refuses a command of kind the caller has no scope for.
 func (c Caller) may(kind string) error {
 	need, ok := natsauth.CommandScope(kind)

@@ -25,7 +25,13 @@ func (b *bundle) create(t *testing.T, stream, name string, cfg map[string]any) m
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m, err := b.client.RequestWithContext(ctx, "$JS.API.CONSUMER.CREATE."+stream+"."+name, body)
+	subject := "$JS.API.CONSUMER.CREATE." + stream
+	if name != "" {
+		subject += "." + name
+	} else {
+		delete(cfg, "name")
+	}
+	m, err := b.client.RequestWithContext(ctx, subject, body)
 	require.NoError(t, err)
 	var ans map[string]any
 	require.NoError(t, json.Unmarshal(m.Data, &ans), "%s", m.Data)
@@ -120,6 +126,14 @@ func TestGuardRefuses(t *testing.T) {
 		require.Contains(t, string(m.Data), `"kind":"run_created"`)
 	case <-ctx.Done():
 		t.Fatal("nothing delivered to the client's inbox")
+	}
+
+	// A create without a consumer name (the server names it) too, on
+	// every stream a client consumes.
+	for _, stream := range []string{eventstore.EventsStream, "KV_" + eventstore.LeaseBucket, "KV_" + eventstore.WorkflowBucket} {
+		ans := b.create(t, stream, "", map[string]any{"deliver_subject": nats.NewInbox(), "deliver_policy": "new", "ack_policy": "none"})
+		require.Empty(t, apiErrorOf(ans), "%s: %v", stream, ans)
+		require.NotEmpty(t, ans["name"], stream)
 	}
 	require.NoError(t, b.client.Flush())
 	require.Empty(t, b.cviol.all())

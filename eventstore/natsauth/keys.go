@@ -13,8 +13,9 @@ import (
 )
 
 // DefaultUser is the client account's own user of pal dev and the tests
-// (the Client role): it has every scope, so pal dev's tour can do
-// everything with it. Its seed is SeedFile(Client).
+// (the Client role): it has ClientScopes, so it starts, approves and
+// cancels runs of deployed workflows and deploys none. Its seed is
+// SeedFile(Client).
 const DefaultUser = "client"
 
 // Keys holds an nkey per role of PAL's account and per client user.

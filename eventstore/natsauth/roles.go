@@ -57,8 +57,8 @@ const (
 	API       Role = "api"
 	Admin     Role = "admin"
 	// Client is not a role of PAL's account but the client account's
-	// default user, DefaultUser: pal dev's and the tests' own, with every
-	// scope.
+	// default user, DefaultUser: pal dev's and the tests' own, with
+	// ClientScopes.
 	Client Role = "client"
 )
 
@@ -198,11 +198,12 @@ const importReplies = "_R_.>"
 
 // guard is what answering the client account takes: the replies of its
 // imports, and for the Guard counting the consumers clients made on a
-// stream (the create itself is ordered's).
+// stream and forwarding a create without a consumer name (a named one
+// is ordered's).
 func guard() []string {
 	out := []string{importReplies}
 	for _, s := range consumeStreams {
-		out = append(out, jsAPI+"CONSUMER.LIST."+s)
+		out = append(out, jsAPI+"CONSUMER.LIST."+s, jsAPI+"CONSUMER.CREATE."+s)
 	}
 	return out
 }

@@ -41,7 +41,7 @@ func Logging() NATSOption { return func(c *natsConfig) { c.logging = true } }
 
 // Roles turns authentication on with PAL's NATS accounts, as pal dev sets
 // them up (eventstore/natsauth): one fresh nkey user per role of PAL's
-// account and the client account's natsauth.DefaultUser (every scope).
+// account and the client account's natsauth.DefaultUser (natsauth.ClientScopes).
 // ConnAs connects as a role, ConnAsUser as a client user, and Conn as
 // admin. Only NATS (embedded) takes it.
 func Roles() NATSOption { return func(c *natsConfig) { c.roles = true } }
