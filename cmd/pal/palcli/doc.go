@@ -33,5 +33,7 @@
 //	   configuration; a conflict or held lease; credentials NATS refuses
 //	3  not found: unknown run
 //	4  unavailable: NATS (or Postgres) could not be reached
-//	5  internal error
+//	5  internal error, or a command interrupted
+//	130  interrupted while it followed a run (pal run start --wait, pal
+//	   run watch): the run goes on
 package palcli
