@@ -5,7 +5,8 @@
 # It starts `pal dev` in a temporary data directory on free loopback ports,
 # saves the nats context for pal dev's own client user with the line pal
 # dev prints (in a temporary nats config home): a user of the client
-# account, which reaches PAL only through its imports. It runs
+# account, which reaches PAL only through its imports (first without
+# --select, naming the context with --context, as the README offers). It runs
 # examples/hello.json to the end, then runs the README's commands, as
 # written, with that context (no flag: the imports keep the JetStream
 # API's subjects, and a consumer the client makes, through PAL's guard,
@@ -76,7 +77,7 @@ http_port=$(free_port)
 while [[ $http_port == "$nats_port" ]]; do http_port=$(free_port); done
 export PAL_NATS_URL="nats://127.0.0.1:$nats_port"
 export PAL_HTTP_ADDR="127.0.0.1:$http_port"
-unset DATABASE_URL PAL_API_TOKENS NATS_CONTEXT PAL_NATS_CREDS
+unset DATABASE_URL PAL_API_TOKENS NATS_CONTEXT PAL_NATS_CREDS PAL_HOME PAL_DATA_DIR
 # The nats CLI keeps its contexts here, not in the user's.
 export XDG_CONFIG_HOME=$work/config
 
@@ -93,13 +94,19 @@ for i in $(seq 1 600); do
 	sleep 0.1
 done
 save=$(grep -oE "nats context save .*--select" "$work/dev.log") || fail "pal dev printed no nats context save line"
+# The README's form that leaves the user's default context alone: the
+# same line without --select, and --context pal-dev on each command.
+keep=${save% --select}
+echo "e2e: $keep; nats --context pal-dev micro ls"
+eval "\"\$NATS\" ${keep#nats }" >/dev/null || fail "nats context save (without --select) failed"
+"$NATS" --context pal-dev micro ls </dev/null 2>/dev/null | grep ' pal ' >/dev/null || fail "nats --context pal-dev micro ls does not list pal"
 echo "e2e: $save"
 eval "\"\$NATS\" ${save#nats }" >/dev/null || fail "nats context save failed"
 nats stream info PAL_EVENTS >/dev/null 2>&1 || fail "the client role cannot read PAL_EVENTS' info"
 nats micro ls 2>/dev/null | grep ' pal ' >/dev/null || fail "nats micro ls does not list pal"
 
 # The pal commands read pal dev's dev.env (the worker role's credentials).
-export PAL_DATA_DIR=$work/data
+export PAL_HOME=$work/data
 run_id=$(cd "$root" && "$PAL" run start --workflow examples/hello.json --input '{"text":"PAL journals every step"}' --wait 2>"$work/start.log") ||
 	{ cat "$work/start.log" >&2; fail "the run did not succeed"; }
 [[ $run_id =~ ^[A-Za-z0-9_-]+$ ]] || fail "pal run start printed no run id: $run_id"

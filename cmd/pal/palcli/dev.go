@@ -42,7 +42,7 @@ by default 127.0.0.1:4222, so the nats CLI can connect), a local PostgreSQL
 (data under ./.pal/pg, from the machine's PostgreSQL binaries) unless
 DATABASE_URL is set, the projector, a worker with the recovery sweep, and the
 REST API on PAL_HTTP_ADDR (default 127.0.0.1:8080). When PAL_API_TOKENS is
-unset it makes up a token and prints it. With --no-worker it drives no runs
+unset it serves a token of its own and prints it. With --no-worker it drives no runs
 itself: start pal worker processes for that (to watch one crash, say).
 
 The embedded NATS server requires authentication, with PAL's two accounts:
@@ -70,7 +70,9 @@ directory or below it (or anywhere, with PAL_HOME naming the data
 directory; PAL_DATA_DIR is its earlier name) uses those values for the
 variables its environment does not set, so pal run list and a second pal
 worker need no copying. pal dev's own API token is kept in dev-token
-there, so a restart keeps the browser logged in. The file is replaced on every
+there, so a restart keeps it: the PAL_API_TOKEN of other shells stays
+valid, and the browser, which a restart logs out (sessions live in
+memory), logs in again with the same token. The file is replaced on every
 start and removed on stop; in a shell, '. .pal/dev.env' sets the same
 variables.
 
@@ -310,6 +312,7 @@ Try it (%s):
   pal run events <run_id>
   pal run list
   %s
+    (--select makes pal-dev your default nats context: to keep yours, leave it out and give each nats command --context pal-dev)
   nats sub --stream PAL_EVENTS --all -T 'pal.events.<run_id>'
 
 Press Ctrl-C to stop.
@@ -653,8 +656,8 @@ func devSigningKey(dataDir string, wc *workerConfig, log *slog.Logger) error {
 }
 
 // devTokenName is the file in pal dev's data directory that keeps its own
-// API token, so a restart keeps the browser's session and the token other
-// shells read from dev.env.
+// API token, so a restart keeps the token other shells read from dev.env
+// and the browser logs in with (its session, held in memory, ends).
 const devTokenName = "dev-token"
 
 // devToken returns the token kept at path, making it (readable by its

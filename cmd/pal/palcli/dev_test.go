@@ -221,6 +221,7 @@ func TestDevNATSRoles(t *testing.T) {
 	abs, err := filepath.Abs(filepath.Join(dataDir, natsauth.SeedFile(natsauth.Client)))
 	require.NoError(t, err)
 	require.Contains(t, dev.Output(), "nats context save pal-dev --server "+natsURL+" --nkey '"+abs+"' --select")
+	require.Contains(t, dev.Output(), "leave it out and give each nats command --context pal-dev", "how to keep one's own default context")
 	envVars, err := os.ReadFile(filepath.Join(dataDir, "dev.env"))
 	require.NoError(t, err)
 	require.Contains(t, string(envVars), "PAL_NATS_CREDS='"+filepath.Join(filepath.Dir(abs), natsauth.SeedFile(natsauth.Worker))+"'")
