@@ -12,6 +12,7 @@ help: ## List the targets
 
 .PHONY: build
 build: ## Build bin/pal
+	@echo "building $(BIN)... (the first build fetches and compiles the dependencies: a few minutes)"
 	$(GO) build -o $(BIN) ./cmd/pal
 
 .PHONY: run
@@ -19,7 +20,7 @@ run: build ## Run PAL locally: pal dev (NATS, Postgres, worker, projector, API; 
 	./$(BIN) dev
 
 .PHONY: test
-test: ## Run the whole test suite with the race detector (needs PostgreSQL binaries or DATABASE_URL)
+test: ## Run the whole test suite with the race detector (needs PostgreSQL binaries or DATABASE_URL, bubblewrap, python3, and Chromium, which the browser tests install when missing)
 	$(GO) vet $(PKGS)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
