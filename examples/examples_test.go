@@ -1,17 +1,19 @@
 // Package examples_test runs every workflow in examples/ against a real
 // PAL (embedded JetStream, a worker, the fake LLM provider, a webhook
-// receiver), so that the files the README points at stay valid and do what
-// they say.
+// receiver), with the input the README's line for it gives, so that the
+// files and the lines the README shows stay valid and do what they say.
 package examples_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -28,10 +30,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// example is one file of examples/ and how to run it: its input, what to
-// do while it runs, and what its journal must show.
+// example is one file of examples/ and how to run it (its input is the
+// README's, readmeInputs): what to do while it runs, and what its journal
+// must show.
 type example struct {
-	input string
 	// edit changes the file's text before the run (e.g. shorter waits).
 	edit func(wf string) string
 	// setup prepares the stack before the run starts.
@@ -44,13 +46,11 @@ type example struct {
 func examples() map[string]example {
 	return map[string]example{
 		"hello.json": {
-			input: `{"text":"PAL journals every step"}`,
 			check: func(t *testing.T, _ *paltest.Stack, _ string, out map[string]any) {
 				require.Equal(t, "echo: Summarise: PAL journals every step", out["draft"])
 			},
 		},
 		"notify.json": {
-			input: `{"text":"a text long enough to notify about","webhook":"{{hook}}"}`,
 			check: func(t *testing.T, s *paltest.Stack, runID string, _ map[string]any) {
 				reqs := s.Hook.Requests()
 				require.Len(t, reqs, 1)
@@ -59,7 +59,6 @@ func examples() map[string]example {
 			},
 		},
 		"approval.json": {
-			input: `{"change":"faster resumes"}`,
 			during: func(t *testing.T, s *paltest.Stack, runID string) {
 				s.WaitFor(t, runID, "the approval to wait", func(ev event.Event) bool {
 					return ev.Kind == event.StepWaiting && ev.StepID == "ok"
@@ -72,7 +71,6 @@ func examples() map[string]example {
 			},
 		},
 		"wait.json": {
-			input: `{"service":"billing"}`,
 			during: func(t *testing.T, s *paltest.Stack, runID string) {
 				// Sent before the run reaches the wait node: it is kept.
 				require.NoError(t, runs.New(s.Store).Signal(context.Background(), runs.SignalCommand{
@@ -83,7 +81,6 @@ func examples() map[string]example {
 			},
 		},
 		"loop.json": {
-			input: `{"articles":["one","two","three"],"style":"terse"}`,
 			check: func(t *testing.T, _ *paltest.Stack, _ string, out map[string]any) {
 				require.Len(t, out["summaries"], 3)
 				require.Equal(t, "echo: In a terse style, summarise article 2: three",
@@ -91,14 +88,12 @@ func examples() map[string]example {
 			},
 		},
 		"subagent.json": {
-			input: `{"topic":"JetStream"}`,
 			check: func(t *testing.T, s *paltest.Stack, _ string, out map[string]any) {
 				require.Equal(t, "echo: Write a paragraph from these notes: echo: List three facts about JetStream", out["text"])
 				require.Equal(t, 1, countCalls(s, providertest.Anthropic), "the child's step went to anthropic")
 			},
 		},
 		"agent.json": {
-			input: `{"question":"What is PAL?"}`,
 			setup: func(_ *testing.T, s *paltest.Stack) {
 				// The model calls echo once, then answers with what it got back.
 				s.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
@@ -116,14 +111,12 @@ func examples() map[string]example {
 			},
 		},
 		"condition.json": {
-			input: `{"text":"short"}`,
 			check: func(t *testing.T, s *paltest.Stack, runID string, out map[string]any) {
 				require.Equal(t, map[string]any{"text": "short"}, out, "the short branch ran")
 				require.Empty(t, completed(t, s, runID, "summarise"))
 			},
 		},
 		"connector.json": {
-			input: `{"webhook":"{{hook}}","order":"o-17"}`,
 			check: func(t *testing.T, s *paltest.Stack, runID string, _ map[string]any) {
 				reqs := s.Hook.Requests()
 				require.Len(t, reqs, 1)
@@ -135,9 +128,8 @@ func examples() map[string]example {
 			},
 		},
 		"tool.json": {
-			input: `{"url":"{{api}}/status"}`,
 			check: func(t *testing.T, _ *paltest.Stack, _ string, out map[string]any) {
-				require.Equal(t, map[string]any{"status": float64(200), "body": map[string]any{"healthy": true}}, out)
+				require.Equal(t, map[string]any{"status": float64(200), "body": map[string]any{"ok": true}}, out)
 			},
 		},
 		"slow.json": {
@@ -153,6 +145,41 @@ func examples() map[string]example {
 	}
 }
 
+// readmeMarker precedes the README's block of example commands: one
+// pal run start line per file of examples/, with the input it needs.
+const readmeMarker = "<!-- examples: examples/examples_test.go -->"
+
+// readmeLine is one line of that block: the file and its --input.
+var readmeLine = regexp.MustCompile(`^pal run start --workflow examples/([A-Za-z0-9_-]+\.json)(?: --input '([^']*)')?(?: --wait)?(?:\s+#.*)?$`)
+
+// The addresses the README's inputs name: pal dev's API, whose /healthz
+// the tool example reads, and a webhook receiver of the reader's. The
+// test puts its own servers there.
+const readmeAPI, readmeHook = "http://127.0.0.1:8080", "http://127.0.0.1:9000"
+
+// readmeInputs returns the --input of each example's README line ("" for
+// none), failing the test on a line it cannot read or a file named twice.
+func readmeInputs(t *testing.T) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "README.md"))
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(raw), readmeMarker+"\n")
+	require.True(t, ok, "README.md: no %s", readmeMarker)
+	block, ok := strings.CutPrefix(after, "```sh\n")
+	require.True(t, ok, "README.md: want a ```sh block right after %s", readmeMarker)
+	block, _, ok = strings.Cut(block, "```")
+	require.True(t, ok, "README.md: the examples block after %s is not closed", readmeMarker)
+	inputs := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(block), "\n") {
+		m := readmeLine.FindStringSubmatch(line)
+		require.NotNil(t, m, "README.md: example line %q: want pal run start --workflow examples/NAME.json [--input '{…}'] [--wait] [# …]", line)
+		_, dup := inputs[m[1]]
+		require.False(t, dup, "README.md: %s has two lines", m[1])
+		inputs[m[1]] = m[2]
+	}
+	return inputs
+}
+
 func TestExamples(t *testing.T) {
 	files, err := filepath.Glob("*.json")
 	require.NoError(t, err)
@@ -163,10 +190,13 @@ func TestExamples(t *testing.T) {
 	}
 	slices.Sort(names)
 	require.ElementsMatch(t, files, names, "every file in examples/ has a case here, and every case a file")
+	inputs := readmeInputs(t)
+	require.ElementsMatch(t, names, slices.Collect(maps.Keys(inputs)), "every example has one line in the README's block, and every line an example")
 
+	// Answers as pal dev's /healthz does.
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"healthy":true}`)
+		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	t.Cleanup(api.Close)
 
@@ -187,11 +217,11 @@ func TestExamples(t *testing.T) {
 				ex.setup(t, s)
 			}
 			s.Worker(t, "w1")
-			input := ex.input
+			input := inputs[name]
 			if input == "" {
 				input = "{}"
 			}
-			input = strings.NewReplacer("{{hook}}", s.Hook.URL(), "{{api}}", api.URL).Replace(input)
+			input = strings.NewReplacer(readmeHook, s.Hook.URL(), readmeAPI, api.URL).Replace(input)
 			runID := s.Start(t, wf, input)
 			if ex.during != nil {
 				ex.during(t, s, runID)
