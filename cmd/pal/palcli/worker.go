@@ -39,7 +39,9 @@ one worker at a time (a lease in PAL_LEASES). On SIGTERM a worker hands its
 runs to the others at once.
 
 Workers also carry out the durable commands of PAL_CMDS and answer the NATS
-service pal, and run the recovery sweep every PAL_RECOVERY_INTERVAL
+service pal, holding each caller to the limits of PAL_LIMIT_STARTS and
+PAL_LIMIT_COMMANDS (pal server --help says them; each worker process
+keeps its own count), and run the recovery sweep every PAL_RECOVERY_INTERVAL
 (default 30s): runs in flight (the PAL_INFLIGHT index, and with
 DATABASE_URL the runs the projection shows running or queued) with no
 live lease and no pending work are queued again.
