@@ -42,7 +42,7 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePort(t))
 	dev := testenv.StartProcess(t, bin, []string{"dev", "--no-worker"}, []string{
-		"PAL_DATA_DIR=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(),
+		"PAL_HOME=" + dataDir, "PAL_NATS_URL=" + natsURL, "DATABASE_URL=" + pg.DSN(),
 		"PAL_HTTP_ADDR=127.0.0.1:0", "PAL_LEASE_TTL=1s"})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -67,11 +67,12 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	// The data directory is not ./.pal: pal dev says how to reach it.
 	abs, err := filepath.Abs(dataDir)
 	require.NoError(t, err)
-	require.Contains(t, dev.Output(), "pal commands use them with PAL_DATA_DIR='"+abs+"' set")
-	require.Contains(t, dev.Output(), "after export PAL_DATA_DIR='"+abs+"'")
+	require.Contains(t, dev.Output(), "pal commands use them with PAL_HOME='"+abs+"' set")
+	require.Contains(t, dev.Output(), "after export PAL_HOME='"+abs+"'")
 
 	// A second worker, with no NATS URL and no provider settings of its own,
-	// takes pal dev's: no warning, and its LLM steps reach the fake.
+	// takes pal dev's: no warning, and its LLM steps reach the fake. It
+	// names the data directory by PAL_HOME's earlier name, still read.
 	worker := testenv.StartProcess(t, bin, []string{"worker", "--worker-id", "w2"}, []string{"PAL_DATA_DIR=" + dataDir})
 	require.NoError(t, worker.WaitForOutput(ctx, "worker ready"))
 	require.Contains(t, worker.Output(), "nats="+natsURL)
