@@ -53,8 +53,8 @@ type getRequest struct {
 // body (the same as the durable command of that name, without reply_to;
 // get takes {"run_id"}) and answers JSON: {"ok":true,"run_id":…} (get
 // answers the run), or {"error":…,"code":…} with the service error headers
-// set (400 bad input, 403 forbidden, 404 not found, 409 conflict, 500
-// internal, 503 unavailable). The caller is who the server says
+// set (400 bad input, 403 forbidden, 404 not found, 409 conflict, 429
+// rate limited, 500 internal, 503 unavailable). The caller is who the server says
 // (runs.Client.Requester): a client user, with its scopes, or PAL's own
 // account. The endpoint consumer answers the client account's consumer
 // creates (natsauth.Guard).

@@ -107,8 +107,6 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "name", true
 	case errors.Is(err, ErrPayloadTooLarge):
 		return CodeBadInput, "", true
-	case errors.As(err, &fe):
-		return CodeForbidden, fe.Field, true
 	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err):
 		return CodeNotFound, "", true
 	case errLeaseHeld(err):

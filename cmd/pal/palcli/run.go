@@ -238,7 +238,8 @@ func (e *env) runEventsCmd() *cobra.Command {
 		Short: "Print a run's journal",
 		Long: `pal run events prints the run's journal from its JetStream subject, one
 event per line. --json prints each envelope as one JSON line. --follow
-keeps printing new events until the run ends.`,
+keeps printing new events until the run ends; Ctrl-C stops it (exit code
+130, the run goes on).`,
 		Args: cobra.ExactArgs(1),
 		RunE: e.withSettings(func(cmd *cobra.Command, args []string, s *settings) error {
 			runID := args[0]
@@ -288,10 +289,10 @@ keeps printing new events until the run ends.`,
 				}
 				return nil
 			})
-			if errors.Is(err, context.Canceled) {
-				return nil
+			if err != nil {
+				return followError(cmd.Context(), runID, err)
 			}
-			return err
+			return nil
 		}),
 	}
 	cmd.Flags().Bool("json", false, "print each event as one JSON line")

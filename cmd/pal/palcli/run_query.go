@@ -382,10 +382,10 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	return nil
 }
 
-// flagsAgain repeats the filter flags of a listing, for the next page.
 // plainWord is a value a shell takes as it is.
 var plainWord = regexp.MustCompile(`^[A-Za-z0-9_.@/+-]+$`)
 
+// flagsAgain repeats the filter flags of a listing, for the next page.
 func flagsAgain(cmd *cobra.Command) string {
 	var b strings.Builder
 	for _, name := range []string{"status", "workflow", "limit"} {

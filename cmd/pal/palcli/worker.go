@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -180,7 +181,9 @@ func (e *env) runConcurrency(cmd *cobra.Command) (int, error) {
 // see the data directory, the signing key or the NATS credentials, also
 // under a mount.
 func (e *env) processSandbox(cmd *cobra.Command) (*sandbox.Runner, error) {
-	cfg := sandbox.Config{Private: []string{e.dataDir(cmd),
+	// The data directory named, and the one whose dev.env this command
+	// read (the nearest .pal above it), which may differ.
+	cfg := sandbox.Config{Private: []string{e.dataDir(cmd), filepath.Dir(devEnvPath(e.getenv)),
 		e.getenv(receipt.EnvSigningKey), e.getenv("PAL_NATS_CREDS")}}
 	switch v := e.getenv(workers.EnvProcessSandbox); v {
 	case "", "on":
