@@ -22,6 +22,9 @@ type RunCreatedData struct {
 	TriggerMeta  map[string]any `json:"trigger_meta,omitempty"`
 	// IdempotencyKey is the start request's key, when the client gave one.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Labels are the start's labels (CheckLabels bounds them); a fork or
+	// a retry carries its source's. Absent: none.
+	Labels map[string]string `json:"labels,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
 	// parent had left. Absent: no budget.
