@@ -71,6 +71,9 @@ type StartCommand struct {
 	// Budget narrows the workflow's policy.budget for this run (same
 	// shape); a limit over the workflow's is refused, not clamped.
 	Budget *workflow.Budget `json:"budget,omitempty"`
+	// Labels are journaled in run_created, for listings and search
+	// (GET /v1/runs?label=k=v); event.CheckLabels bounds them.
+	Labels Labels `json:"labels,omitempty"`
 
 	// TriggerMeta is recorded in run_created (not settable from JSON).
 	TriggerMeta map[string]any `json:"-"`
@@ -212,7 +215,45 @@ func DecodeStrict(body []byte, v any) error {
 	return nil
 }
 
+// Labels are a start's labels: a JSON object of strings.
+type Labels map[string]string
+
+// UnmarshalJSON decodes labels, refusing what encoding/json would let
+// through into a map of strings: a null value (it would read as "").
+// Errors name the field labels or labels.KEY.
+func (l *Labels) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return &InputError{Field: "labels", Msg: "want an object of strings, e.g. {\"customer\": \"acme\"}"}
+	}
+	if raw == nil {
+		*l = nil
+		return nil
+	}
+	if len(raw) > event.MaxLabels {
+		// Before decoding the values: a flood of labels is refused at its size.
+		return &InputError{Field: "labels", Msg: fmt.Sprintf("%d labels; the limit is %d", len(raw), event.MaxLabels)}
+	}
+	out := make(Labels, len(raw))
+	for k, v := range raw {
+		var s string
+		if err := event.CheckLabelKey(k); err != nil {
+			return &InputError{Field: "labels", Msg: err.Error()}
+		}
+		if bytes.Equal(v, []byte("null")) || json.Unmarshal(v, &s) != nil {
+			return &InputError{Field: "labels." + k, Msg: "want a string"}
+		}
+		out[k] = s
+	}
+	*l = out
+	return nil
+}
+
 func decodeError(err error) error {
+	var ie *InputError
+	if errors.As(err, &ie) {
+		return ie
+	}
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
@@ -294,6 +335,9 @@ func (c *StartCommand) Validate() error {
 	}
 	if in := bytes.TrimSpace(c.Input); len(in) > 0 && !json.Valid(in) {
 		return &InputError{Field: "input", Msg: "not valid JSON"}
+	}
+	if err := event.CheckLabels(c.Labels); err != nil {
+		return &InputError{Field: "labels", Msg: err.Error()}
 	}
 	hasWF := len(bytes.TrimSpace(c.Workflow)) > 0 && string(bytes.TrimSpace(c.Workflow)) != "null"
 	switch {

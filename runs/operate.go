@@ -231,7 +231,8 @@ func (c *ForkCommand) Validate() error {
 // one that is not copied is not copied either: it may have read that
 // step's output. ForkResult.Rerun says which steps run again and why.
 //
-// The new run keeps the source's deployed workflow version; a fork with
+// The new run keeps the source's labels, so a search for them finds the
+// fork beside its source, and the source's deployed workflow version; a fork with
 // another workflow deploys it first, as an inline start does, and needs
 // the same right (RightDeploy).
 //
@@ -317,7 +318,7 @@ func (c *Client) fork(ctx context.Context, cmd ForkCommand) (ForkResult, error) 
 		by = "pal"
 	}
 	start, err := c.create(ctx, StartCommand{RunID: cmd.NewRunID, IdempotencyKey: cmd.IdempotencyKey,
-		Input: input, By: by, forkedFrom: ff}, next, dep)
+		Input: input, Labels: src.Created.Labels, By: by, forkedFrom: ff}, next, dep)
 	if err != nil && start.RunID == "" {
 		return ForkResult{}, err
 	}
