@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
@@ -352,61 +351,19 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// maxWorkflowFilter bounds GET /v1/runs?workflow=.
-const maxWorkflowFilter = 256
-
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Runs == nil {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs needs DATABASE_URL", "")
 		return
 	}
-	q := r.URL.Query()
-	f := projections.RunFilter{Limit: projections.DefaultListLimit}
-	for k, vs := range q {
-		if len(vs) != 1 {
-			h.fail(w, r, &runs.InputError{Field: k, Msg: "given more than once"})
-			return
-		}
-		v := vs[0]
-		if err := queryText(k, v); err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		switch k {
-		case "status":
-			st, err := runs.ParseStatus(v)
-			if err != nil {
-				h.fail(w, r, err)
-				return
-			}
-			f.Status = st
-		case "limit":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > projections.MaxListLimit {
-				h.fail(w, r, &runs.InputError{Field: "limit", Msg: fmt.Sprintf("%q: want a whole number from 1 to %d", v, projections.MaxListLimit)})
-				return
-			}
-			f.Limit = n
-		case "before":
-			f.Before = v
-		case "workflow":
-			if len(v) > maxWorkflowFilter {
-				h.fail(w, r, &runs.InputError{Field: "workflow", Msg: fmt.Sprintf("longer than %d bytes", maxWorkflowFilter)})
-				return
-			}
-			f.Workflow = v
-		default:
-			h.fail(w, r, &runs.InputError{Field: k, Msg: "unknown query parameter (want status, workflow, limit or before)"})
-			return
-		}
+	f, err := runs.ParseRunFilter(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	rows, err := h.cfg.Runs.ListRuns(ctx, f)
-	if errors.Is(err, projections.ErrBadCursor) {
-		h.fail(w, r, &runs.InputError{Field: "before", Msg: "not a cursor from an earlier listing's \"next\""})
-		return
-	}
 	if err != nil {
 		// The cause may name the database and its user: log it, answer
 		// without it.
@@ -415,19 +372,6 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, runs.ListOf(rows, f.Limit))
-}
-
-// queryText refuses a query parameter value Postgres would refuse as text
-// (SQLSTATE 22021): invalid UTF-8 or a NUL byte is the caller's mistake,
-// answered 400, not a 503 of the projection.
-func queryText(field, v string) error {
-	switch {
-	case !utf8.ValidString(v):
-		return &runs.InputError{Field: field, Msg: "not valid UTF-8"}
-	case strings.IndexByte(v, 0) >= 0:
-		return &runs.InputError{Field: field, Msg: "holds a NUL byte"}
-	}
-	return nil
 }
 
 func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {

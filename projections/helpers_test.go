@@ -288,6 +288,9 @@ func requireRunMatchesFold(t *testing.T, pool *pgxpool.Pool, runID string, evs [
 	require.Equal(t, st.Created.ParentRunID, r.ParentRunID, "run %s", runID)
 	require.Equal(t, st.Created.ParentStepID, r.ParentStepID, "run %s", runID)
 	require.Equal(t, st.Created.Depth, r.Depth, "run %s", runID)
+	if len(st.Created.Labels) > 0 || len(r.Labels) > 0 { // none reads back as {}
+		require.Equal(t, st.Created.Labels, r.Labels, "run %s labels", runID)
+	}
 	require.Equal(t, st.Usage.InputTokens, r.InputTokens, "run %s", runID)
 	require.Equal(t, st.Usage.OutputTokens, r.OutputTokens, "run %s", runID)
 	require.Equal(t, st.Usage.TotalTokens, r.TotalTokens, "run %s", runID)

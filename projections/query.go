@@ -2,6 +2,7 @@ package projections
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -34,27 +35,17 @@ func NewReader(pool *pgxpool.Pool) *Reader { return &Reader{pool: pool} }
 
 // DefaultListLimit and MaxListLimit bound RunFilter.Limit.
 const (
-	DefaultListLimit = 50
-	MaxListLimit     = 1000
+	DefaultListLimit = readmodel.DefaultListLimit
+	MaxListLimit     = readmodel.MaxListLimit
 )
 
 // RunFilter selects runs for ListRuns.
-type RunFilter struct {
-	// Status keeps runs with this status; empty keeps all.
-	Status engine.Status
-	// Workflow keeps runs of the workflow of this name; empty keeps all.
-	Workflow string
-	// Limit caps the rows returned (DefaultListLimit; at most MaxListLimit).
-	Limit int
-	// Before continues a listing: pass the Cursor of the last row of the
-	// previous page.
-	Before string
-}
+type RunFilter = readmodel.RunFilter
 
 const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(workflow_hash, ''), input, output,
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
-	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from`
+	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from, labels`
 
 func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
@@ -69,7 +60,7 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	dest := append([]any{&r.RunID, &status, &r.WorkflowName, &r.WorkflowHash, &input, &output,
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
-		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom}, extra...)
+		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom, &r.Labels}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -85,39 +76,13 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 }
 
 // ListRuns returns runs, newest first (by creation time, then run id),
-// without their workflow snapshots. Errors: ErrBadCursor.
+// without their workflow snapshots. Each filter of f is served by an
+// index (migration 0013). Errors: ErrBadCursor.
 func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]readmodel.RunRow, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = DefaultListLimit
+	sql, args, err := listQuery(f)
+	if err != nil {
+		return nil, err
 	}
-	limit = min(limit, MaxListLimit)
-	var (
-		where []string
-		args  []any
-	)
-	if f.Status != "" {
-		args = append(args, string(f.Status))
-		where = append(where, fmt.Sprintf("status = $%d", len(args)))
-	}
-	if f.Workflow != "" {
-		args = append(args, f.Workflow)
-		where = append(where, fmt.Sprintf("workflow_name = $%d", len(args)))
-	}
-	if f.Before != "" {
-		ts, id, err := readmodel.ParseCursor(f.Before)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, ts, id)
-		where = append(where, fmt.Sprintf("(created_at, run_id) < ($%d, $%d)", len(args)-1, len(args)))
-	}
-	sql := "SELECT " + runColumnsSQL + " FROM runs"
-	if len(where) > 0 {
-		sql += " WHERE " + strings.Join(where, " AND ")
-	}
-	args = append(args, limit)
-	sql += fmt.Sprintf(" ORDER BY created_at DESC, run_id DESC LIMIT $%d", len(args))
 	rows, err := q.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing runs: %w", err)
@@ -136,6 +101,67 @@ func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]readmodel.RunRow,
 	}
 	return out, nil
 }
+
+// listQuery is the SQL and arguments of ListRuns(f).
+func listQuery(f RunFilter) (string, []any, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	limit = min(limit, MaxListLimit)
+	var (
+		where []string
+		args  []any
+	)
+	add := func(cond string, vs ...any) {
+		args = append(args, vs...)
+		where = append(where, fmt.Sprintf(cond, len(args)))
+	}
+	if f.Status != "" {
+		add("status = $%d", string(f.Status))
+	}
+	if f.Workflow != "" {
+		add("workflow_name = $%d", f.Workflow)
+	}
+	if len(f.Labels) > 0 {
+		labels, err := json.Marshal(f.Labels)
+		if err != nil {
+			return "", nil, fmt.Errorf("listing runs: the label filter: %w", err)
+		}
+		add("labels @> $%d::jsonb", labels)
+	}
+	if !f.Since.IsZero() {
+		add("created_at >= $%d", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("created_at < $%d", f.Until)
+	}
+	if f.ErrorCode != "" {
+		add("error_code = $%d", f.ErrorCode)
+	}
+	if f.Text != "" {
+		add("error ILIKE $%d", "%"+likeEscaper.Replace(f.Text)+"%")
+	}
+	if f.Before != "" {
+		ts, id, err := readmodel.ParseCursor(f.Before)
+		if err != nil {
+			return "", nil, err
+		}
+		args = append(args, ts, id)
+		where = append(where, fmt.Sprintf("(created_at, run_id) < ($%d, $%d)", len(args)-1, len(args)))
+	}
+	sql := "SELECT " + runColumnsSQL + " FROM runs"
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, limit)
+	sql += fmt.Sprintf(" ORDER BY created_at DESC, run_id DESC LIMIT $%d", len(args))
+	return sql, args, nil
+}
+
+// likeEscaper makes text match itself in a LIKE pattern (whose escape
+// character is the backslash).
+var likeEscaper = strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`)
 
 // GetRun returns a run, its workflow snapshot and its step attempts.
 // Errors: ErrRunNotFound.

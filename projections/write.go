@@ -2,6 +2,7 @@ package projections
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -42,19 +43,19 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, labels)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
-  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from
+  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from, labels
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
-  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[])
+  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[], $29::jsonb[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, labels)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -65,7 +66,8 @@ ON CONFLICT (run_id) DO UPDATE SET
   failed_step = EXCLUDED.failed_step, resumes = EXCLUDED.resumes, last_worker = EXCLUDED.last_worker,
   created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, ended_at = EXCLUDED.ended_at,
   last_seq = EXCLUDED.last_seq, budget = EXCLUDED.budget, steps_spent = EXCLUDED.steps_spent,
-  paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown, forked_from = EXCLUDED.forked_from
+  paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown, forked_from = EXCLUDED.forked_from,
+  labels = EXCLUDED.labels
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
@@ -196,7 +198,7 @@ func runColumns(rows []readmodel.RunRow) []any {
 		created, updated                           = make([]time.Time, n), make([]time.Time, n)
 		ended                                      = make([]pgtype.Timestamptz, n)
 		unknown                                    = make([]bool, n)
-		forked                                     = make([][]byte, n)
+		forked, labels                             = make([][]byte, n), make([][]byte, n)
 	)
 	for i, r := range rows {
 		id[i], status[i], name[i], hash[i] = cleanText(r.RunID), string(r.Status), cleanText(r.WorkflowName), cleanText(r.WorkflowHash)
@@ -207,10 +209,10 @@ func runColumns(rows []readmodel.RunRow) []any {
 		resumes[i], worker[i] = int32Of(r.Resumes), cleanText(r.LastWorker)
 		created[i], updated[i], ended[i], last[i] = r.CreatedAt, r.UpdatedAt, tstz(r.EndedAt), int64(r.LastSeq)
 		budget[i], steps[i], paused[i] = cleanJSON(r.Budget), r.StepsSpent, cleanText(r.PausedOn)
-		unknown[i], forked[i] = r.CostUnknown, cleanJSON(r.ForkedFrom)
+		unknown[i], forked[i], labels[i] = r.CostUnknown, cleanJSON(r.ForkedFrom), labelsJSON(r.Labels)
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
-		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked}
+		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked, labels}
 }
 
 func stepColumns(rows []readmodel.StepRow) []any {
@@ -254,6 +256,18 @@ func receiptColumns(rows []readmodel.ReceiptRow) []any {
 		claimed[i], delivered[i], last[i] = tstz(r.ClaimedAt), tstz(r.DeliveredAt), int64(r.LastSeq)
 	}
 	return []any{run, step, attempt, key, conn, target, status, code, claimed, delivered, last}
+}
+
+// labelsJSON is the runs.labels of a run: its labels, {} for none.
+func labelsJSON(labels map[string]string) []byte {
+	if len(labels) == 0 {
+		return []byte("{}")
+	}
+	b, err := json.Marshal(labels)
+	if err != nil {
+		return []byte("{}") // a map of strings always marshals
+	}
+	return cleanJSON(b)
 }
 
 // tstz is t, or NULL when t is zero.

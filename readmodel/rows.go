@@ -57,6 +57,8 @@ type RunRow struct {
 	// ForkedFrom is a fork's source ({run_id, step_id, seq}: run_created's
 	// forked_from without its copies), nil for a run that is no fork.
 	ForkedFrom json.RawMessage
+	// Labels are run_created's labels; empty for none.
+	Labels map[string]string
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -157,6 +159,7 @@ func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		EndedAt:      st.EndedAt,
 		LastSeq:      st.LastSeq,
 		StepsSpent:   st.StepsStarted,
+		Labels:       st.Created.Labels,
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)

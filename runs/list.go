@@ -10,7 +10,7 @@ import (
 )
 
 // RunSummary is a run in a listing (GET /v1/runs, pal run list --json):
-// the RunView's run fields without input, output, budget, spent,
+// the RunView's run fields (labels too) without input, output, budget, spent,
 // paused_on, journal_removed_at, forked_from and steps, in its formats.
 type RunSummary struct {
 	RunID        string        `json:"run_id"`
@@ -29,6 +29,8 @@ type RunSummary struct {
 	CreatedAt    string        `json:"created_at"`
 	UpdatedAt    string        `json:"updated_at"`
 	EndedAt      string        `json:"ended_at,omitempty"`
+	// Labels are the run's labels; absent for none.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // RunList is a page of runs. Next, when set, is the cursor of the next
@@ -44,7 +46,7 @@ func SummaryOf(r readmodel.RunRow) RunSummary {
 	return RunSummary{RunID: v.RunID, Status: v.Status, Workflow: v.Workflow, ParentRunID: v.ParentRunID,
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
 		FailedStep: v.FailedStep, Resumes: v.Resumes, LastWorker: v.LastWorker, LastSeq: v.LastSeq,
-		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt}
+		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels}
 }
 
 // ListOf renders a page of projection rows; limit is the page size asked

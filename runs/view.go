@@ -49,7 +49,9 @@ type RunView struct {
 	// ForkedFrom is the run and step a fork started from (pal run fork,
 	// retry); absent for a run that is no fork.
 	ForkedFrom *ForkPoint `json:"forked_from,omitempty"`
-	Steps      []StepView `json:"steps"`
+	// Labels are the start's labels (a fork's source's); absent for none.
+	Labels map[string]string `json:"labels,omitempty"`
+	Steps  []StepView        `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -130,6 +132,9 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
 		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
+	if len(r.Labels) > 0 {
+		v.Labels = r.Labels
+	}
 	v.Budget = optional[event.Budget](r.Budget)
 	v.ForkedFrom = optional[ForkPoint](r.ForkedFrom)
 	// Attempts grouped by step, steps in journal order (the first seq of

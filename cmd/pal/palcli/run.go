@@ -57,6 +57,7 @@ exit code 130, and pal run watch follows it again.`,
 	f.String("run-id", "", "run id to use (letters, digits, '_' and '-'); generated when empty")
 	f.String("idempotency-key", "", "start at most one run for this key")
 	f.String("budget", "", `narrow the workflow's policy.budget for this run, e.g. '{"maxCostUsd":1}' (a wider limit is refused)`)
+	f.StringArray("label", nil, fmt.Sprintf("label the run KEY=VALUE, for pal run list --label (repeatable, at most %d)", event.MaxLabels))
 	return cmd
 }
 
@@ -122,6 +123,10 @@ func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 			return badInput("--budget: %v (want e.g. '{\"maxCostUsd\":1,\"maxSteps\":20}')", err)
 		}
 	}
+	labels, err := startLabels(cmd)
+	if err != nil {
+		return err
+	}
 
 	client, closeNC, err := e.connectClient(ctx, s)
 	if err != nil {
@@ -129,8 +134,8 @@ func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 	}
 	defer closeNC()
 	// The CLI acts as itself: its NATS credentials bound what it may do.
-	res, err := client.Start(ctx, runs.StartCommand{
-		RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key, Budget: budget, By: "pal-cli", Rights: runs.AllRights})
+	res, err := client.Start(ctx, runs.StartCommand{RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key,
+		Budget: budget, Labels: labels, By: "pal-cli", Rights: runs.AllRights})
 	if err != nil {
 		if res.RunID == "" {
 			return err // its exit code by runs.Classify: a refused budget is bad input
@@ -148,6 +153,27 @@ func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 		return nil
 	}
 	return e.follow(ctx, client.Store(), res.RunID, func(ev event.Event) { e.progress(ev) })
+}
+
+// startLabels reads the --label flags of pal run start; the start checks
+// their count and sizes (event.CheckLabels).
+func startLabels(cmd *cobra.Command) (runs.Labels, error) {
+	flags, _ := cmd.Flags().GetStringArray("label")
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	labels := runs.Labels{}
+	for _, l := range flags {
+		k, v, err := runs.ParseLabel(l)
+		if err != nil {
+			return nil, badInput("--%v", err)
+		}
+		if old, dup := labels[k]; dup && old != v {
+			return nil, badInput("--label %s given twice (%q and %q): a run has one value per label", k, truncate(old, 40), truncate(v, 40))
+		}
+		labels[k] = v
+	}
+	return labels, nil
 }
 
 // startWorkflow is the start's workflow: a deployed one's name (a JSON

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"regexp"
 	"strings"
 	"text/tabwriter"
@@ -283,16 +284,22 @@ func dash(s string) string {
 
 func (e *env) runListCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "list [--status S] [--workflow NAME] [--limit N] [--before CURSOR] [--json]",
+		Use: "list [--status S] [--workflow NAME] [--label KEY=VALUE]... [--since T] [--until T] [--error-code C] " +
+			"[--search TEXT] [--limit N] [--before CURSOR] [--json]",
 		Short: "List runs, newest first (needs DATABASE_URL)",
 		Long: `pal run list lists runs, newest first, from the Postgres projection: set
 DATABASE_URL (or --database-url) to the database pal projector writes to.
 
+The filters are those of GET /v1/runs, and every one given must match:
 --status keeps runs with one status: queued, running, waiting, succeeded,
-failed or cancelled; --workflow keeps runs of the workflow of that name
-(GET /v1/runs?workflow=). --limit caps the page (default 50, at most 1000); when
-the page is full, the cursor of the next one is printed on stderr (human
-output) or as "next" (--json); pass it to --before.
+failed or cancelled; --workflow keeps runs of the workflow of that name;
+--label KEY=VALUE (repeatable) runs that carry the label (pal run start
+--label); --since and --until (RFC 3339) runs created in that range (since
+included, until not); --error-code runs that ended with that code
+(step_failed, budget_exceeded, ...); --search runs whose error message
+contains the text, ignoring case. --limit caps the page (default 50, at most
+1000); when the page is full, the cursor of the next one is printed on
+stderr (human output) or as "next" (--json); pass it to --before.
 
 --json prints {"runs": [...], "next": "..."}, the same as GET /v1/runs.
 
@@ -305,29 +312,50 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 	addDatabaseFlag(cmd)
 	cmd.Flags().String("status", "", "only runs with this status (queued, running, waiting, succeeded, failed, cancelled)")
 	cmd.Flags().String("workflow", "", "only runs of the workflow of this name")
+	cmd.Flags().StringArray("label", nil, "only runs with this label, KEY=VALUE (repeatable: all must match)")
+	cmd.Flags().String("since", "", "only runs created at or after this RFC 3339 time")
+	cmd.Flags().String("until", "", "only runs created before this RFC 3339 time")
+	cmd.Flags().String("error-code", "", "only runs that ended with this error code")
+	cmd.Flags().String("search", "", fmt.Sprintf("only runs whose error message contains this text, ignoring case (at most %d bytes)", runs.MaxSearchBytes))
 	cmd.Flags().Int("limit", projections.DefaultListLimit, fmt.Sprintf("most runs to list (1 to %d)", projections.MaxListLimit))
 	cmd.Flags().String("before", "", "continue a listing: the cursor printed by the previous page")
 	return cmd
 }
 
+// listFlags maps the query parameters of GET /v1/runs to pal run list's
+// flags: the flags are read into a query and parsed by the same rule.
+var listFlags = map[string]string{"status": "status", "workflow": "workflow", "label": "label", "since": "since",
+	"until": "until", "error_code": "error-code", "q": "search", "limit": "limit", "before": "before"}
+
+// listFilter reads pal run list's flags into the filter GET /v1/runs would
+// make of the same query; an error names the flag.
+func listFilter(cmd *cobra.Command) (projections.RunFilter, error) {
+	q := url.Values{}
+	for param, flag := range listFlags {
+		f := cmd.Flags().Lookup(flag)
+		if !f.Changed {
+			continue
+		}
+		if param == "label" {
+			q[param], _ = cmd.Flags().GetStringArray(flag)
+			continue
+		}
+		q.Set(param, f.Value.String())
+	}
+	f, err := runs.ParseRunFilter(q)
+	var ie *runs.InputError
+	if errors.As(err, &ie) {
+		return f, badInput("--%s: %s", listFlags[ie.Field], ie.Msg)
+	}
+	return f, err
+}
+
 func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	ctx := cmd.Context()
-	f := projections.RunFilter{}
-	if s, _ := cmd.Flags().GetString("status"); s != "" {
-		st, err := runs.ParseStatus(s)
-		if err != nil {
-			return withCode(ExitBadInput, fmt.Errorf("--status %w", err))
-		}
-		f.Status = st
+	f, err := listFilter(cmd)
+	if err != nil {
+		return err
 	}
-	if f.Workflow, _ = cmd.Flags().GetString("workflow"); len(f.Workflow) > runs.MaxNameBytes {
-		return badInput("--workflow: longer than %d bytes", runs.MaxNameBytes)
-	}
-	f.Limit, _ = cmd.Flags().GetInt("limit")
-	if f.Limit < 1 || f.Limit > projections.MaxListLimit {
-		return badInput("--limit %d: want 1 to %d", f.Limit, projections.MaxListLimit)
-	}
-	f.Before, _ = cmd.Flags().GetString("before")
 	dbURL := e.stringSetting(cmd, "database-url", "DATABASE_URL", "")
 	if dbURL == "" {
 		return badInput("pal run list reads the Postgres projection and DATABASE_URL is not set: set it (or --database-url) " +
@@ -339,9 +367,6 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	}
 	defer pool.Close()
 	rows, err := projections.NewReader(pool).ListRuns(ctx, f)
-	if errors.Is(err, projections.ErrBadCursor) {
-		return badInput("--before %q: not a cursor printed by an earlier pal run list", f.Before)
-	}
 	if err != nil {
 		return pgHint(err)
 	}
@@ -388,9 +413,16 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9_.@/+-]+$`)
 // flagsAgain repeats the filter flags of a listing, for the next page.
 func flagsAgain(cmd *cobra.Command) string {
 	var b strings.Builder
-	for _, name := range []string{"status", "workflow", "limit"} {
-		if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
-			v := f.Value.String()
+	for _, name := range []string{"status", "workflow", "label", "since", "until", "error-code", "search", "limit"} {
+		f := cmd.Flags().Lookup(name)
+		if f == nil || !f.Changed {
+			continue
+		}
+		vs := []string{f.Value.String()}
+		if name == "label" {
+			vs, _ = cmd.Flags().GetStringArray(name)
+		}
+		for _, v := range vs {
 			if !plainWord.MatchString(v) {
 				v = shellQuote(v)
 			}
