@@ -13,3 +13,6 @@ func SetMinRetention(t interface{ Cleanup(func()) }, d time.Duration) {
 	minRetention = d
 	t.Cleanup(func() { minRetention = old })
 }
+
+// ListQuery is the SQL and arguments ListRuns runs for f, for EXPLAIN.
+func ListQuery(f RunFilter) (string, []any, error) { return listQuery(f) }
