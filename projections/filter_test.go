@@ -161,7 +161,7 @@ func listFilters(base time.Time) []struct {
 		{"workflow", projections.RunFilter{Workflow: "wf7"}},
 		{"since_until", projections.RunFilter{Since: base.Add(2000 * time.Minute), Until: base.Add(2500 * time.Minute)}},
 		{"error_code", projections.RunFilter{ErrorCode: event.CodeBudgetExceeded}},
-		{"q", projections.RunFilter{Text: "c4ca4238a0b9"}}, // md5('1'), in one message
+		{"q", projections.RunFilter{Text: "D3D9446802A4"}}, // md5('10'): run 10's message
 		{"label_since_until", projections.RunFilter{Labels: map[string]string{"customer": "c42"},
 			Since: base.Add(2000 * time.Minute), Until: base.Add(6000 * time.Minute)}},
 	}
@@ -183,6 +183,9 @@ func TestListRunsPlans(t *testing.T) {
 		t.Logf("%s, the planner's choice:\n%s\n%s, without sequential scans:\n%s", c.name, chosen, c.name, forced)
 		require.NotContains(t, forced, "Seq Scan", c.name)
 		require.Contains(t, forced, "Index", c.name)
+		rows, err := projections.NewReader(pool).ListRuns(context.Background(), c.f)
+		require.NoError(t, err)
+		require.NotEmpty(t, rows, "%s finds runs", c.name)
 	}
 }
 
