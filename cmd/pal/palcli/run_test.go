@@ -167,7 +167,7 @@ func TestRunExitCodes(t *testing.T) {
 		{nil, []string{"run", "get"}, 2, "accepts 1 arg"},
 		{nil, []string{"run", "list"}, 2, "DATABASE_URL is not set"},
 		{[]string{"DATABASE_URL=postgres://x@127.0.0.1:1/x"}, []string{"run", "list", "--status", "done"}, 2, `"done": want one of queued, running`},
-		{[]string{"DATABASE_URL=postgres://x@127.0.0.1:1/x"}, []string{"run", "list", "--limit", "0"}, 2, "--limit 0"},
+		{[]string{"DATABASE_URL=postgres://x@127.0.0.1:1/x"}, []string{"run", "list", "--limit", "0"}, 2, `--limit: "0": want a whole number from 1 to 1000`},
 		{[]string{"DATABASE_URL=postgres://x@127.0.0.1:1/x"}, []string{"run", "list"}, 4, "cannot reach Postgres"},
 		{down, []string{"run", "get", "run_x"}, 4, "cannot reach NATS"},
 		{down, []string{"run", "watch", "run_x"}, 4, "cannot reach NATS"},
