@@ -72,8 +72,10 @@
 //
 // # Queries
 //
-// Reader holds the queries PAL itself runs: ListRuns (newest first, by
-// status, with a cursor), GetRun (a run with its step attempts,
+// Reader holds the queries PAL itself runs: ListRuns (newest first, with
+// a cursor, filtered by a readmodel.RunFilter: labels, status, workflow,
+// creation time, error code, the error's text; each filter has an index,
+// migration 0013), GetRun (a run with its step attempts,
 // ErrRunNotFound) and Orphans (running or queued runs, least recently
 // updated first, for the recovery sweep). Users query the tables directly:
 //
@@ -88,6 +90,9 @@
 //	-- deliveries whose outcome is unknown
 //	SELECT run_id, step_id, connector, target, claimed_at
 //	FROM side_effect_receipts WHERE status = 'unconfirmed';
+//
+//	-- runs of one customer, by label (served by runs_labels_idx)
+//	SELECT run_id, status, created_at FROM runs WHERE labels @> '{"customer": "acme"}';
 //
 //	-- the journal of a run, as in the stream
 //	SELECT seq, kind, step_id, attempt, data FROM journal_events WHERE run_id = $1 ORDER BY seq;

@@ -59,7 +59,11 @@
 //     of the workflow's models (from the client's table, WithPrices:
 //     the process's, PAL_PRICES) are decided there, once, and journaled.
 //     The run is put in PAL_INFLIGHT just before (eventstore.MarkInflight),
-//     as a worker puts a child run.
+//     as a worker puts a child run. A start's labels are checked
+//     (event.CheckLabels) before anything is written; a fork or retry
+//     carries its source's.
+//   - ParseRunFilter is the one reading of a listing's filters: GET
+//     /v1/runs's query, and pal run list's flags made into that query.
 //   - RunView renders a run the same from the journal (ViewOf) and from
 //     the Postgres projection (ViewOfDetail): both go through
 //     readmodel.RowsOf-shaped rows and one render function.
