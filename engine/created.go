@@ -68,12 +68,13 @@ func RunCreated(c Creation) (event.Event, error) {
 // parent's (the parent's workflow names every model of the child's), so
 // one run and its children are priced alike. The subagent node is part of
 // the parent's deployed workflow, so the child carries the parent's
-// deployed reference. It fails only when input is not JSON.
+// deployed reference; it carries the parent's labels too, so a search for
+// them finds the child. It fails only when input is not JSON.
 func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, input json.RawMessage,
 	anomalies map[string]event.AnomalyRule, by string, now time.Time) (event.Event, error) {
 	return created(wf, event.RunCreatedData{Input: input, ParentRunID: parent.RunID, ParentStepID: stepID,
 		Depth: parent.Created.Depth + 1, TriggerMeta: ChildTriggerMeta(parent, stepID),
-		Budget: ChildBudget(parent, wf, now), Deployed: parent.Created.Deployed}, anomalies, parent.Prices(), by)
+		Budget: ChildBudget(parent, wf, now), Deployed: parent.Created.Deployed, Labels: parent.Created.Labels}, anomalies, parent.Prices(), by)
 }
 
 // created completes d with what every run_created carries of its

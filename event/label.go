@@ -17,7 +17,8 @@ import (
 //   - a value is at most MaxLabelValueBytes bytes of UTF-8 without control
 //     characters, and may be empty.
 //
-// schemas/event.schema.json ($defs/labels) states the same bounds.
+// schemas/event.schema.json ($defs/labels) states the same bounds. A fork
+// or retry carries its source's labels, a child run its parent's.
 const (
 	MaxLabels          = 16
 	MaxLabelKeyBytes   = 63

@@ -23,7 +23,7 @@ type RunCreatedData struct {
 	// IdempotencyKey is the start request's key, when the client gave one.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	// Labels are the start's labels (CheckLabels bounds them); a fork or
-	// a retry carries its source's. Absent: none.
+	// a retry carries its source's, a child run its parent's. Absent: none.
 	Labels map[string]string `json:"labels,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
