@@ -10,7 +10,7 @@
 // token with the scope named (or a web UI session standing for one):
 //
 //	POST /v1/runs                      start    start a run: 201 created, 200 for a duplicate idempotency key
-//	GET  /v1/runs                      read     list runs, newest first (the Postgres projection)
+//	GET  /v1/runs                      read     list runs, newest first, by label, status, workflow, time, error (the Postgres projection)
 //	GET  /v1/runs/{id}                 read     a run, folded from its journal (runs.RunView)
 //	GET  /v1/runs/{id}/events          read     the journal as server-sent events
 //	GET  /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI

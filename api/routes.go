@@ -34,7 +34,7 @@ type route struct {
 // holds api/doc.go's list to them. A route is added here, or nowhere.
 var routes = []route{
 	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key"}, serve: startRoute},
-	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first (the Postgres projection)"}, serve: (*handler).listRuns},
+	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)"}, serve: (*handler).listRuns},
 	{Route: Route{"GET", "/v1/runs/{id}", ScopeRead, "a run, folded from its journal (runs.RunView)"}, serve: (*handler).getRun},
 	{Route: Route{"GET", "/v1/runs/{id}/events", ScopeRead, "the journal as server-sent events"}, serve: (*handler).streamEvents},
 	{Route: Route{"GET", "/v1/runs/{id}/waterfall", ScopeRead, "a run's timeline, for the web UI"}, serve: (*handler).getWaterfall},
