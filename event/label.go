@@ -2,8 +2,9 @@ package event
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 )
 
 // Labels are the string pairs a start gives a run ({"customer": "acme"}),
@@ -55,12 +56,7 @@ func CheckLabels(labels map[string]string) error {
 	if len(labels) > MaxLabels {
 		return fmt.Errorf("%d labels; the limit is %d", len(labels), MaxLabels)
 	}
-	keys := make([]string, 0, len(labels))
-	for k := range labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		if err := CheckLabelKey(k); err != nil {
 			return err
 		}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -235,7 +237,8 @@ func (l *Labels) UnmarshalJSON(b []byte) error {
 		return &InputError{Field: "labels", Msg: fmt.Sprintf("%d labels; the limit is %d", len(raw), event.MaxLabels)}
 	}
 	out := make(Labels, len(raw))
-	for k, v := range raw {
+	for _, k := range slices.Sorted(maps.Keys(raw)) { // the same body, the same first error
+		v := raw[k]
 		var s string
 		if err := event.CheckLabelKey(k); err != nil {
 			return &InputError{Field: "labels", Msg: err.Error()}

@@ -2,9 +2,10 @@ package runs
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,12 +35,7 @@ var errorCode = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 // a value out of its bounds.
 func ParseRunFilter(q url.Values) (readmodel.RunFilter, error) {
 	f := readmodel.RunFilter{Limit: readmodel.DefaultListLimit}
-	keys := make([]string, 0, len(q))
-	for k := range q {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys) // the same query, the same first error
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(q)) { // the same query, the same first error
 		vs := q[k]
 		if k != "label" && len(vs) > 1 {
 			return f, &InputError{Field: k, Msg: "given more than once"}
