@@ -45,9 +45,10 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 			if ts != nil && ts.Status == StepFailed {
 				return Fail{Code: failCode(ts), StepID: tid, Error: fmt.Sprintf("step %s failed: %s", tid, ts.Error)}
 			}
-			in := AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs[sent:],
-				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
-			return planTurn(st, node, tid, d.TimeoutMs, in, msgs)
+			c := d.Model.Choice(d.Provider, fallbackOf(st, tid))
+			in := AIInput{Provider: c.Provider, Model: c.Model, System: system, Messages: msgs[sent:],
+				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature, ResponseSchema: d.ResponseSchema}
+			return planTurn(st, node, tid, d.TimeoutMs, in, msgs, len(d.Model.Choices(d.Provider)))
 		}
 		sent = len(msgs)
 		var out LLMOutput
@@ -57,7 +58,7 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
 			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
-			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence})
+			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence, JSON: out.JSON})
 			return pure(p, out)
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
@@ -69,10 +70,11 @@ func planAgent(st *RunState, node *workflow.Node, id StepID, env workflow.Env) A
 }
 
 // planTurn plans the model turn tid, whose input is in unless journaled:
-// its request is the whole conversation msgs.
-func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in AIInput, msgs []provider.Message) Action {
+// its request is the whole conversation msgs. models counts the agent's
+// model list.
+func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in AIInput, msgs []provider.Message, models int) Action {
 	p := basePlan(st, node, tid, ExecLLM)
-	p.TimeoutMs = timeoutMs
+	p.TimeoutMs, p.Models = timeoutMs, models
 	gateStep(st, node, &p)
 	if p.Input == nil {
 		p.Input, _ = json.Marshal(in)

@@ -154,10 +154,11 @@ func (st *RunState) anomalyTypeSeen(typ string) bool {
 
 // EstimateCall is the worst case of an LLM step with the rendered input
 // (an AIInput): its input tokens estimated as a quarter of the bytes of
-// the request, plus its maxTokens (DefaultOutputTokens when unset), and
-// what that costs at the model's price in prices (the run's, RunState.Prices).
-// priced is false for a model prices do not know: only token, step and
-// time limits hold it.
+// the request, plus its maxTokens (the cap the call sends, outcap.go;
+// DefaultOutputTokens when unset), and what that costs at the model's
+// price in prices (the run's, RunState.Prices), input at the dearer of the
+// input and cache-write rates. priced is false for a model prices do not
+// know: only token, step and time limits hold it.
 func EstimateCall(input json.RawMessage, prices event.Prices) (tokens, costUSD float64, priced bool) {
 	var in AIInput
 	_ = json.Unmarshal(input, &in)
@@ -170,5 +171,5 @@ func EstimateCall(input json.RawMessage, prices event.Prices) (tokens, costUSD f
 	if !ok {
 		return inTok + outTok, 0, false
 	}
-	return inTok + outTok, (inTok*p.InputPerMTok + outTok*p.OutputPerMTok) / 1e6, true
+	return inTok + outTok, (inTok*p.InputWorstPerMTok() + outTok*p.OutputPerMTok) / 1e6, true
 }

@@ -44,6 +44,16 @@
 // keeps (brakes_fold.go), what Next makes of it before it walks the graph
 // and before it lets an acting step go (brakes_next.go), and the rules a
 // run is held to, decided once when it is created (brakes_policy.go).
+// Before the brakes look at an LLM step, Next gives it its output cap
+// (outcap.go): the node's maxTokens, else the room its budget leaves, else
+// DefaultOutputTokens, journaled with its input, so the budget's worst
+// case is the cap the call sends.
+//
+// An LLM node may name a fallback list of models (workflow.Model): each
+// attempt journals the model it calls in its input, a step_retrying's
+// fallback names the model of the next attempt, and NextModel says when a
+// failed attempt moves on to the next one (its retry policy spent on its
+// model, or an outage), with a new attempt and key.
 //
 // # Creation, and prices as an input
 //

@@ -63,9 +63,11 @@ func NextContext(ctx context.Context, wf *workflow.Workflow, st *RunState, now t
 		if p, ok := copied(st, rs.Plan); ok {
 			return RunStep{Plan: p}
 		}
+		rs.Plan = st.capOutput(rs.Plan)
 		if b := st.brakesAt(rs.Plan, now); b != nil {
 			return b
 		}
+		return rs
 	}
 	if a != nil {
 		return a
