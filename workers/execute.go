@@ -14,8 +14,6 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/redact"
 	"github.com/palrun/pal/internal/telemetry"
-	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/workflow"
 )
 
 // Default step timeouts when a node sets none.
@@ -152,12 +150,19 @@ func (d *drive) journalOutcome(p engine.StepPlan, res stepResult, err error, too
 	f := classify(p.NodeType, err)
 	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.sameKey())
 	msg := redact.String(err.Error()) // what is journaled and logged keeps no URL's secrets
+	if next, ok := engine.NextModel(p, retry, f.outage(d.w.cfg.RetryAfterMax)); ok && f.fallback {
+		// The next model of the list, at once: a new attempt, a new key.
+		d.log.Info("step failed; moving to the next model", "step_id", p.StepID, "attempt", p.Attempt+1, "fallback", next, "err", msg)
+		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
+			Attempt: p.Attempt + 1, Of: of, Error: msg, Class: f.classes[0], Fallback: next, Usage: res.usage})
+		return d.flush()
+	}
 	if retry {
 		delay, asked := retryWait(p.Node.Retry(), p.Tries+1, f, d.w.cfg.RetryAfterMax)
 		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", msg, "delay", delay)
 		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
 			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds(),
-			RetryAfterMs: asked.Milliseconds()})
+			RetryAfterMs: asked.Milliseconds(), Fallback: p.Fallback, Usage: res.usage})
 		return d.flush()
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)
@@ -252,51 +257,6 @@ func timeoutOf(ms int, def time.Duration) time.Duration {
 		return time.Duration(ms) * time.Millisecond
 	}
 	return def
-}
-
-func (d *drive) execAI(p engine.StepPlan) (stepResult, error) {
-	var in engine.AIInput
-	if err := json.Unmarshal(p.Call(), &in); err != nil {
-		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	prov, err := d.w.providers.Get(in.Provider)
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
-	gate := p.Confidence
-	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key,
-		Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
-	ctx, call := telemetry.StartLLM(d.ctx, in.Provider, in.Model)
-	resp, err := d.complete(ctx, prov, req, p.TimeoutMs)
-	if err != nil {
-		return stepResult{}, err
-	}
-	u := d.st.UsageOf(resp.Model, in.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
-	call.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
-		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
-	llm := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID}
-	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
-	if gate != nil && res.final {
-		score, judged, err := d.score(p, gate, resp)
-		if err != nil {
-			return stepResult{}, err
-		}
-		if judged != nil {
-			u.Add(*judged)
-		}
-		llm.Confidence = &score
-		res.confidence = &event.ConfidenceEvaluatedData{Score: score, Min: gate.Min, Passed: score >= gate.Min,
-			Source: gate.Source, Usage: u}
-	}
-	if res.output, err = json.Marshal(llm); err != nil {
-		return stepResult{}, err
-	}
-	if res.confidence != nil {
-		res.confidence.Output = res.output
-	}
-	return res, nil
 }
 
 func (d *drive) execTool(p engine.StepPlan) (stepResult, error) {
@@ -397,19 +357,4 @@ func emailTarget(m *connector.Email) string {
 		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
 	}
 	return t
-}
-
-// complete sends one model call once a concurrency slot for its provider
-// and model is free (PAL_PROVIDER_CONCURRENCY). Waiting for a slot is not
-// part of the call's timeout and not a failure: it ends only with the
-// drive (a lost lease, a shutdown).
-func (d *drive) complete(ctx context.Context, prov provider.Provider, req provider.Request, timeoutMs int) (*provider.Response, error) {
-	release, err := d.w.slots.acquire(ctx, prov.Name(), req.Model)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, timeoutOf(timeoutMs, defaultLLMTimeout))
-	defer cancel()
-	return prov.Complete(ctx, req)
 }
