@@ -1,6 +1,9 @@
 package workers_test
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )
@@ -149,6 +153,13 @@ func TestFallbackListMovesOnAnOutage(t *testing.T) {
 	require.Equal(t, "anthropic/claude-sonnet-4-5", step.Models[1].Model)
 	require.Equal(t, int64(1100), step.Models[1].Usage.TotalTokens)
 	require.InDelta(t, (1000*3.00+100*15.00)/1e6, step.Models[1].Usage.CostUSD, 1e-12)
+
+	wf2, err := b.Runs.Waterfall(ctxFor(t, 10*time.Second), runID)
+	require.NoError(t, err)
+	row := wf2.Rows[0]
+	require.Equal(t, "anthropic/claude-sonnet-4-5", row.Model)
+	require.Equal(t, []string{"openai/gpt-4.1-mini", "anthropic/claude-sonnet-4-5"},
+		[]string{row.Segments[0].Model, row.Segments[1].Model}, "each attempt's bar names its model")
 }
 
 // TestFallbackAfterTheRetryPolicy: a failure that is no outage (a 400) is
@@ -265,4 +276,42 @@ func TestEveryCallSendsACap(t *testing.T) {
 	require.Greater(t, spent, 0.1-float64(engine.MinOutputRoom)*10/1e6-0.001, "the budget was used up to what one more call needs")
 	x := data[event.BudgetExceededData](t, find(evs, event.BudgetExceeded, "")[0])
 	require.Equal(t, event.LimitCost, x.Limit)
+}
+
+// TestImagesFromTheRunsValues: an image part names a blob by its sha256:
+// a value the run holds (here the output of an echo step, a JSON string of
+// base64 bytes), whose bytes the worker sends in the provider's form; a
+// URL goes as it is; a blob the run does not hold fails the step.
+func TestImagesFromTheRunsValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.worker(t, "w1", nil)
+	png := []byte("\x89PNG\r\n\x1a\n" + strings.Repeat("pixels", 40))
+	value, err := json.Marshal(base64.StdEncoding.EncodeToString(png))
+	require.NoError(t, err)
+	sum := sha256.Sum256(value)
+	wf := func(blob string) string {
+		return `{"name":"look","nodes":[{"id":"start","type":"trigger"},
+		{"id":"fetch","type":"tool","data":{"tool":"echo","input":` + string(value) + `}},
+		{"id":"look","type":"ai-step","data":{"provider":"anthropic","model":"claude-haiku-4-5","messages":[
+		 {"role":"user","content":"what is this?","images":[{"url":"https://example.com/{{input.name}}.png"},
+		  {"blob":"` + blob + `","mediaType":"image/png"}]}]}}],
+		"edges":[{"from":"start","to":"fetch"},{"from":"fetch","to":"look"}]}`
+	}
+	runID := b.Start(t, wf(hex.EncodeToString(sum[:])), `{"name":"cat"}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	calls := b.LLM.CallsWithKey(key(runID, "look", 1))
+	require.Len(t, calls, 1)
+	require.Equal(t, []provider.Image{{URL: "https://example.com/cat.png"}, {MediaType: "image/png", Data: png}},
+		calls[0].Messages[0].Images)
+	started := data[event.StepStartedData](t, find(b.Events(t, runID), event.StepStarted, "look")[0])
+	require.NotContains(t, string(started.Input), base64.StdEncoding.EncodeToString(png)[:40],
+		"the journal names the blob, it does not copy the bytes")
+
+	other := sha256.Sum256([]byte(`"elsewhere"`))
+	runID = b.Start(t, wf(hex.EncodeToString(other[:])), `{"name":"cat"}`)
+	end := b.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
+	require.Contains(t, data[event.RunFailedData](t, end).Error, "is no value this run holds")
+	require.Empty(t, b.LLM.CallsWithKey(key(runID, "look", 1)), "nothing is sent")
 }

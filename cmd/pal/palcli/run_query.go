@@ -192,7 +192,7 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	}
 	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
 	u := v.Usage
-	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), %s\n", u.TotalTokens, u.InputTokens, u.OutputTokens, fmtUSD(u.CostUSD, 6))
+	fmt.Fprintf(tw, "Usage\t%s, %s\n", usageLine(u), fmtUSD(u.CostUSD, 6))
 	if b := v.Budget; b != nil {
 		fmt.Fprintf(tw, "Budget\t%s\n", budgetLine(b, v.Spent, v.PausedOn))
 	}
@@ -232,6 +232,11 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			if s.Error != "" {
 				result = truncate(s.Error, 60)
 			}
+			if s.Model != "" {
+				// Which model answered (or is being asked): a fallback
+				// list may have called several.
+				result = s.Model + ": " + result
+			}
 			if s.Delivery != "" {
 				result = "delivery " + s.Delivery + " " + result
 			}
@@ -250,6 +255,11 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt,
 				start, dur, wait, fmtTokens(tokens), cost, dash(result))
+			// Each model a fallback list called, with what it spent.
+			for _, m := range s.Models {
+				fmt.Fprintf(tw, "  └ %s\tmodel\t-\t%d\t-\t-\t-\t%s\t%s\t%s\n", m.Model, m.Attempts,
+					fmtTokens(m.Usage.TotalTokens), fmtUSD(m.Usage.CostUSD, 6), usageLine(m.Usage))
+			}
 			// A process step's own sub-steps, as its child reported them.
 			for _, sub := range s.Substeps {
 				fmt.Fprintf(tw, "  └ %s\tsubstep\t%s\t-\t-\t-\t-\t-\t-\t%s\n", sub.Name, sub.Status,
@@ -535,4 +545,17 @@ func budgetLine(b *event.Budget, sp engine.Spend, paused string) string {
 		tail += "; paused on " + paused
 	}
 	return strings.Join(parts, ", ") + " (" + tail + ")"
+}
+
+// usageLine is a usage's tokens: in and out, and the parts of them read
+// from and written to a prompt cache and spent thinking, when there are.
+func usageLine(u event.Usage) string {
+	line := fmt.Sprintf("%d tokens (%d in, %d out", u.TotalTokens, u.InputTokens, u.OutputTokens)
+	if u.CacheReadTokens > 0 || u.CacheWriteTokens > 0 {
+		line += fmt.Sprintf("; cache %d read, %d written", u.CacheReadTokens, u.CacheWriteTokens)
+	}
+	if u.ReasoningTokens > 0 {
+		line += fmt.Sprintf("; %d reasoning", u.ReasoningTokens)
+	}
+	return line + ")"
 }
