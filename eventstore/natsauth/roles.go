@@ -17,8 +17,9 @@
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
 //     answers the NATS service, reads and watches journals.
 //   - client: publishes durable commands, calls the NATS service, reads
-//     journals (Direct Get, its own ordered consumers) and watches the
-//     leases. It can write nothing PAL reads as truth.
+//     journals (Direct Get, its own ordered consumers), watches the
+//     leases and LLM steps' streamed text (pal.deltas.*, PAL_DELTAS). It
+//     can write nothing PAL reads as truth, nor publish deltas.
 //   - admin: everything.
 //
 // NATS checks subjects, not message bodies. Two things follow for the
@@ -129,7 +130,7 @@ func For(role Role) Permissions {
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
 	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
-	eventstore.BlobRefsStream}
+	eventstore.BlobRefsStream, eventstore.DeltasStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -189,6 +190,9 @@ func worker() Permissions {
 		// probes (to their _PAL_INBOX), and deleting a departed peer's
 		// work message to requeue its run.
 		eventstore.PresencePrefix + "*", palInbox, jsAPI + "STREAM.MSG.DELETE." + eventstore.WorkStream,
+		// LLM steps' text as it streams (PAL_DELTAS, read with the
+		// other streams below).
+		eventstore.DeltaPrefix + "*",
 	}
 	for _, s := range palStreams {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
@@ -220,7 +224,7 @@ func worker() Permissions {
 		// (eventstore.Store.Watch). The worker writes the journal, so
 		// reading its copies grants it nothing new.
 		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*",
-			eventstore.WatchPrefix + "*"}, serviceSub...),
+			eventstore.WatchPrefix + "*", eventstore.DeltaPrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -256,7 +260,8 @@ func api() Permissions {
 		// Starts index their run, ends (a cancel) remove it (PAL_INFLIGHT).
 		inflightPrefix + ">",
 	}
-	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream,
+		eventstore.DeltasStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	// GET /v1/runs/{id} shows big values; a start's big input and a
@@ -271,8 +276,9 @@ func api() Permissions {
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
 		// pal.watch.*: watches (the REST event feeds) take the journal's
-		// republished copies there.
-		SubAllow: append([]string{inbox, palInbox, eventstore.WatchPrefix + "*"}, serviceSub...),
+		// republished copies there; pal.deltas.*: LLM steps' text as it
+		// streams (the feeds with deltas).
+		SubAllow: append([]string{inbox, palInbox, eventstore.WatchPrefix + "*", eventstore.DeltaPrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -280,8 +286,9 @@ func client() Permissions {
 	pub := []string{
 		eventstore.CommandPrefix + "*", "pal.api.>", "$SRV.>", jsAPI + "INFO", jsAPI + "STREAM.NAMES",
 	}
-	// Receipts are signed statements anyone may read (pal run receipt).
-	pub = append(pub, read(eventstore.EventsStream, leaseStream, receiptStream)...)
+	// Receipts are signed statements anyone may read (pal run receipt);
+	// PAL_DELTAS holds the text LLM steps stream (pal run watch).
+	pub = append(pub, read(eventstore.EventsStream, leaseStream, receiptStream, eventstore.DeltasStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	// It reads the journal, so it reads the big values the journal names.
@@ -289,7 +296,8 @@ func client() Permissions {
 	// The allow list already leaves these out; denying them too says so,
 	// and keeps them out if a broader allow is ever added.
 	deny := []string{
-		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.WorkPrefix + ">", "pal.timer.>", "pal.ctl.>", "$KV.>", "$O.>",
+		eventstore.EventsPrefix + ">", eventstore.WatchPrefix + ">", eventstore.DeltaPrefix + ">", eventstore.WorkPrefix + ">",
+		"pal.timer.>", "pal.ctl.>", "$KV.>", "$O.>",
 		deadPrefix + ">", eventstore.RejectedSubject,
 		jsAPI + "STREAM.CREATE.>", jsAPI + "STREAM.UPDATE.>", jsAPI + "STREAM.DELETE.>", jsAPI + "STREAM.PURGE.>",
 		jsAPI + "STREAM.MSG.DELETE.>", jsAPI + "STREAM.RESTORE.>", jsAPI + "STREAM.SNAPSHOT.>",
@@ -299,8 +307,9 @@ func client() Permissions {
 	return Permissions{
 		PubAllow: pub,
 		PubDeny:  deny,
-		// pal.cmd.rejected: the README's "nats sub pal.cmd.rejected".
-		SubAllow: []string{inbox, eventstore.RejectedSubject, eventstore.WatchPrefix + "*"},
+		// pal.cmd.rejected: the README's "nats sub pal.cmd.rejected";
+		// pal.deltas.*: LLM steps' text as it streams (pal run watch).
+		SubAllow: []string{inbox, eventstore.RejectedSubject, eventstore.WatchPrefix + "*", eventstore.DeltaPrefix + "*"},
 	}
 }
 
