@@ -137,6 +137,7 @@ type Server struct {
 	seq       int
 	latency   time.Duration
 	pace      time.Duration
+	onDelta   func(Call, int)
 	active    int // requests being handled now
 	maxActive int // the most handled at once since the start or Reset
 }
@@ -284,6 +285,16 @@ func (s *Server) SetPace(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pace = d
+}
+
+// OnDelta makes fn observe a streamed answer: it is called with the call
+// and the delta's index as each delta is written, right before it is
+// flushed to the client (nil: no observer). It is how a benchmark times a
+// delta from the provider to a watcher.
+func (s *Server) OnDelta(fn func(c Call, index int)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDelta = fn
 }
 
 // SetLatency makes every answer wait d before it is sent (0: none), so that

@@ -495,8 +495,12 @@ func TestStreamedAnswers(t *testing.T) {
 		return events(t, resp.Body)
 	}
 
+	var observed []int
+	b.srv.OnDelta(func(_ providertest.Call, i int) { observed = append(observed, i) })
 	evs := stream(chatPath, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	require.Len(t, evs, 6, "role, two words, finish, usage, [DONE]")
+	require.Equal(t, []int{0, 1}, observed, "each delta once it is flushed")
+	b.srv.OnDelta(nil)
 	var chunk struct {
 		Object  string `json:"object"`
 		Choices []struct {

@@ -31,6 +31,9 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, frames []fr
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	s.mu.Lock()
+	observe := s.onDelta
+	s.mu.Unlock()
 	deltas := 0
 	for _, f := range frames {
 		if f.delta {
@@ -52,6 +55,9 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, frames []fr
 		fmt.Fprintf(&b, "data: %s\n\n", f.data)
 		if _, err := w.Write(b.Bytes()); err != nil {
 			return
+		}
+		if f.delta && observe != nil {
+			observe(c, deltas-1)
 		}
 		if rc.Flush() != nil {
 			return
