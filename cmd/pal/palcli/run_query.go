@@ -398,14 +398,21 @@ func flagsAgain(cmd *cobra.Command) string {
 func (e *env) runWatchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "watch RUN_ID [--json]",
-		Short: "Follow a run until it ends; the exit code says how it ended",
+		Short: "Follow a run until it ends, LLM steps' text as it is written; the exit code says how it ended",
 		Long: `pal run watch prints a run's progress (steps starting, completing, failing,
 retrying, waiting; the run's drives and its end) from its journal on NATS,
 then keeps following it until the run ends. A run that has already ended is
 shown and the command returns at once.
 
+The text of an LLM step is printed under the step as the model writes it
+(pal.deltas.<run_id>; thinking, where the provider streams it, with a
+dotted gutter). When a call starts again (a retry, or another worker
+resuming the step after a crash), a line says so and the text starts
+again. A watch that begins in the middle of a step first prints its text
+so far.
+
 --json prints every event of the journal as one JSON line (the envelope, as
-in PAL_EVENTS).
+in PAL_EVENTS), and no streamed text.
 
 Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
 id, 3 unknown run, 4 NATS unreachable.`,
@@ -441,11 +448,13 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 		return withCode(ExitUnavailable, err)
 	}
 	var created time.Time
+	text := newTextPrinter(e.stdout)
 	show := func(ev event.Event) {
 		if asJSON {
 			_ = printJSON(e.stdout, ev)
 			return
 		}
+		text.event(ev)
 		switch ev.Kind {
 		case event.RunCreated:
 			created = ev.TS
@@ -466,14 +475,22 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 		}
 	}
 	if final == nil {
-		err = store.Watch(ctx, runID, head, func(ev event.Event) error {
+		onEvent := func(ev event.Event) error {
 			show(ev)
 			if ev.Kind.Terminal() {
 				final = &ev
 				return eventstore.ErrStopWatch
 			}
 			return nil
-		})
+		}
+		if asJSON {
+			err = store.Watch(ctx, runID, head, onEvent)
+		} else {
+			err = store.WatchWithDeltas(ctx, runID, head, onEvent, func(d event.Delta) error {
+				text.delta(d)
+				return nil
+			})
+		}
 		if err != nil {
 			if errors.Is(err, context.Canceled) {
 				return withCode(ExitInternal, fmt.Errorf("interrupted before run %s ended", runID))
