@@ -61,14 +61,18 @@ type ToolInput struct {
 }
 
 // ProcessInput is the input of a process step: the rendered command,
-// environment and stdin (a process node's data, templates rendered).
+// environment and stdin (a process node's data, templates rendered; each
+// element of Command one argument).
 type ProcessInput struct {
 	Command []string          `json:"command"`
 	Env     map[string]string `json:"env,omitempty"`
 	Workdir string            `json:"workdir,omitempty"`
 	Stdin   json.RawMessage   `json:"stdin"`
-	// Limits are the node's rlimits, journaled with the step.
+	// Limits are the node's limits, journaled with the step.
 	Limits *workflow.ProcessLimits `json:"limits,omitempty"`
+	// Network is the node's network (workflow.NetworkEgress, or empty for
+	// none).
+	Network string `json:"network,omitempty"`
 }
 
 // LLMOutput is the output of an LLM step (an ai-step or an agent turn):

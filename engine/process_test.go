@@ -8,6 +8,7 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/workflow"
 )
 
 const processWF = `{"name":"p","nodes":[{"id":"start","type":"trigger"},
@@ -64,4 +65,31 @@ func TestProcessStepCompletedIsNotResumed(t *testing.T) {
 	require.Zero(t, h.st.Steps["work"].Resumes)
 	_, done := engine.Next(h.st.Workflow, h.st, h.now).(engine.Complete)
 	require.True(t, done)
+}
+
+// TestProcessInputRendersDataAsArguments: each value from the input is one
+// argument, whatever it holds; the environment's names and the program are
+// checked again as the step is rendered, for a node no validation saw.
+func TestProcessInputRendersDataAsArguments(t *testing.T) {
+	t.Parallel()
+	node := &workflow.Node{ID: "work", Type: workflow.TypeProcess, Data: json.RawMessage(
+		`{"command":["/bin/echo","{{input.a}}","x{{input.b}}"],"env":{"NAME":"{{input.a}}"},"network":"egress"}`)}
+	in := workflow.Env{Input: map[string]any{"a": "world; head -c 6 data/nats-worker.nk", "b": "$(id) `id` | sh"}}
+	raw, err := engine.RenderInput(node, in)
+	require.NoError(t, err)
+	var p engine.ProcessInput
+	require.NoError(t, json.Unmarshal(raw, &p))
+	require.Equal(t, []string{"/bin/echo", "world; head -c 6 data/nats-worker.nk", "x$(id) `id` | sh"}, p.Command)
+	require.Equal(t, map[string]string{"NAME": "world; head -c 6 data/nats-worker.nk"}, p.Env)
+	require.Equal(t, workflow.NetworkEgress, p.Network)
+
+	for data, want := range map[string]string{
+		`{"command":["{{input.a}}"]}`:                          "command[0]: the program is part of the definition",
+		`{"command":["x"],"env":{"LD_PRELOAD":"/tmp/x.so"}}`:   "env.LD_PRELOAD",
+		`{"command":["x"],"env":{"PATH":"{{input.a}}"}}`:       "env.PATH",
+		`{"command":["x"],"env":{"PYTHONPATH":"{{input.a}}"}}`: "set it to a constant",
+	} {
+		_, err := engine.RenderInput(&workflow.Node{ID: "work", Type: workflow.TypeProcess, Data: json.RawMessage(data)}, in)
+		require.ErrorContains(t, err, want, data)
+	}
 }

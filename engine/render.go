@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/palrun/pal/connector"
@@ -173,8 +174,18 @@ func renderEmail(d *workflow.ConnectorData, env workflow.Env) (json.RawMessage, 
 	return json.Marshal(ConnectorInput{Kind: d.Kind, Email: m})
 }
 
+// renderProcess renders a process node's data. The program and the
+// environment's names come from the definition: a placeholder in the one
+// or a reserved name in the other (which validation refuses) fails the
+// step rather than reach the worker.
 func renderProcess(d *workflow.ProcessData, env workflow.Env) (json.RawMessage, error) {
 	in := ProcessInput{Workdir: d.Workdir, Stdin: json.RawMessage("null"), Limits: d.Limits}
+	if d.Network == workflow.NetworkEgress {
+		in.Network = d.Network
+	}
+	if len(d.Command) > 0 && workflow.HasPlaceholder(d.Command[0]) {
+		return nil, errors.New("command[0]: the program is part of the definition, not a template")
+	}
 	for i, a := range d.Command {
 		r, err := workflow.RenderString(a, env)
 		if err != nil {
@@ -185,6 +196,12 @@ func renderProcess(d *workflow.ProcessData, env workflow.Env) (json.RawMessage, 
 	if len(d.Env) > 0 {
 		in.Env = make(map[string]string, len(d.Env))
 		for k, v := range d.Env {
+			if msg := workflow.ProcessEnvProblem(k); msg != "" {
+				return nil, fmt.Errorf("env.%s: %s", k, msg)
+			}
+			if workflow.CodeEnv(k) && workflow.HasPlaceholder(v) {
+				return nil, fmt.Errorf("env.%s: it chooses code the program loads: set it to a constant, not a template", k)
+			}
 			r, err := workflow.RenderString(v, env)
 			if err != nil {
 				return nil, fmt.Errorf("env.%s: %w", k, err)

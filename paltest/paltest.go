@@ -40,6 +40,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/sandbox"
 	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider"
@@ -139,6 +140,7 @@ type workerConfig struct {
 	egressSet   bool
 	secrets     map[string]string
 	smtpURL     string
+	sandbox     *sandbox.Runner
 }
 
 // WorkerOption configures Stack.Worker.
@@ -172,6 +174,10 @@ func Secrets(m map[string]string) WorkerOption {
 	return func(c *workerConfig) { c.secrets = m }
 }
 
+// Sandbox sets what runs the worker's process steps (default: a sandbox
+// with no mounts, made at the first process step).
+func Sandbox(r *sandbox.Runner) WorkerOption { return func(c *workerConfig) { c.sandbox = r } }
+
 // Worker starts an in-process worker with the stack's providers and the
 // webhook connector; it stops when the test ends.
 func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.Worker {
@@ -189,7 +195,8 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	wh := webhook.New(webhook.WithEgress(cfg.egress))
 	em := email.New(cfg.smtpURL, email.WithEgress(cfg.egress))
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
-	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress, Secrets: secret},
+	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, Logger: cfg.logger, Egress: cfg.egress, Secrets: secret,
+		Sandbox: cfg.sandbox},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)

@@ -13,6 +13,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
+	"github.com/palrun/pal/internal/sandbox"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
@@ -41,9 +42,15 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 	})
 	reader := projections.NewReader(pool)
 	bigValue := strings.Repeat("v", 2*eventstore.DefaultBlobThreshold)
-	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
+	// The process step below imports the Python SDK, which its sandbox
+	// sees where it is.
+	sdkPath, err := filepath.Abs(filepath.Join("..", "sdk", "python"))
+	require.NoError(t, err)
+	sb, err := sandbox.New(sandbox.Config{Mounts: []sandbox.Mount{{Host: sdkPath}}})
+	require.NoError(t, err)
+	b.Worker(t, "w1", paltest.Sandbox(sb), paltest.Tools(map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		return json.Marshal(map[string]any{"z": 1, "big": bigValue, "a": []int{2, 1}})
-	}})
+	}}))
 
 	// In retry backoff: the first call fails, the retry waits a minute.
 	b.LLM.FailNext(func(c providertest.Call) bool { return strings.Contains(c.LastUser(), "flaky") }, 500, 1)
@@ -75,8 +82,6 @@ func TestRunViewIsTheSameFromJournalAndPostgres(t *testing.T) {
 	b.WaitEnd(t, forked)
 
 	// A process step whose child reported sub-steps (the Python SDK).
-	sdkPath, err := filepath.Abs(filepath.Join("..", "sdk", "python"))
-	require.NoError(t, err)
 	script, err := json.Marshal([]string{"python3", "-c", `import palsdk
 palsdk.step("one", lambda: {"z": 1, "a": [1, 2]})
 palsdk.step("two", lambda: "done")

@@ -14,11 +14,13 @@
 // the same key as before, so a side effect it passes the key to happens
 // once.
 //
-// Outside PAL (no PAL_REPORT_URL), Step just calls fn.
+// Outside PAL (no PAL_REPORT_SOCKET), Step just calls fn.
 //
 // The package reads the environment PAL gives a process step:
-// PAL_REPORT_URL, PAL_REPORT_TOKEN, PAL_STEP_ID, PAL_IDEMPOTENCY_KEY and
-// PAL_RESUME. It imports nothing of PAL but the standard library.
+// PAL_REPORT_SOCKET (the Unix socket of the worker's runtime endpoint,
+// which only this process sees: holding it is the authority), PAL_STEP_ID,
+// PAL_IDEMPOTENCY_KEY and PAL_RESUME. It imports nothing of PAL but the
+// standard library.
 package sdk
 
 import (
@@ -27,9 +29,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 )
@@ -90,16 +92,22 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	return v, nil
 }
 
-// client talks to the worker's runtime endpoint.
+// client talks to the worker's runtime endpoint over its Unix socket.
 type client struct {
-	reportURL, substepsURL, token, stepID string
-	http                                  *http.Client
+	stepID string
+	http   *http.Client
 
 	once sync.Once
 	err  error
 	mu   sync.Mutex
 	done map[string]json.RawMessage
 }
+
+// The runtime endpoint's paths; the host of the URL is not used.
+const (
+	reportURL   = "http://pal/v1/runtime/report"
+	substepsURL = "http://pal/v1/runtime/substeps"
+)
 
 var (
 	clientOnce sync.Once
@@ -108,13 +116,15 @@ var (
 
 func current() *client {
 	clientOnce.Do(func() {
-		u := os.Getenv("PAL_REPORT_URL")
-		if u == "" {
+		sock := os.Getenv("PAL_REPORT_SOCKET")
+		if sock == "" {
 			return
 		}
-		theClient = &client{reportURL: u, substepsURL: strings.TrimSuffix(u, "/report") + "/substeps",
-			token: os.Getenv("PAL_REPORT_TOKEN"), stepID: os.Getenv("PAL_STEP_ID"),
-			http: &http.Client{Timeout: 30 * time.Second}, done: map[string]json.RawMessage{}}
+		dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}
+		theClient = &client{stepID: os.Getenv("PAL_STEP_ID"), done: map[string]json.RawMessage{},
+			http: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: dial, Proxy: nil}}}
 	})
 	return theClient
 }
@@ -129,7 +139,7 @@ func (c *client) completed(ctx context.Context, name string) (json.RawMessage, b
 				Output json.RawMessage `json:"output"`
 			} `json:"substeps"`
 		}
-		if c.err = c.do(ctx, http.MethodGet, c.substepsURL, nil, &body); c.err != nil {
+		if c.err = c.do(ctx, http.MethodGet, substepsURL, nil, &body); c.err != nil {
 			return
 		}
 		c.mu.Lock()
@@ -158,7 +168,7 @@ func (c *client) report(ctx context.Context, name, status string, output json.Ra
 		Completed bool            `json:"completed"`
 		Output    json.RawMessage `json:"output"`
 	}
-	if err := c.do(ctx, http.MethodPost, c.reportURL, req, &ans); err != nil {
+	if err := c.do(ctx, http.MethodPost, reportURL, req, &ans); err != nil {
 		return nil, false, err
 	}
 	if ans.Completed {
@@ -182,7 +192,6 @@ func (c *client) do(ctx context.Context, method, url string, body, into any) err
 	if err != nil {
 		return fmt.Errorf("pal sdk: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {

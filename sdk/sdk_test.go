@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 )
@@ -15,11 +18,7 @@ func reset() { clientOnce, theClient = sync.Once{}, nil }
 
 func TestStepSkipsJournaledAndReportsTheRest(t *testing.T) {
 	var reports []map[string]any
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer tok" {
-			http.Error(w, `{"error":"no"}`, http.StatusUnauthorized)
-			return
-		}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/runtime/substeps":
 			_, _ = w.Write([]byte(`{"step_id":"work","substeps":[{"name":"a","output":{"n":5}}]}`))
@@ -30,9 +29,10 @@ func TestStepSkipsJournaledAndReportsTheRest(t *testing.T) {
 			_, _ = w.Write([]byte(`{"completed":false}`))
 		}
 	}))
+	srv.Listener = listenUnix(t)
+	srv.Start()
 	defer srv.Close()
-	t.Setenv("PAL_REPORT_URL", srv.URL+"/v1/runtime/report")
-	t.Setenv("PAL_REPORT_TOKEN", "tok")
+	t.Setenv("PAL_REPORT_SOCKET", srv.Listener.Addr().String())
 	t.Setenv("PAL_STEP_ID", "work")
 	t.Setenv("PAL_IDEMPOTENCY_KEY", "k1")
 	t.Setenv("PAL_RESUME", "1")
@@ -65,8 +65,24 @@ func TestStepSkipsJournaledAndReportsTheRest(t *testing.T) {
 	}
 }
 
+// listenUnix listens on a Unix socket in a fresh directory (short enough
+// for a socket's path).
+func listenUnix(t *testing.T) net.Listener {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "report.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
 func TestStepOutsidePALJustRuns(t *testing.T) {
-	t.Setenv("PAL_REPORT_URL", "")
+	t.Setenv("PAL_REPORT_SOCKET", "")
 	reset()
 	defer reset()
 	v, err := Step(context.Background(), "x", func(context.Context) (int, error) { return 3, nil })

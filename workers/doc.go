@@ -56,12 +56,15 @@
 //     the step with delivery "unconfirmed".
 //   - A run whose drives keep crashing with no step completing in between
 //     fails with code crash_loop after Config.MaxCrashes drives.
-//   - A process step runs its program as a child in its own process group
-//     with the parent-death signal SIGKILL, so the child dies with the
-//     worker; a drive that ends early stops it (SIGTERM, then SIGKILL after
-//     ProcessGrace). The child reports its sub-steps to the worker's
-//     runtime endpoint on 127.0.0.1 (ReportPath, SubstepsPath), and the
-//     drive journals them with its own fenced writer (see process.go).
+//   - A process step runs its program in a sandbox (package
+//     internal/sandbox, Config.Sandbox): every process of it dies with the
+//     worker, even by kill -9, and with the step; a drive that ends early
+//     stops it (SIGTERM, then SIGKILL after ProcessGrace). The program
+//     reports its sub-steps over a Unix socket only it sees (ReportPath,
+//     SubstepsPath; PAL_REPORT_SOCKET), and the drive journals them with
+//     its own fenced writer (see process.go, runtime.go). A worker
+//     without a usable sandbox fails process steps, unless
+//     PAL_PROCESS_SANDBOX=off (unsafe).
 //
 // Graceful stop (Stop, SIGTERM in pal worker): the worker stops fetching,
 // cancels its drives (an in-flight webhook delivery is allowed to finish),

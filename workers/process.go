@@ -7,45 +7,47 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/internal/sandbox"
 	"github.com/palrun/pal/workflow"
 )
 
-// Process steps: the worker runs a process node's command as a child.
+// Process steps: the worker runs a process node's program in a sandbox
+// (package internal/sandbox; docs/architecture.md §10.10).
 //
-//   - The child is in its own process group (Setpgid) with the parent-death
-//     signal SIGKILL (Pdeathsig): when the worker dies, even by kill -9, the
-//     kernel kills the child. When the drive is interrupted (lease lost, run
-//     cancelled, worker stopping) or the step times out, the whole group
-//     gets SIGTERM, then SIGKILL after ProcessGrace. When the child exits,
-//     whatever is left of its group is killed.
-//   - Limits are rlimits set by /bin/sh in the child just before it execs
-//     the command (ulimit -v for RLIMIT_AS, ulimit -t for RLIMIT_CPU): Go's
-//     os/exec has no hook to set rlimits between fork and exec, and setting
-//     them on the worker would limit the worker.
-//   - The environment is clean: PATH, HOME, LANG and TZ from the worker, the
-//     node's env, and PAL_RUN_ID, PAL_STEP_ID, PAL_ATTEMPT,
-//     PAL_IDEMPOTENCY_KEY, PAL_REPORT_URL, PAL_REPORT_TOKEN, and PAL_RESUME=1
-//     when an earlier process of this step's attempt did not finish.
-//   - stdin is the rendered input (JSON). The output is the JSON the child
-//     writes to fd 3; if it writes nothing there, its last non-empty line of
-//     stdout (JSON, or else taken as a JSON string); if neither, null.
+//   - The program sees a read-only system, a fresh work directory, its
+//     own processes and loopback (or the worker's egress proxy with
+//     network "egress"), and the operator's mounts (PAL_PROCESS_MOUNTS);
+//     nothing of the worker's data, keys or environment. When the worker
+//     dies, even by kill -9, the sandbox dies with it; when the program
+//     exits, every process it left behind is ended.
+//   - A drive that ends early (lease lost, run cancelled, worker stopping)
+//     or a timeout sends every process of it SIGTERM, then SIGKILL after
+//     ProcessGrace.
+//   - The environment is the node's env and PAL_RUN_ID, PAL_STEP_ID,
+//     PAL_ATTEMPT, PAL_IDEMPOTENCY_KEY, PAL_REPORT_SOCKET, and
+//     PAL_RESUME=1 when an earlier process of this step's attempt did not
+//     finish; the sandbox adds PATH, HOME, TMPDIR, LANG.
+//   - stdin is the rendered input (JSON). The output is the JSON the
+//     program writes to fd 3; if it writes nothing there, its last
+//     non-empty line of stdout (JSON, or else taken as a JSON string); if
+//     neither, null.
 //   - The last StderrTail bytes of stderr go into step_completed or
 //     step_failed (data.stderr).
+//   - A worker without a sandbox (no usable bubblewrap) fails process
+//     steps, unless PAL_PROCESS_SANDBOX=off, which runs them unconfined.
 
 // Bounds of a process step.
 const (
 	// StderrTail is how much of the end of stderr is journaled.
 	StderrTail = 8 << 10
-	// ProcessGrace is how long a child has between SIGTERM and SIGKILL.
+	// ProcessGrace is how long a program has between SIGTERM and SIGKILL.
 	ProcessGrace = 5 * time.Second
 	// defaultProcessTimeout bounds a process node that sets no timeoutMs.
 	defaultProcessTimeout = time.Hour
@@ -53,8 +55,15 @@ const (
 	maxProcessOutput = 1 << 20
 )
 
-// envAllowlist is what a child inherits from the worker's environment.
-var envAllowlist = []string{"PATH", "HOME", "LANG", "TZ"}
+// Settings of the process tier, named in its errors.
+const (
+	// EnvProcessSandbox is "off" to run process steps without a sandbox.
+	EnvProcessSandbox = "PAL_PROCESS_SANDBOX"
+	// EnvProcessPrograms lists the programs process steps may start.
+	EnvProcessPrograms = "PAL_PROCESS_PROGRAMS"
+	// EnvProcessMounts lists the host paths every sandbox sees.
+	EnvProcessMounts = "PAL_PROCESS_MOUNTS"
+)
 
 // processError is a process step that failed: its message, and the
 // stderr tail to journal with it.
@@ -72,195 +81,215 @@ func (d *drive) execProcess(p engine.StepPlan) (stepResult, error) {
 	if err := json.Unmarshal(p.Input, &in); err != nil || len(in.Command) == 0 {
 		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
 	}
-	rt, err := d.w.runtime()
+	sb, err := d.w.processSandbox(in)
 	if err != nil {
-		return stepResult{}, err
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
-	sess := rt.open(d.runID, p.StepID, p.Attempt)
-	defer rt.close(sess)
-
-	cmd := processCommand(in)
-	cmd.Dir = in.Workdir
-	cmd.Env = processEnv(in.Env, map[string]string{
-		"PAL_RUN_ID": d.runID, "PAL_STEP_ID": p.StepID, "PAL_ATTEMPT": strconv.Itoa(p.Attempt),
-		"PAL_IDEMPOTENCY_KEY": p.Key, "PAL_REPORT_URL": rt.base + ReportPath, "PAL_REPORT_TOKEN": sess.token,
-	}, p.Resumes > 0)
-	stdin := in.Stdin
-	if len(stdin) == 0 {
-		stdin = json.RawMessage("null")
+	path, err := sb.Resolve(in.Command[0])
+	if errors.Is(err, sandbox.ErrNotAllowed) {
+		return stepResult{}, permanent("step %s: %v: add it to %s to run it", p.StepID, err, EnvProcessPrograms)
+	} else if err != nil {
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
 	}
-	cmd.Stdin = bytes.NewReader(append(stdin, '\n'))
 	stdout := &lastLine{max: maxProcessOutput}
 	stderr := &tail{max: StderrTail}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	// A grandchild that keeps stdout or stderr open must not hold the
-	// step forever once the child has exited.
-	cmd.WaitDelay = ProcessGrace
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	fd3r, fd3w, err := os.Pipe()
 	if err != nil {
 		return stepResult{}, err
 	}
 	defer fd3r.Close()
-	cmd.ExtraFiles = []*os.File{fd3w}
-
-	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultProcessTimeout))
-	defer cancel()
-	if err := cmd.Start(); err != nil {
+	stdin := in.Stdin
+	if len(stdin) == 0 {
+		stdin = json.RawMessage("null")
+	}
+	proc, err := sb.Prepare(sandbox.Spec{Argv: append([]string{path}, in.Command[1:]...),
+		Env: d.processEnv(p, in.Env), Dir: in.Workdir, Network: sandbox.Network(in.Network),
+		Dial: sandbox.DialFunc(d.w.cfg.Egress.Dial((&net.Dialer{}).DialContext, nil)), Limits: sandboxLimits(in.Limits),
+		Stdin: bytes.NewReader(append(stdin, '\n')), Stdout: stdout, Stderr: stderr, ExtraFiles: []*os.File{fd3w}})
+	if err != nil {
 		fd3w.Close()
+		return stepResult{}, permanent("step %s: %v", p.StepID, err)
+	}
+	defer func() {
+		if err := proc.Close(); err != nil {
+			d.log.Warn("removing a process step's sandbox", "step_id", p.StepID, "err", err)
+		}
+	}()
+	ln, sock, err := proc.Listen("report.sock")
+	if err != nil {
+		fd3w.Close()
+		return stepResult{}, err
+	}
+	sess := serveSession(ln, p.StepID)
+	defer sess.close()
+	proc.SetEnv("PAL_REPORT_SOCKET", sock)
+	err = proc.Start()
+	fd3w.Close()
+	if err != nil {
 		return stepResult{}, permanent("step %s: starting %s: %v", p.StepID, in.Command[0], err)
 	}
-	fd3w.Close()
-	pid := cmd.Process.Pid
-	d.log.Info("process started", "step_id", p.StepID, "pid", pid, "resume", p.Resumes > 0)
+	d.log.Info("process started", "step_id", p.StepID, "pid", proc.Pid(), "resume", p.Resumes > 0)
 	fd3 := make(chan []byte, 1)
 	go func() {
 		b, _ := io.ReadAll(io.LimitReader(fd3r, maxProcessOutput+1))
 		fd3 <- b
 	}()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-
-	var waitErr error
-	stopped := "" // why PAL stopped the process, if it did
-loop:
-	for {
-		select {
-		case waitErr = <-exited:
-			break loop
-		case req := <-sess.reqs:
-			req.answer <- d.answerReport(p, req)
-			if d.reportErr != nil {
-				stopped = "report"
-				waitErr = terminate(pid, exited)
-				break loop
-			}
-		case <-ctx.Done():
-			stopped = "context"
-			waitErr = terminate(pid, exited)
-			break loop
-		}
-	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL) // what is left of its group
+	stopped := d.superviseProcess(p, proc, sess)
 	var out []byte
 	select {
 	case out = <-fd3:
 	case <-time.After(ProcessGrace):
-		// A grandchild holds fd 3 open: read no more.
+		// Something holds fd 3 open (without a sandbox, a process the
+		// program left behind): read no more.
 	}
-	res := stepResult{stderr: stderr.String()}
-	switch {
-	case stopped == "report":
-		return res, fmt.Errorf("step %s: %w: %v", p.StepID, errReport, d.reportErr)
-	case stopped == "context" && d.ctx.Err() != nil:
-		return res, context.Cause(d.ctx)
-	case stopped == "context":
-		return res, &processError{msg: fmt.Sprintf("step %s: the process timed out after %s and was stopped",
-			p.StepID, timeoutOf(p.TimeoutMs, defaultProcessTimeout)), stderr: res.stderr, cause: context.DeadlineExceeded}
-	case waitErr != nil:
-		return res, &processError{msg: fmt.Sprintf("step %s: %s", p.StepID, exitReason(waitErr, in.Limits, res.stderr)),
-			stderr: res.stderr, cause: errPermanent}
-	}
-	output, err := processOutput(out, stdout)
-	if err != nil {
-		return res, &processError{msg: fmt.Sprintf("step %s: %v", p.StepID, err), stderr: res.stderr, cause: errPermanent}
-	}
-	res.output = output
-	return res, nil
+	return d.processResult(p, in.Limits, proc.Result(), stopped, out, stdout, stderr.String())
 }
 
-// processCommand builds the child's command: the argv as it is, or under
-// /bin/sh setting the rlimits before it execs the argv.
-func processCommand(in engine.ProcessInput) *exec.Cmd {
-	l := in.Limits
-	if l == nil || (l.MemoryMb <= 0 && l.CPUSeconds <= 0) {
-		return exec.Command(in.Command[0], in.Command[1:]...)
+// processSandbox returns the worker's sandbox for a step's input, or why
+// it cannot run.
+func (w *Worker) processSandbox(in engine.ProcessInput) (*sandbox.Runner, error) {
+	if workflow.HasPlaceholder(in.Command[0]) {
+		return nil, errors.New("the program is a template")
 	}
-	var script strings.Builder
-	if l.MemoryMb > 0 {
-		fmt.Fprintf(&script, "ulimit -v %d || exit 125; ", l.MemoryMb*1024)
-	}
-	if l.CPUSeconds > 0 {
-		fmt.Fprintf(&script, "ulimit -t %d || exit 125; ", l.CPUSeconds)
-	}
-	script.WriteString(`exec "$@"`)
-	return exec.Command("/bin/sh", append([]string{"-c", script.String(), "pal-process"}, in.Command...)...)
-}
-
-// processEnv is the child's clean environment.
-func processEnv(declared, pal map[string]string, resumed bool) []string {
-	var env []string
-	for _, k := range envAllowlist {
-		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
+	for k := range in.Env {
+		if msg := workflow.ProcessEnvProblem(k); msg != "" {
+			return nil, fmt.Errorf("env.%s: %s", k, msg)
 		}
 	}
+	w.sbOnce.Do(func() {
+		if w.sb = w.cfg.Sandbox; w.sb == nil {
+			w.sb, w.sbErr = sandbox.New(sandbox.Config{Logger: w.log})
+		}
+	})
+	if w.sbErr != nil {
+		return nil, w.sbErr
+	}
+	if err := w.sb.Available(); err != nil {
+		return nil, fmt.Errorf("process steps run in a sandbox, and this worker has none: %v. Install bubblewrap where the worker runs "+
+			"(Debian, Ubuntu: apt-get install bubblewrap), or set %s=off to run programs unconfined as the worker's user (unsafe)",
+			err, EnvProcessSandbox)
+	}
+	return w.sb, nil
+}
+
+// processEnv is the node's environment and PAL's variables.
+func (d *drive) processEnv(p engine.StepPlan, declared map[string]string) []string {
+	env := make([]string, 0, len(declared)+6)
 	for k, v := range declared {
-		if !strings.HasPrefix(k, "PAL_") {
-			env = append(env, k+"="+v)
-		}
-	}
-	for k, v := range pal {
 		env = append(env, k+"="+v)
 	}
-	if resumed {
+	env = append(env, "PAL_RUN_ID="+d.runID, "PAL_STEP_ID="+p.StepID, "PAL_ATTEMPT="+strconv.Itoa(p.Attempt),
+		"PAL_IDEMPOTENCY_KEY="+p.Key)
+	if p.Resumes > 0 {
 		env = append(env, "PAL_RESUME=1")
 	}
 	return env
 }
 
-// terminate stops the process group: SIGTERM, then SIGKILL after
-// ProcessGrace. It returns the child's wait error.
-func terminate(pid int, exited <-chan error) error {
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
+// sandboxLimits are a node's limits for the sandbox, defaults applied.
+func sandboxLimits(l *workflow.ProcessLimits) sandbox.Limits {
+	out := sandbox.Limits{Processes: l.Processes(), Disk: int64(l.Workdir()) << 20}
+	if l != nil {
+		out.Memory, out.CPU, out.FileSize = int64(l.MemoryMb)<<20, time.Duration(l.CPUSeconds)*time.Second, int64(l.FileSizeMb)<<20
+	}
+	return out
+}
+
+// superviseProcess answers the program's reports until it ends, and
+// stops it when the drive ends early, the step times out or a report
+// cannot be journaled. It returns why PAL stopped it ("" if it did not).
+func (d *drive) superviseProcess(p engine.StepPlan, proc *sandbox.Process, sess *procSession) string {
+	ctx, cancel := context.WithTimeout(d.ctx, timeoutOf(p.TimeoutMs, defaultProcessTimeout))
+	defer cancel()
+	for {
+		select {
+		case <-proc.Done():
+			return ""
+		case req := <-sess.reqs:
+			req.answer <- d.answerReport(p, req)
+			if d.reportErr != nil {
+				terminate(proc)
+				return "report"
+			}
+		case <-ctx.Done():
+			terminate(proc)
+			return "context"
+		}
+	}
+}
+
+// terminate stops every process of the program: SIGTERM, then SIGKILL
+// after ProcessGrace.
+func terminate(proc *sandbox.Process) {
+	proc.Terminate()
 	t := time.NewTimer(ProcessGrace)
 	defer t.Stop()
 	select {
-	case err := <-exited:
-		return err
+	case <-proc.Done():
 	case <-t.C:
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		return <-exited
+		proc.Kill()
+		<-proc.Done()
 	}
 }
 
-// exitReason says why a child failed, naming a limit it likely hit.
-func exitReason(err error, l *workflow.ProcessLimits, stderr string) string {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return fmt.Sprintf("the process failed: %v", err)
+// processResult is the step's result from how its program ended.
+func (d *drive) processResult(p engine.StepPlan, l *workflow.ProcessLimits, res sandbox.Result, stopped string,
+	fd3 []byte, stdout *lastLine, stderr string) (stepResult, error) {
+	out := stepResult{stderr: stderr}
+	fail := func(cause error, format string, args ...any) (stepResult, error) {
+		return out, &processError{msg: fmt.Sprintf("step %s: ", p.StepID) + fmt.Sprintf(format, args...), stderr: stderr, cause: cause}
 	}
-	ws, _ := ee.Sys().(syscall.WaitStatus)
-	what := fmt.Sprintf("exit status %d", ws.ExitStatus())
-	if ws.Signaled() {
-		what = "killed by signal " + ws.Signal().String()
-	}
-	if l != nil && l.CPUSeconds > 0 && ws.Signaled() && (ws.Signal() == syscall.SIGXCPU || ws.Signal() == syscall.SIGKILL) {
-		return fmt.Sprintf("the process exceeded its CPU limit of %d s (limits.cpuSeconds) and was killed (%s)", l.CPUSeconds, what)
-	}
-	if l != nil && l.MemoryMb > 0 && (outOfMemory(stderr) || ws.Signaled() && (ws.Signal() == syscall.SIGSEGV ||
-		ws.Signal() == syscall.SIGABRT || ws.Signal() == syscall.SIGKILL || ws.Signal() == syscall.SIGBUS)) {
-		return fmt.Sprintf("the process exceeded its memory limit of %d MiB (limits.memoryMb) and was ended (%s)", l.MemoryMb, what)
-	}
-	if ws.ExitStatus() == 125 && l != nil {
-		return "the process's limits could not be set (ulimit failed): " + lastLineOf(stderr)
-	}
-	msg := "the process ended with " + what
-	if s := lastLineOf(stderr); s != "" {
-		msg += ": " + s
-	}
-	return msg
-}
-
-// outOfMemory reports whether stderr shows a failed allocation.
-func outOfMemory(stderr string) bool {
-	for _, s := range []string{"MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc",
-		"cannot allocate memory", "fatal error: runtime: out of memory"} {
-		if strings.Contains(stderr, s) {
-			return true
+	switch {
+	case stopped == "report":
+		return out, fmt.Errorf("step %s: %w: %v", p.StepID, errReport, d.reportErr)
+	case stopped == "context" && d.ctx.Err() != nil:
+		return out, context.Cause(d.ctx)
+	case stopped == "context":
+		return fail(context.DeadlineExceeded, "the process timed out after %s and was stopped", timeoutOf(p.TimeoutMs, defaultProcessTimeout))
+	case res.Limit != "":
+		return fail(errPermanent, "%s", limitMessage(res, l))
+	case res.Err != nil:
+		return fail(errPermanent, "the process failed: %v", res.Err)
+	case !res.OK():
+		msg := fmt.Sprintf("the process ended with exit status %d", res.ExitCode)
+		if res.Signal != 0 {
+			msg = "the process was killed by signal " + res.Signal.String()
 		}
+		if s := lastLineOf(stderr); s != "" {
+			msg += ": " + s
+		}
+		return fail(errPermanent, "%s", msg)
 	}
-	return false
+	output, err := processOutput(fd3, stdout)
+	if err != nil {
+		return fail(errPermanent, "%v", err)
+	}
+	out.output = output
+	return out, nil
+}
+
+// limitMessage names the limit that stopped a program, with its field.
+func limitMessage(res sandbox.Result, l *workflow.ProcessLimits) string {
+	if l == nil {
+		l = &workflow.ProcessLimits{}
+	}
+	switch res.Limit {
+	case sandbox.LimitMemory:
+		return fmt.Sprintf("the process exceeded its memory limit of %d MiB (limits.memoryMb) and was stopped", l.MemoryMb)
+	case sandbox.LimitCPU:
+		return fmt.Sprintf("the process exceeded its CPU limit of %d s (limits.cpuSeconds) and was stopped", l.CPUSeconds)
+	case sandbox.LimitProcesses:
+		return fmt.Sprintf("the process exceeded its process limit of %d (limits.maxProcesses) and was stopped", l.Processes())
+	case sandbox.LimitFileSize:
+		return fmt.Sprintf("the process exceeded its file size limit of %d MiB (limits.fileSizeMb)", l.FileSizeMb)
+	case sandbox.LimitDisk:
+		where := ""
+		if res.Full != sandbox.WorkDir {
+			where = " in " + res.Full
+		}
+		return fmt.Sprintf("the process exceeded its work directory limit of %d MiB (limits.workdirMb)%s and was stopped", l.Workdir(), where)
+	}
+	return "the process exceeded its " + string(res.Limit) + " limit"
 }
 
 func lastLineOf(s string) string {
@@ -272,99 +301,4 @@ func lastLineOf(s string) string {
 		s = s[:300] + "…"
 	}
 	return s
-}
-
-// processOutput is the step's output: fd 3, else the last stdout line.
-func processOutput(fd3 []byte, stdout *lastLine) (json.RawMessage, error) {
-	if len(fd3) > maxProcessOutput {
-		return nil, fmt.Errorf("the process wrote more than %d bytes to fd 3", maxProcessOutput)
-	}
-	if b := bytes.TrimSpace(fd3); len(b) > 0 {
-		if !json.Valid(b) {
-			return nil, errors.New("the process wrote to fd 3 what is not JSON")
-		}
-		return b, nil
-	}
-	line, tooLong := stdout.last()
-	if tooLong {
-		return nil, fmt.Errorf("the last line of the process's stdout is over %d bytes", maxProcessOutput)
-	}
-	if len(line) == 0 {
-		return json.RawMessage("null"), nil
-	}
-	if json.Valid(line) {
-		return line, nil
-	}
-	return json.Marshal(string(line))
-}
-
-// lastLine keeps the last non-empty line written to it, bounded.
-type lastLine struct {
-	max      int
-	mu       sync.Mutex
-	cur      []byte
-	curLong  bool
-	done     []byte
-	doneLong bool
-}
-
-func (l *lastLine) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		chunk := p
-		if i >= 0 {
-			chunk = p[:i]
-		}
-		if len(l.cur)+len(chunk) > l.max {
-			l.curLong = true
-		} else if !l.curLong {
-			l.cur = append(l.cur, chunk...)
-		}
-		if i < 0 {
-			break
-		}
-		l.endLine()
-		p = p[i+1:]
-	}
-	return n, nil
-}
-
-func (l *lastLine) endLine() {
-	if len(bytes.TrimSpace(l.cur)) > 0 || l.curLong {
-		l.done, l.doneLong = append(l.done[:0], l.cur...), l.curLong
-	}
-	l.cur, l.curLong = l.cur[:0], false
-}
-
-func (l *lastLine) last() ([]byte, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.endLine()
-	return bytes.TrimSpace(l.done), l.doneLong
-}
-
-// tail keeps the last max bytes written to it.
-type tail struct {
-	max int
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > t.max {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.ToValidUTF8(string(t.buf), "")
 }

@@ -1,20 +1,20 @@
 package workers_test
 
-// Process steps with real processes: Python and Go programs using the SDK
-// helpers, run by real `pal worker` processes that are killed with kill -9
-// mid sub-step.
+// Process steps with real processes in real bubblewrap sandboxes: Python
+// and Go programs using the SDK helpers, run by real `pal worker`
+// processes that are killed with kill -9 mid sub-step.
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +22,8 @@ import (
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/internal/sandbox"
+	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/workers"
 	"github.com/palrun/pal/workflow"
 )
@@ -35,24 +36,50 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
+// python is Debian's interpreter, which the sandbox sees under /usr.
+const python = "/usr/bin/python3"
+
+// sharedDir is a directory a sandbox may write when it is mounted
+// (PAL_PROCESS_MOUNTS dir:rw): one that its uid can reach and write.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pal-test-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o777))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// repoMount is the mount through which the sandbox sees the repository
+// at /opt/pal, as examples/process expects.
+func repoMount(t *testing.T) string { return repoRoot(t) + "=/opt/pal" }
+
+// runner is a sandbox for in-process workers with the given mounts
+// (PAL_PROCESS_MOUNTS form).
+func runner(t *testing.T, mounts string, programs ...string) *sandbox.Runner {
+	t.Helper()
+	ms, err := sandbox.ParseMounts(mounts)
+	require.NoError(t, err)
+	r, err := sandbox.New(sandbox.Config{Mounts: ms, Programs: programs})
+	require.NoError(t, err)
+	require.NoError(t, r.Available())
+	return r
+}
+
 // substepsProgram is the command of examples/process's program in one
-// language: the Python script, or the Go program built for the test.
+// language: the Python script, which the sandbox sees at /opt/pal, or the
+// Go program built for the test.
 func substepsProgram(t *testing.T, lang string) ([]string, map[string]string) {
 	t.Helper()
-	root := repoRoot(t)
 	if lang == "python" {
-		if _, err := exec.LookPath("python3"); err != nil {
-			t.Fatalf("python3 is needed for the Python SDK's test: %v", err)
-		}
-		return []string{"python3", filepath.Join(root, "examples", "process", "substeps.py")},
-			map[string]string{"PYTHONPATH": filepath.Join(root, "sdk", "python")}
+		return []string{python, "/opt/pal/examples/process/substeps.py"}, map[string]string{"PYTHONPATH": "/opt/pal/sdk/python"}
 	}
 	bin := filepath.Join(t.TempDir(), "substeps")
 	build := exec.Command("go", "build", "-o", bin, "./examples/process/substeps")
-	build.Dir = root
+	build.Dir = repoRoot(t)
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building examples/process/substeps:\n%s", out)
-	return []string{bin}, nil
+	return []string{bin}, map[string]string{}
 }
 
 // processWorkflow is a workflow of one process node "work".
@@ -67,39 +94,59 @@ func processWorkflow(t *testing.T, command []string, env map[string]string, extr
 	"edges":[{"from":"start","to":"work"}]}`, c, e, extra)
 }
 
-// holdPIDs waits until the hold file names n processes and returns them.
-func holdPIDs(t *testing.T, path string, n int) []int {
+// waitHold waits until the hold file names n processes (their pids in
+// the sandbox).
+func waitHold(t *testing.T, path string, n int) {
 	t.Helper()
-	var pids []int
 	require.Eventually(t, func() bool {
 		b, _ := os.ReadFile(path)
-		pids = pids[:0]
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-		return len(pids) >= n
+		return len(strings.Fields(string(b))) >= n
 	}, 60*time.Second, 20*time.Millisecond, "no process held at %s", path)
-	return pids
 }
 
-// requireGone waits until pid no longer runs (gone, or a zombie).
-func requireGone(t *testing.T, pid int) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			return true
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// newMark returns an environment entry (NAME=value) unique to one test:
+// every process of its sandboxes carries it.
+func newMark(t *testing.T) (string, string) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "TEST_MARK", hex.EncodeToString(b)
+}
+
+// alive returns the host pids of the running processes whose environment
+// holds the mark and whose command line starts with cmd ("" for any).
+func alive(mark, cmd string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
-			return true
+			continue
 		}
-		// The state follows the command name in parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
-	}, 10*time.Second, 10*time.Millisecond, "process %d outlived its worker", pid)
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !strings.Contains(string(env), mark) {
+			continue
+		}
+		line, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || !strings.HasPrefix(strings.ReplaceAll(string(line), "\x00", " "), cmd) {
+			continue
+		}
+		// The state follows the command name in parentheses; a zombie
+		// does not run.
+		if s := string(stat); strings.LastIndexByte(s, ')') > 0 {
+			if i := strings.LastIndexByte(s, ')'); i+2 < len(s) && s[i+2] != 'Z' {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// requireNoneAlive waits until no process with the mark runs.
+func requireNoneAlive(t *testing.T, mark string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(alive(mark, "")) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"a process of the step outlived it: %v", alive(mark, ""))
 }
 
 // sideEffects reads the side-effect file: one [name, key, resume] per line.
@@ -120,20 +167,20 @@ func TestProcessSubstepsSurviveKill9(t *testing.T) {
 			t.Parallel()
 			p := setupProc(t, time.Second)
 			command, env := substepsProgram(t, lang)
-			dir := t.TempDir()
+			dir := sharedDir(t)
 			side, hold := filepath.Join(dir, "side-effects"), filepath.Join(dir, "hold")
-			if env == nil {
-				env = map[string]string{}
-			}
-			env["SIDE_EFFECTS"], env["HOLD_AT"], env["HOLD_FILE"] = side, "s3", hold
+			mk, mv := newMark(t)
+			env["SIDE_EFFECTS"], env["HOLD_AT"], env["HOLD_FILE"], env[mk] = side, "s3", hold, mv
+			mounts := "PAL_PROCESS_MOUNTS=" + repoMount(t) + "," + dir + ":rw"
 
-			w1 := p.palWorker(t, "w1")
+			w1 := p.palWorker(t, "w1", mounts)
 			runID := p.startWithID(t, processWorkflow(t, command, env, `,"maxResumes":3`), `{"topic":"crash"}`)
-			pid := holdPIDs(t, hold, 1)[0]
+			waitHold(t, hold, 1)
+			require.NotEmpty(t, alive(mv, ""))
 			w1.Kill() // during sub-step 3, after its side effect
-			requireGone(t, pid)
+			requireNoneAlive(t, mv)
 
-			p.palWorker(t, "w2")
+			p.palWorker(t, "w2", mounts)
 			end := p.WaitEnd(t, runID)
 			require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 
@@ -190,18 +237,20 @@ func TestProcessResumeExhaustedAfterFourCrashes(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
 	command, env := substepsProgram(t, "python")
-	dir := t.TempDir()
+	dir := sharedDir(t)
 	side, hold := filepath.Join(dir, "side-effects"), filepath.Join(dir, "hold")
-	env["SIDE_EFFECTS"], env["HOLD_AT"], env["HOLD_FILE"], env["HOLD_ALWAYS"] = side, "s2", hold, "1"
+	mk, mv := newMark(t)
+	env["SIDE_EFFECTS"], env["HOLD_AT"], env["HOLD_FILE"], env["HOLD_ALWAYS"], env[mk] = side, "s2", hold, "1", mv
+	mounts := "PAL_PROCESS_MOUNTS=" + repoMount(t) + "," + dir + ":rw"
 
 	runID := p.startWithID(t, processWorkflow(t, command, env, ""), `{"topic":"loop"}`) // maxResumes: the default 3
 	for i := 1; i <= 4; i++ {
-		w := p.palWorker(t, fmt.Sprintf("w%d", i))
-		pids := holdPIDs(t, hold, i)
+		w := p.palWorker(t, fmt.Sprintf("w%d", i), mounts)
+		waitHold(t, hold, i)
 		w.Kill()
-		requireGone(t, pids[i-1])
+		requireNoneAlive(t, mv)
 	}
-	p.palWorker(t, "w5")
+	p.palWorker(t, "w5", mounts)
 	end := p.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, end.Kind)
 	f := data[event.RunFailedData](t, end)
@@ -217,51 +266,59 @@ func TestProcessResumeExhaustedAfterFourCrashes(t *testing.T) {
 	}
 }
 
-// TestProcessReportTokenAuthorizesOneStep: step a hands its token to step
-// b; b's reports with it, or with its own token naming step a, are refused,
-// and so are reports over the bounds.
-func TestProcessReportTokenAuthorizesOneStep(t *testing.T) {
+// TestProcessReportSocketIsTheStepsOwn: a step reports over the socket
+// PAL_REPORT_SOCKET names, which only its process sees; a report that
+// names another step, or passes the bounds, is refused; there is no token
+// in the environment.
+func TestProcessReportSocketIsTheStepsOwn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
 	post := `
-import json, os, urllib.request, urllib.error
-def post(token, step, name, status="completed", output=1):
-    req = urllib.request.Request(os.environ["PAL_REPORT_URL"], method="POST",
-        data=json.dumps({"step_id": step, "name": name, "status": status, "output": output}).encode(),
-        headers={"Authorization": "Bearer " + token})
-    try:
-        return urllib.request.urlopen(req).status
-    except urllib.error.HTTPError as e:
-        return e.code
+import http.client, json, os, socket
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(os.environ["PAL_REPORT_SOCKET"])
+def post(step, name, status="completed", output=1):
+    c = Unix("pal")
+    c.request("POST", "/v1/runtime/report", body=json.dumps({"step_id": step, "name": name, "status": status, "output": output}))
+    return c.getresponse().status
 `
 	a := post + `
-assert post(os.environ["PAL_REPORT_TOKEN"], "a", "mine") == 200
-print(json.dumps({"token": os.environ["PAL_REPORT_TOKEN"]}))`
+assert post("a", "mine") == 200
+print(json.dumps({"socket": os.environ["PAL_REPORT_SOCKET"]}))`
 	bScript := post + `
-own = os.environ["PAL_REPORT_TOKEN"]
-print(json.dumps({"other": post(os.environ["A_TOKEN"], "a", "forged"),
-                  "claim": post(own, "a", "forged2"),
-                  "nobody": post("", "b", "forged3"),
-                  "big": post(own, "b", "big", output="x" * (300 << 10)),
-                  "status": post(own, "b", "odd", status="finished"),
-                  "name": post(own, "b", "n" * 129),
-                  "own": post(own, "b", "mine")}))`
-	cmdA, err := json.Marshal([]string{"python3", "-c", a})
+print(json.dumps({"claim": post("a", "forged"),
+                  "big": post("b", "big", output="x" * (300 << 10)),
+                  "status": post("b", "odd", status="finished"),
+                  "name": post("b", "n" * 129),
+                  "own": post("b", "mine"),
+                  "sockets": sorted(os.listdir(os.path.dirname(os.environ["PAL_REPORT_SOCKET"]))),
+                  "token": [k for k in os.environ if "TOKEN" in k or k == "PAL_REPORT_URL"]}))`
+	cmdA, err := json.Marshal([]string{python, "-c", a})
 	require.NoError(t, err)
-	cmdB, err := json.Marshal([]string{"python3", "-c", bScript})
+	cmdB, err := json.Marshal([]string{python, "-c", bScript})
 	require.NoError(t, err)
-	wf := fmt.Sprintf(`{"name":"tokens","nodes":[{"id":"start","type":"trigger"},
+	wf := fmt.Sprintf(`{"name":"sockets","nodes":[{"id":"start","type":"trigger"},
 	{"id":"a","type":"process","data":{"command":%s}},
-	{"id":"b","type":"process","data":{"command":%s,"env":{"A_TOKEN":"{{steps.a.output.token}}"}}}],
+	{"id":"b","type":"process","data":{"command":%s,"env":{"A_SOCKET":"{{steps.a.output.socket}}"}}}],
 	"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}]}`, cmdA, cmdB)
 	runID := b.Start(t, wf, `{}`)
 	end := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
-	var codes map[string]int
-	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &codes))
-	require.Equal(t, map[string]int{"other": 401, "claim": 403, "nobody": 401, "big": 413, "status": 400, "name": 400,
-		"own": 200}, codes)
+	var got struct {
+		Claim, Big, Status, Name, Own int
+		Sockets, Token                []string
+	}
+	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &got))
+	require.Equal(t, 403, got.Claim)
+	require.Equal(t, 413, got.Big)
+	require.Equal(t, 400, got.Status)
+	require.Equal(t, 400, got.Name)
+	require.Equal(t, 200, got.Own)
+	require.Equal(t, []string{"report.sock"}, got.Sockets)
+	require.Empty(t, got.Token)
 
 	evs := b.Events(t, runID)
 	var names []string
@@ -275,7 +332,7 @@ func TestProcessMemoryLimitFailsTheStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	cmd, err := json.Marshal([]string{"python3", "-c", "b = bytearray(512 * 1024 * 1024)\nprint('allocated')"})
+	cmd, err := json.Marshal([]string{python, "-c", "b = b'x' * (512 * 1024 * 1024)\nprint('allocated')"})
 	require.NoError(t, err)
 	wf := fmt.Sprintf(`{"name":"hog","nodes":[{"id":"start","type":"trigger"},
 	{"id":"hog","type":"process","data":{"command":%s,"limits":{"memoryMb":64}}}],
@@ -286,35 +343,14 @@ func TestProcessMemoryLimitFailsTheStep(t *testing.T) {
 	failed := find(b.Events(t, runID), event.StepFailed, "hog")
 	require.Len(t, failed, 1)
 	d := data[event.StepFailedData](t, failed[0])
-	require.Contains(t, d.Error, "exceeded its memory limit of 64 MiB (limits.memoryMb)")
-	require.Contains(t, d.Stderr, "MemoryError")
+	require.Contains(t, d.Error, "the process exceeded its memory limit of 64 MiB (limits.memoryMb)")
 	require.NotContains(t, d.Error, "allocated")
-}
-
-// TestProcessCancelStopsTheChild: cancelling the run sends the child's
-// group SIGTERM; the child is gone and the run is cancelled.
-func TestProcessCancelStopsTheChild(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.worker(t, "w1", nil)
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	cmd, err := json.Marshal([]string{"/bin/sh", "-c", `echo $$ > "$PID_FILE"; exec sleep 300`})
-	require.NoError(t, err)
-	env, err := json.Marshal(map[string]string{"PID_FILE": pidFile})
-	require.NoError(t, err)
-	wf := fmt.Sprintf(`{"name":"sleeper","nodes":[{"id":"start","type":"trigger"},
-	{"id":"nap","type":"process","data":{"command":%s,"env":%s}}],
-	"edges":[{"from":"start","to":"nap"}]}`, cmd, env)
-	runID := b.Start(t, wf, `{}`)
-	pid := holdPIDs(t, pidFile, 1)[0]
-	require.NoError(t, b.Runs.Cancel(context.Background(), runs.CancelCommand{RunID: runID, Reason: "test"}))
-	require.Equal(t, event.RunCancelled, b.WaitEnd(t, runID).Kind)
-	requireGone(t, pid)
+	require.Equal(t, event.ClassTool, d.Class)
 }
 
 // TestProcessOutputAndStderr: the last stdout line is the output when fd 3
 // is empty; stdin carries the rendered input; the stderr tail is journaled
-// and bounded; the environment is clean.
+// and bounded; the environment is the node's and PAL's.
 func TestProcessOutputAndStderr(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -328,10 +364,7 @@ print(json.dumps({"topic": params["topic"], "mine": os.environ.get("MINE"),
     "step": os.environ["PAL_STEP_ID"], "attempt": os.environ["PAL_ATTEMPT"],
     "pal": sorted(k for k in os.environ if k.startswith("PAL_")),
     "other": sorted(k for k in os.environ if not k.startswith("PAL_"))}))`
-	// The interpreter itself, not a shim (pyenv's adds to the environment).
-	exe, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
-	require.NoError(t, err)
-	cmd, err := json.Marshal([]string{strings.TrimSpace(string(exe)), "-c", script})
+	cmd, err := json.Marshal([]string{"python3", "-c", script})
 	require.NoError(t, err)
 	wf := fmt.Sprintf(`{"name":"out","nodes":[{"id":"start","type":"trigger"},
 	{"id":"work","type":"process","data":{"command":%s,"env":{"MINE":"{{input.topic}}!"},"input":{"topic":"{{input.topic}}"}}}],
@@ -349,12 +382,12 @@ print(json.dumps({"topic": params["topic"], "mine": os.environ.get("MINE"),
 	require.Equal(t, "work", out.Step)
 	require.Equal(t, "1", out.Attempt)
 	// No PAL_RESUME: nothing before this process; nothing of the worker's
-	// environment beyond the allowlist (Python may add LC_CTYPE itself).
-	require.Equal(t, []string{"PAL_ATTEMPT", "PAL_IDEMPOTENCY_KEY", "PAL_REPORT_TOKEN", "PAL_REPORT_URL", "PAL_RUN_ID", "PAL_STEP_ID"}, out.Pal)
-	require.Contains(t, out.Other, "MINE")
+	// environment (Python may add LC_CTYPE itself).
+	require.Equal(t, []string{"PAL_ATTEMPT", "PAL_IDEMPOTENCY_KEY", "PAL_REPORT_SOCKET", "PAL_RUN_ID", "PAL_STEP_ID"}, out.Pal)
 	for _, k := range out.Other {
-		require.Contains(t, []string{"PATH", "HOME", "LANG", "TZ", "MINE", "LC_CTYPE"}, k)
+		require.Contains(t, []string{"PATH", "HOME", "LANG", "TMPDIR", "PWD", "MINE", "LC_CTYPE"}, k)
 	}
+	require.Contains(t, out.Other, "MINE")
 	done := find(b.Events(t, runID), event.StepCompleted, "work")
 	require.Len(t, done, 1)
 	d := data[event.StepCompletedData](t, done[0])
@@ -363,7 +396,8 @@ print(json.dumps({"topic": params["topic"], "mine": os.environ.get("MINE"),
 }
 
 // TestProcessExampleWorkflows: examples/process's workflows parse, and the
-// Python one runs (from the repository root, as the README says).
+// Python one runs as the example says (the repository mounted at
+// /opt/pal).
 func TestProcessExampleWorkflows(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -373,44 +407,43 @@ func TestProcessExampleWorkflows(t *testing.T) {
 		_, err = workflow.Parse(b)
 		require.NoError(t, err, f)
 	}
+	dir := sharedDir(t)
 	b := setup(t)
-	b.worker(t, "w1", nil)
+	b.Worker(t, "w1", paltest.Sandbox(runner(t, repoMount(t)+","+dir+":rw")))
 	raw, err := os.ReadFile(filepath.Join(root, "examples", "process", "substeps-python.json"))
 	require.NoError(t, err)
-	// The worker of this test runs in workers/: make the paths absolute.
-	wf := strings.NewReplacer(`"examples/process/`, `"`+root+`/examples/process/`, `"sdk/python"`, `"`+root+`/sdk/python"`).Replace(string(raw))
-	side := filepath.Join(t.TempDir(), "side-effects")
+	side := filepath.Join(dir, "side-effects")
 	in, err := json.Marshal(map[string]string{"topic": "demo", "sideEffects": side})
 	require.NoError(t, err)
-	runID := b.Start(t, wf, string(in))
+	runID := b.Start(t, string(raw), string(in))
 	end := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
 	require.Len(t, sideEffects(t, side), 5)
 	require.Contains(t, string(data[event.RunSucceededData](t, end).Output), `"topic":"demo"`)
 }
 
-// TestProcessTimeoutKillsAChildThatIgnoresSIGTERM: past timeoutMs the group
-// gets SIGTERM; a child that ignores it is killed after ProcessGrace, and
-// the step fails as timed out.
+// TestProcessTimeoutKillsAChildThatIgnoresSIGTERM: past timeoutMs every
+// process gets SIGTERM; a program that ignores it is killed after
+// ProcessGrace, and the step fails as timed out.
 func TestProcessTimeoutKillsAChildThatIgnoresSIGTERM(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.worker(t, "w1", nil)
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	cmd, err := json.Marshal([]string{"/bin/sh", "-c", `trap '' TERM; echo $$ > "$PID_FILE"; while :; do sleep 0.05; done`})
-	require.NoError(t, err)
-	env, err := json.Marshal(map[string]string{"PID_FILE": pidFile})
+	mk, mv := newMark(t)
+	cmd, err := json.Marshal([]string{"/bin/sh", "-c", `trap '' TERM; while :; do sleep 0.05; done`})
 	require.NoError(t, err)
 	wf := fmt.Sprintf(`{"name":"stubborn","nodes":[{"id":"start","type":"trigger"},
-	{"id":"nap","type":"process","data":{"command":%s,"env":%s,"timeoutMs":300}}],
-	"edges":[{"from":"start","to":"nap"}]}`, cmd, env)
+	{"id":"nap","type":"process","data":{"command":%s,"env":{%q:%q},"timeoutMs":10000}}],
+	"edges":[{"from":"start","to":"nap"}]}`, cmd, mk, mv)
 	start := time.Now()
 	runID := b.Start(t, wf, `{}`)
-	pid := holdPIDs(t, pidFile, 1)[0]
+	// Its first sleep: the trap is set (well within the timeout, which
+	// counts from the sandbox's start).
+	require.Eventually(t, func() bool { return len(alive(mv, "sleep 0.05")) > 0 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, event.RunFailed, b.WaitEnd(t, runID).Kind)
 	require.GreaterOrEqual(t, time.Since(start), workers.ProcessGrace, "SIGKILL only after the grace")
-	requireGone(t, pid)
+	requireNoneAlive(t, mv)
 	failed := find(b.Events(t, runID), event.StepFailed, "nap")
 	require.Len(t, failed, 1)
-	require.Contains(t, data[event.StepFailedData](t, failed[0]).Error, "the process timed out after 300ms and was stopped")
+	require.Contains(t, data[event.StepFailedData](t, failed[0]).Error, "the process timed out after 10s and was stopped")
 }

@@ -1,31 +1,29 @@
 package workers
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 )
 
-// The runtime endpoint: the children of process steps report their
-// sub-steps to the worker that runs them, on a listener on 127.0.0.1.
-// Reports go to the drive's own goroutine, which journals them with the
-// drive's fenced writer, so a report from a child whose drive lost the
-// run cannot be appended.
+// The runtime endpoint: the program of a process step reports its
+// sub-steps over HTTP on a Unix socket that only it sees (the sandbox
+// binds it at sandbox.IPCDir; PAL_REPORT_SOCKET names it). There is no
+// token: holding the socket is the authority, and it names one step's
+// attempt, for as long as that process runs. Reports go to the drive's
+// own goroutine, which journals them with the drive's fenced writer, so a
+// report from a program whose drive lost the run cannot be appended.
 const (
-	// ReportPath is where a child reports a sub-step (PAL_REPORT_URL).
+	// ReportPath is where a program reports a sub-step.
 	ReportPath = "/v1/runtime/report"
-	// SubstepsPath is where a child reads the sub-steps of its step that
+	// SubstepsPath is where a program reads the sub-steps of its step that
 	// are journaled as completed.
 	SubstepsPath = "/v1/runtime/substeps"
 	// MaxReportBytes bounds a report's body.
@@ -35,41 +33,29 @@ const (
 	// MaxSubsteps bounds the sub-steps of one step attempt.
 	MaxSubsteps = 1000
 	// MaxSubstepBytes bounds the outputs of one step attempt's sub-steps
-	// together: what GET SubstepsPath answers a resumed child.
+	// together: what GET SubstepsPath answers a resumed program.
 	MaxSubstepBytes = 4 << 20
 )
 
-// runtimeServer is the worker's runtime endpoint.
-type runtimeServer struct {
-	srv  *http.Server
-	ln   net.Listener
-	base string // http://127.0.0.1:port
-
-	mu       sync.Mutex
-	sessions map[string]*procSession // token → the step it authorizes
-}
-
-// procSession is one running process: its token authorizes reports for
-// its step's attempt only, and only while it runs.
+// procSession is the runtime endpoint of one running process.
 type procSession struct {
-	token   string
-	runID   string
-	stepID  string
-	attempt int
-	reqs    chan *reportReq
-	done    chan struct{} // closed when the process has ended
+	stepID string
+	srv    *http.Server
+	reqs   chan *reportReq
+	done   chan struct{} // closed when the process has ended
+	served chan struct{} // closed when the server has stopped
 }
 
-// reportReq is a child's request, answered by the drive.
+// reportReq is a program's request, answered by the drive.
 type reportReq struct {
 	list   bool // GET substeps
 	body   reportBody
 	answer chan reportAnswer
 }
 
-// reportBody is the body of POST /v1/runtime/report.
+// reportBody is the body of POST ReportPath.
 type reportBody struct {
-	// StepID, when set, must be the step the token authorizes.
+	// StepID, when set, must be the step the socket is for.
 	StepID string          `json:"step_id,omitempty"`
 	Name   string          `json:"name"`
 	Status string          `json:"status"`
@@ -87,68 +73,27 @@ type SubstepReply struct {
 	Output json.RawMessage `json:"output"`
 }
 
-// runtime returns the worker's runtime endpoint, starting it on first use.
-func (w *Worker) runtime() (*runtimeServer, error) {
-	w.rtMu.Lock()
-	defer w.rtMu.Unlock()
-	if w.rt != nil {
-		return w.rt, nil
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("starting the runtime endpoint for process steps: %w", err)
-	}
-	rt := &runtimeServer{ln: ln, base: "http://" + ln.Addr().String(), sessions: map[string]*procSession{}}
+// serveSession serves the runtime endpoint of step stepID's process on ln
+// until close.
+func serveSession(ln net.Listener, stepID string) *procSession {
+	s := &procSession{stepID: stepID, reqs: make(chan *reportReq), done: make(chan struct{}), served: make(chan struct{})}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+ReportPath, rt.report)
-	mux.HandleFunc("GET "+SubstepsPath, rt.substeps)
-	rt.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	mux.HandleFunc("POST "+ReportPath, s.report)
+	mux.HandleFunc("GET "+SubstepsPath, s.substeps)
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		MaxHeaderBytes: 16 << 10}
-	go func() { _ = rt.srv.Serve(ln) }()
-	w.rt = rt
-	w.log.Info("runtime endpoint for process steps listening", "addr", rt.base)
-	return rt, nil
-}
-
-// closeRuntime stops the runtime endpoint, if it was started.
-func (w *Worker) closeRuntime() {
-	w.rtMu.Lock()
-	defer w.rtMu.Unlock()
-	if w.rt != nil {
-		_ = w.rt.srv.Close()
-		w.rt = nil
-	}
-}
-
-// open registers a process about to start and returns its session.
-func (rt *runtimeServer) open(runID, stepID string, attempt int) *procSession {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	s := &procSession{token: hex.EncodeToString(b), runID: runID, stepID: stepID, attempt: attempt,
-		reqs: make(chan *reportReq), done: make(chan struct{})}
-	rt.mu.Lock()
-	rt.sessions[s.token] = s
-	rt.mu.Unlock()
+	go func() {
+		defer close(s.served)
+		_ = s.srv.Serve(ln)
+	}()
 	return s
 }
 
-// close revokes the session's token.
-func (rt *runtimeServer) close(s *procSession) {
-	rt.mu.Lock()
-	delete(rt.sessions, s.token)
-	rt.mu.Unlock()
+// close ends the session: requests in flight get 410, the server stops.
+func (s *procSession) close() {
 	close(s.done)
-}
-
-// session finds the session the request's bearer token names.
-func (rt *runtimeServer) session(r *http.Request) *procSession {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return nil
-	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return rt.sessions[tok]
+	_ = s.srv.Close()
+	<-s.served
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -161,12 +106,7 @@ func problem(w http.ResponseWriter, status int, format string, args ...any) {
 	writeJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
 }
 
-func (rt *runtimeServer) report(w http.ResponseWriter, r *http.Request) {
-	s := rt.session(r)
-	if s == nil {
-		problem(w, http.StatusUnauthorized, "no running process step holds this token")
-		return
-	}
+func (s *procSession) report(w http.ResponseWriter, r *http.Request) {
 	raw, err := io.ReadAll(io.LimitReader(r.Body, MaxReportBytes+1))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "reading the report: %v", err)
@@ -183,7 +123,7 @@ func (rt *runtimeServer) report(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case b.StepID != "" && b.StepID != s.stepID:
-		problem(w, http.StatusForbidden, "this token authorizes reports for step %s only, not %s", s.stepID, b.StepID)
+		problem(w, http.StatusForbidden, "this socket takes reports for step %s only, not %s", s.stepID, b.StepID)
 		return
 	case b.Name == "" || len(b.Name) > MaxSubstepName:
 		problem(w, http.StatusBadRequest, "name must be 1 to %d bytes", MaxSubstepName)
@@ -195,21 +135,16 @@ func (rt *runtimeServer) report(w http.ResponseWriter, r *http.Request) {
 	if len(b.Output) == 0 {
 		b.Output = json.RawMessage("null")
 	}
-	rt.ask(w, r, s, &reportReq{body: b})
+	s.ask(w, r, &reportReq{body: b})
 }
 
-func (rt *runtimeServer) substeps(w http.ResponseWriter, r *http.Request) {
-	s := rt.session(r)
-	if s == nil {
-		problem(w, http.StatusUnauthorized, "no running process step holds this token")
-		return
-	}
-	rt.ask(w, r, s, &reportReq{list: true})
+func (s *procSession) substeps(w http.ResponseWriter, r *http.Request) {
+	s.ask(w, r, &reportReq{list: true})
 }
 
 // ask hands a request to the drive running the session's process and
 // writes its answer.
-func (rt *runtimeServer) ask(w http.ResponseWriter, r *http.Request, s *procSession, req *reportReq) {
+func (s *procSession) ask(w http.ResponseWriter, r *http.Request, req *reportReq) {
 	req.answer = make(chan reportAnswer, 1)
 	select {
 	case s.reqs <- req:

@@ -22,6 +22,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/retry"
+	"github.com/palrun/pal/internal/sandbox"
 	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/receipt"
@@ -73,6 +74,10 @@ type Config struct {
 	// ("openai/gpt-4o"); see ParseProviderConcurrency. A call takes a slot
 	// of each limit that names it. Nil: no limit.
 	ProviderConcurrency map[string]int
+	// Sandbox runs the programs of process steps (PAL_PROCESS_SANDBOX,
+	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS). Nil: one with the
+	// defaults, made at the first process step; bubblewrap is required.
+	Sandbox *sandbox.Runner
 }
 
 func (c Config) withDefaults() Config {
@@ -136,9 +141,10 @@ type Worker struct {
 	done    chan struct{}
 	drives  sync.WaitGroup
 
-	// rt is the runtime endpoint of process steps, started on first use.
-	rtMu sync.Mutex
-	rt   *runtimeServer
+	// sb runs process steps (Config.Sandbox, or one made on first use).
+	sbOnce sync.Once
+	sb     *sandbox.Runner
+	sbErr  error
 
 	// folded keeps the states of runs this worker parked (folded.go).
 	folded *foldedCache
@@ -294,7 +300,6 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	// Last, so peers do not take over runs this worker is handing back.
 	w.presence.stop(ctx)
-	w.closeRuntime()
 	w.log.Info("worker stopped")
 	return nil
 }

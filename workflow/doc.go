@@ -106,16 +106,24 @@
 //     tool call is a step: ask.turn[0], ask.turn[0].tool[0]. The output is
 //     {"text", "turns", "json"?}.
 //
-//   - process: a program the worker runs as a child process. data: command
-//     (argv, required; each element a template), env (values are
-//     templates; names may not start with PAL_), workdir, input (written to
-//     stdin as JSON; strings are templates), timeoutMs (default 1 h),
-//     maxResumes (default 3), limits {memoryMb, cpuSeconds} (rlimits). The
-//     output is the JSON the program writes to fd 3, else its last stdout
-//     line. The program reports its own sub-steps (package sdk, or
-//     sdk/python); a step re-driven more than maxResumes times without
-//     completing fails the run with process_resume_exhausted. Process
-//     steps are not retried.
+//   - process: a program the worker runs in a sandbox (package
+//     internal/sandbox). data: command (argv, required: command[0] is a
+//     name on the sandbox's PATH or an absolute path, never a template;
+//     every other element is a template rendered to one argument, but not
+//     the code or script argument of a shell or interpreter, nor any
+//     argument of a launcher such as env or xargs), env (values are
+//     templates; no PATH, HOME, TMPDIR, LD_*, PAL_* or other variable
+//     that makes the loader or a shell run other code; PYTHON*,
+//     NODE_OPTIONS and the like only as constants), workdir (in the
+//     sandbox), input (written to stdin as JSON; strings are templates),
+//     network (none, the default, or egress: through the worker, where its
+//     egress policy allows), timeoutMs (default 1 h), maxResumes (default
+//     3), limits {memoryMb, cpuSeconds, maxProcesses (default 256),
+//     fileSizeMb, workdirMb (default 256)}. The output is the JSON the
+//     program writes to fd 3, else its last stdout line. The program
+//     reports its own sub-steps (package sdk, or sdk/python); a step
+//     re-driven more than maxResumes times without completing fails the
+//     run with process_resume_exhausted. Process steps are not retried.
 //
 // The retry policy, data.retry on ai-step, tool, connector, subagent and
 // agent nodes, is

@@ -3,9 +3,6 @@ package workflow
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
-	"regexp"
-	"slices"
 	"strings"
 )
 
@@ -107,56 +104,6 @@ func (d *AgentData) Turns() int {
 		return DefaultMaxTurns
 	}
 	return d.MaxTurns
-}
-
-// ProcessLimits bounds a process node's child (rlimits).
-type ProcessLimits struct {
-	// MemoryMb is the child's address-space limit (RLIMIT_AS), in MiB.
-	MemoryMb int `json:"memoryMb,omitempty"`
-	// CPUSeconds is the child's CPU-time limit (RLIMIT_CPU).
-	CPUSeconds int `json:"cpuSeconds,omitempty"`
-}
-
-// ProcessData is the data of a process node: a program the worker runs
-// as a child process.
-type ProcessData struct {
-	// Command is the argv; every element is a template.
-	Command []string `json:"command"`
-	// Env adds to the child's clean environment; values are templates.
-	Env map[string]string `json:"env,omitempty"`
-	// Workdir is the child's working directory (the worker's when empty).
-	Workdir string `json:"workdir,omitempty"`
-	// Input is written to the child's stdin as JSON; strings are templates.
-	Input     json.RawMessage `json:"input,omitempty"`
-	TimeoutMs int             `json:"timeoutMs,omitempty"`
-	// MaxResumes bounds the re-drives of a step whose process did not
-	// finish (nil: DefaultMaxResumes).
-	MaxResumes *int           `json:"maxResumes,omitempty"`
-	Limits     *ProcessLimits `json:"limits,omitempty"`
-}
-
-// envName is what a process node's env may name.
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-
-// DefaultMaxResumes is how often a process step is re-driven after its
-// process did not finish, when the node sets no maxResumes.
-const DefaultMaxResumes = 3
-
-// Resumes returns the effective resume bound.
-func (d *ProcessData) Resumes() int {
-	if d.MaxResumes == nil {
-		return DefaultMaxResumes
-	}
-	return *d.MaxResumes
-}
-
-// Process decodes the data of a process node.
-func (n *Node) Process() (*ProcessData, error) {
-	var d ProcessData
-	if err := n.decode(TypeProcess, &d); err != nil {
-		return nil, err
-	}
-	return &d, nil
 }
 
 // Approval decodes the data of an approval node (which may have none).
@@ -312,18 +259,7 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			decodeProblem(err)
 			return
 		}
-		for i, a := range d.Command {
-			tmpl(fmt.Sprintf("data.command[%d]", i), a)
-		}
-		for _, k := range slices.Sorted(maps.Keys(d.Env)) {
-			switch {
-			case !envName.MatchString(k):
-				ps.node(n.ID, joinField("data.env", k), "not a variable name (letters, digits and _, not starting with a digit; at most 128)")
-			case strings.HasPrefix(k, "PAL_"):
-				ps.node(n.ID, joinField("data.env", k), "names starting with PAL_ are set by PAL")
-			}
-			tmpl(joinField("data.env", k), d.Env[k])
-		}
+		checkProcess(n.ID, d, tmpl, ps)
 		tmplJSON("data.input", d.Input)
 	case TypeAgent:
 		d, err := n.Agent()

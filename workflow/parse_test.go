@@ -254,12 +254,76 @@ func TestProcessNodeValidation(t *testing.T) {
 		"bad template":  {`{"command":["{{steps.nope.output}}"]}`, `no node "nope"`},
 		"tiny memory":   {`{"command":["x"],"limits":{"memoryMb":1}}`, "memoryMb"},
 		"negative max":  {`{"command":["x"],"maxResumes":-1}`, "maxResumes"},
+		"zero procs":    {`{"command":["x"],"limits":{"maxProcesses":0}}`, "maxProcesses"},
+		"bad network":   {`{"command":["x"],"network":"host"}`, "network"},
+		"odd network":   {`{"command":["x"],"network":"everywhere"}`, "network"},
 	} {
 		doc := `{"name":"p","nodes":[{"id":"start","type":"trigger"},{"id":"work","type":"process","data":` + tc.data +
 			`}],"edges":[{"from":"start","to":"work"}]}`
 		_, err := workflow.Parse([]byte(doc))
 		require.Error(t, err, name)
 		require.Contains(t, err.Error(), tc.want, name)
+	}
+}
+
+// TestProcessInputIsData: what arrives in data may fill an argument or an
+// environment value, never choose the program, the code a shell or an
+// interpreter runs, or a variable that makes the program load code.
+func TestProcessInputIsData(t *testing.T) {
+	t.Parallel()
+	parse := func(data string) error {
+		doc := `{"name":"p","nodes":[{"id":"start","type":"trigger"},{"id":"work","type":"process","data":` + data +
+			`}],"edges":[{"from":"start","to":"work"}]}`
+		_, err := workflow.Parse([]byte(doc))
+		return err
+	}
+	for _, ok := range []string{
+		`{"command":["python3","/opt/agent.py","{{input.topic}}"]}`,
+		`{"command":["/bin/sh","-c","echo \"$1\"","sh","{{input.name}}"]}`,
+		`{"command":["python3","-c","import sys; print(sys.argv[1])","{{input.name}}"]}`,
+		`{"command":["bash","-euc","printf %s \"$1\"","bash","{{input.name}}"]}`,
+		`{"command":["/usr/bin/awk","{print}","{{input.file}}"]}`,
+		`{"command":["echo","\\{{not a template}}"]}`,
+		`{"command":["x"],"env":{"PYTHONPATH":"/opt/sdk","NAME":"{{input.name}}","LANG":"C.UTF-8"}}`,
+		`{"command":["x"],"network":"egress","limits":{"maxProcesses":4,"fileSizeMb":1,"workdirMb":8}}`,
+	} {
+		require.NoError(t, parse(ok), ok)
+	}
+	for _, tc := range []struct{ data, field, want string }{
+		{`{"command":["{{input.prog}}","-c","id"]}`, "data.command[0]", "the program is part of the definition"},
+		{`{"command":["/usr/bin/{{input.prog}}"]}`, "data.command[0]", "not a template"},
+		{`{"command":["bin/agent"]}`, "data.command[0]", `not the relative path "bin/agent"`},
+		{`{"command":["sh","-c","echo hello {{input.name}}"]}`, "data.command[2]", "could become shell code"},
+		{`{"command":["/bin/bash","-ec","echo {{input.name}}"]}`, "data.command[2]", "could become shell code"},
+		{`{"command":["sh","-e","-c","echo {{input.name}}"]}`, "data.command[3]", "the command string"},
+		{`{"command":["sh","{{input.script}}"]}`, "data.command[1]", "the script argument"},
+		{`{"command":["python3.11","-c","print('{{input.name}}')"]}`, "data.command[2]", "the code argument"},
+		{`{"command":["python3","-m","{{input.module}}"]}`, "data.command[2]", "could become code"},
+		{`{"command":["python3","{{input.script}}"]}`, "data.command[1]", "the script argument"},
+		{`{"command":["node","--eval={{input.js}}"]}`, "data.command[1]", "an option"},
+		{`{"command":["perl","-e","print '{{input.x}}'"]}`, "data.command[2]", "could become code"},
+		{`{"command":["awk","{print \"{{input.x}}\"}"]}`, "data.command[1]", "the script argument"},
+		{`{"command":["env","{{input.prog}}"]}`, "data.command[1]", "env starts another program"},
+		{`{"command":["/usr/bin/xargs","-0","{{input.x}}"]}`, "data.command[2]", "xargs starts another program"},
+		{`{"command":["x"],"env":{"PATH":"/tmp"}}`, "data.env.PATH", "may not set it"},
+		{`{"command":["x"],"env":{"LD_PRELOAD":"/tmp/x.so"}}`, "data.env.LD_PRELOAD", "LD_"},
+		{`{"command":["x"],"env":{"BASH_ENV":"/tmp/x"}}`, "data.env.BASH_ENV", "may not set it"},
+		{`{"command":["x"],"env":{"HTTPS_PROXY":"http://evil"}}`, "data.env.HTTPS_PROXY", "may not set it"},
+		{`{"command":["x"],"env":{"PYTHONPATH":"{{input.path}}"}}`, "data.env.PYTHONPATH", "set it to a constant"},
+		{`{"command":["x"],"env":{"NODE_OPTIONS":"--require {{input.m}}"}}`, "data.env.NODE_OPTIONS", "set it to a constant"},
+		{`{"command":["x"],"workdir":"{{input.dir}}"}`, "data.workdir", "not a template"},
+	} {
+		err := parse(tc.data)
+		require.Error(t, err, tc.data)
+		var ve *workflow.ValidationError
+		require.ErrorAs(t, err, &ve, tc.data)
+		found := false
+		for _, p := range ve.Problems {
+			if p.Field == tc.field && strings.Contains(p.Message, tc.want) {
+				found = true
+			}
+		}
+		require.True(t, found, "%s: want %s: %s, got %v", tc.data, tc.field, tc.want, err)
 	}
 }
 

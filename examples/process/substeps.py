@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """A process step with five durable sub-steps (the Python SDK, palsdk).
 
-PAL runs it from a workflow node of type "process" (substeps-python.json).
-Each sub-step appends a line to the file SIDE_EFFECTS: its name, its
-idempotency key and whether this process is a resume. Kill the worker
+PAL runs it from a workflow node of type "process" (substeps-python.json),
+in a sandbox that sees the repository at /opt/pal: run the worker with
+PAL_PROCESS_MOUNTS="$PWD=/opt/pal" from the repository's root.
+Each sub-step appends a line to the file SIDE_EFFECTS (in the work
+directory when unset or empty): its name, its idempotency key and whether
+this process is a resume. Kill the worker
 while it runs and the process another worker starts sees PAL_RESUME=1:
 the sub-steps that completed are skipped by palsdk.step (their lines
 appear once), the one that was cut short runs again with the same key.
@@ -23,7 +26,7 @@ import time
 import palsdk
 
 params = json.load(sys.stdin) or {}
-side_effects = os.environ["SIDE_EFFECTS"]
+side_effects = os.environ.get("SIDE_EFFECTS") or "side-effects"
 hold_at = os.environ.get("HOLD_AT")
 hold_file = os.environ.get("HOLD_FILE", "")
 hold_always = os.environ.get("HOLD_ALWAYS") == "1"

@@ -6,16 +6,23 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/palrun/pal/internal/sandbox"
 )
 
 // Main is the TestMain of packages that use testenv:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
 //
-// It runs the tests, stops and removes the PostgreSQL cluster started for
+// First, when the test binary was started as one of a process step's
+// sandbox processes, it is that process (sandbox.Init). Otherwise it runs
+// the tests, stops and removes the PostgreSQL cluster started for
 // them and the binaries built for them, then checks that no goroutine leaked
 // (goleak, with opts) and exits with the right code.
 func Main(m *testing.M, opts ...goleak.Option) {
+	// Process steps re-execute the test binary for their sandbox: then it
+	// is one of the sandbox's processes, not a test run.
+	sandbox.Init()
 	code := m.Run()
 	stopShared()
 	removeBuilds()

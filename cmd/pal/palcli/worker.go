@@ -3,6 +3,7 @@ package palcli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +16,7 @@ import (
 	"github.com/palrun/pal/connector/webhook"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
+	"github.com/palrun/pal/internal/sandbox"
 	"github.com/palrun/pal/internal/service"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider"
@@ -90,6 +92,9 @@ type workerConfig struct {
 	// recoveryWarn why it is the default when a value was given.
 	recovery     time.Duration
 	recoveryWarn string
+	// sandbox runs process steps (PAL_PROCESS_SANDBOX,
+	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS).
+	sandbox *sandbox.Runner
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -133,7 +138,35 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, withCode(ExitBadInput, err)
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
+	if wc.sandbox, err = e.processSandbox(cmd); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
 	return wc, nil
+}
+
+// processSandbox reads the settings of the process tier. No sandbox may
+// see the data directory, the signing key or the NATS credentials, also
+// under a mount.
+func (e *env) processSandbox(cmd *cobra.Command) (*sandbox.Runner, error) {
+	cfg := sandbox.Config{Private: []string{e.stringSetting(cmd, "data-dir", "PAL_DATA_DIR", defaultDataDir),
+		e.getenv(receipt.EnvSigningKey), e.getenv("PAL_NATS_CREDS")}}
+	switch v := e.getenv(workers.EnvProcessSandbox); v {
+	case "", "on":
+	case "off":
+		cfg.Off = true
+	default:
+		return nil, fmt.Errorf("%s=%q: want on or off", workers.EnvProcessSandbox, v)
+	}
+	var err error
+	if cfg.Mounts, err = sandbox.ParseMounts(e.getenv(workers.EnvProcessMounts)); err != nil {
+		return nil, fmt.Errorf("%s: %w", workers.EnvProcessMounts, err)
+	}
+	cfg.Programs = sandbox.ParsePrograms(e.getenv(workers.EnvProcessPrograms))
+	r, err := sandbox.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s, %s: %w", workers.EnvProcessMounts, workers.EnvProcessPrograms, err)
+	}
+	return r, nil
 }
 
 // providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
@@ -207,7 +240,9 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 		return withCode(ExitUnavailable, err)
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, Logger: log, Egress: wc.egress,
-		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency}
+		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
+		Sandbox: wc.sandbox}
+	logProcessSandbox(wc.sandbox, s.log)
 	var receipts *receipt.Store
 	if wc.keys != nil {
 		if receipts, err = receipt.Open(ctx, js, store); err != nil {
@@ -248,6 +283,24 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	log.Info("worker ready", "id", w.ID(), "nats", s.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
 		"egress_allow", wc.egress.String())
 	return nil
+}
+
+// logProcessSandbox probes the sandbox of process steps, once, and says
+// how they will run: unsafely, not at all, or in bubblewrap.
+func logProcessSandbox(r *sandbox.Runner, log *slog.Logger) {
+	if r == nil {
+		return
+	}
+	switch err := r.Available(); {
+	case r.Off():
+		log.Warn("UNSAFE: "+workers.EnvProcessSandbox+"=off: process steps run without a sandbox, as this worker's user, "+
+			"seeing its files, keys and network", "process_sandbox", r.Describe())
+	case err != nil:
+		log.Warn("process steps will fail: "+err.Error()+"; install bubblewrap (apt-get install bubblewrap) or set "+
+			workers.EnvProcessSandbox+"=off (unsafe)", "process_sandbox", "unavailable")
+	default:
+		log.Info("process steps run in a sandbox", "process_sandbox", r.Describe())
+	}
 }
 
 // runWorker runs the write side until ctx ends.

@@ -40,6 +40,10 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 		{nil, []string{"--worker-id", "a.b"}, `--worker-id "a.b": use letters, digits`},
 		{[]string{"PAL_WORKER_ID=a.b"}, nil, `PAL_WORKER_ID="a.b": use letters, digits`},
 		{nil, []string{"--concurrency", "0"}, `--concurrency "0": want a whole number ≥ 1`},
+		{[]string{"PAL_PROCESS_SANDBOX=maybe"}, nil, `PAL_PROCESS_SANDBOX="maybe": want on or off`},
+		{[]string{"PAL_PROCESS_MOUNTS=opt/agent"}, nil, `PAL_PROCESS_MOUNTS: "opt/agent": want an absolute HOST path`},
+		{[]string{"PAL_PROCESS_MOUNTS=/no/such/dir"}, nil, `mount /no/such/dir: stat /no/such/dir: no such file or directory`},
+		{[]string{"PAL_PROCESS_PROGRAMS=python3,no-such-program"}, nil, `the program "no-such-program" is not on the sandbox's PATH`},
 	} {
 		env := append([]string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_DATA_DIR=" + t.TempDir()}, tc.env...)
 		r := runPal(t, bin, env, append([]string{"worker"}, tc.args...)...)

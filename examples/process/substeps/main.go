@@ -1,9 +1,13 @@
 // Command substeps is a process step with five durable sub-steps (the Go
 // SDK, package sdk). PAL runs it from a workflow node of type "process"
-// (examples/process/substeps-go.json).
+// (examples/process/substeps-go.json) in a sandbox that sees the
+// repository at /opt/pal: from the repository's root, build it with `go
+// build -o bin/substeps ./examples/process/substeps` and run the worker
+// with PAL_PROCESS_MOUNTS="$PWD=/opt/pal".
 //
-// Each sub-step appends a line to the file SIDE_EFFECTS: its name, its
-// idempotency key and whether this process is a resume. Kill the worker
+// Each sub-step appends a line to the file SIDE_EFFECTS (in the work
+// directory when unset or empty): its name, its idempotency key and
+// whether this process is a resume. Kill the worker
 // while it runs and the process another worker starts sees PAL_RESUME=1:
 // the sub-steps that completed are skipped by sdk.Step (their lines
 // appear once), the one that was cut short runs again with the same key.
@@ -54,7 +58,11 @@ func main() {
 
 func effect(name string) (result, error) {
 	key := sdk.IdempotencyKey(name)
-	f, err := os.OpenFile(os.Getenv("SIDE_EFFECTS"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	path := os.Getenv("SIDE_EFFECTS")
+	if path == "" {
+		path = "side-effects"
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return result{}, err
 	}

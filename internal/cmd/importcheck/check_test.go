@@ -104,7 +104,9 @@ func TestLoad(t *testing.T) {
 	for _, p := range pkgs {
 		byPath[p.Path] = p
 	}
-	require.Equal(t, map[string][]string{"main.go": {"cmd/pal/palcli"}}, byPath["cmd/pal"].Files)
+	// main runs the commands, after the sandbox's re-exec hook, which
+	// must come before anything else the process does.
+	require.Equal(t, map[string][]string{"main.go": {"cmd/pal/palcli", "internal/sandbox"}}, byPath["cmd/pal"].Files)
 	require.Contains(t, byPath["cmd/pal/palcli"].Files["worker.go"], "workers")
 	require.NotContains(t, byPath["internal/cmd/importcheck"].Files, "check_test.go")
 	for f, imps := range byPath["event"].Files {

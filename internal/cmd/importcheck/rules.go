@@ -16,7 +16,7 @@ var layers = [][]string{
 	// event store and its NATS roles, and the seams to the outside.
 	{"engine", "workflow", "readmodel", "eventstore", "eventstore/natsauth", "receipt", "provider/...", "connector/...", "paltest/testenv"},
 	// The vocabulary and ground-floor machinery.
-	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/retry", "internal/service", "internal/registry", "internal/egress", "internal/redact", "internal/telemetry", "internal/natsraft", "api/ui"},
+	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/retry", "internal/service", "internal/registry", "internal/egress", "internal/redact", "internal/telemetry", "internal/natsraft", "internal/sandbox", "api/ui"},
 	// sdk is linked into the programs PAL runs as process steps: it
 	// imports nothing of PAL.
 	{"sdk"},

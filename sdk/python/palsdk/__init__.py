@@ -1,21 +1,22 @@
 """Durable sub-steps for programs PAL runs as process steps.
 
-PAL runs a ``process`` node's command as a child of a worker. The child
-reports its own sub-steps to that worker (``PAL_REPORT_URL``, with the
-per-step bearer token ``PAL_REPORT_TOKEN``), which journals them. When the
-worker dies and another re-drives the step, the program starts over with
-``PAL_RESUME=1``; :func:`step` then returns the journaled output of each
-sub-step that had completed without running it again.
+PAL runs a ``process`` node's program in a sandbox on a worker. The
+program reports its own sub-steps to that worker over a Unix socket
+(``PAL_REPORT_SOCKET``) that only this process sees, and the worker
+journals them. When the worker dies and another re-drives the step, the
+program starts over with ``PAL_RESUME=1``; :func:`step` then returns the
+journaled output of each sub-step that had completed without running it
+again.
 
-Standard library only. Outside PAL (no ``PAL_REPORT_URL``) :func:`step`
+Standard library only. Outside PAL (no ``PAL_REPORT_SOCKET``) :func:`step`
 just calls ``fn``.
 """
 
+import http.client
 import json
 import os
+import socket
 import threading
-import urllib.error
-import urllib.request
 
 __all__ = ["step", "resumed", "idempotency_key", "PalError"]
 
@@ -24,6 +25,19 @@ _TIMEOUT = 30
 
 class PalError(Exception):
     """The worker's runtime endpoint refused or could not take a report."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the Unix socket PAL_REPORT_SOCKET names."""
+
+    def __init__(self, path):
+        super().__init__("pal", timeout=_TIMEOUT)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(_TIMEOUT)
+        self.sock.connect(self._path)
 
 
 def resumed():
@@ -44,28 +58,27 @@ _lock = threading.Lock()
 _done = None  # name -> journaled output, read once per process
 
 
-def _request(method, url, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", "Bearer " + os.environ.get("PAL_REPORT_TOKEN", ""))
-    req.add_header("Content-Type", "application/json")
+def _request(method, path, body=None):
+    conn = _UnixConnection(os.environ["PAL_REPORT_SOCKET"])
     try:
-        with urllib.request.urlopen(req, timeout=_TIMEOUT) as resp:
-            return json.loads(resp.read(8 << 20) or b"null")  # the worker answers at most 4 MiB of outputs
-    except urllib.error.HTTPError as e:
-        raise PalError("%s %s: %s: %s" % (method, url, e.code, e.read(4096).decode("utf-8", "replace").strip())) from None
-    except urllib.error.URLError as e:
-        raise PalError("%s %s: %s" % (method, url, e.reason)) from None
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read(8 << 20)  # the worker answers at most 4 MiB of outputs
+        if resp.status != 200:
+            raise PalError("%s %s: %d: %s" % (method, path, resp.status, raw[:4096].decode("utf-8", "replace").strip()))
+        return json.loads(raw or b"null")
+    except OSError as e:
+        raise PalError("%s %s: %s" % (method, path, e)) from None
+    finally:
+        conn.close()
 
 
 def _completed(name):
     global _done
     with _lock:
         if _done is None:
-            url = os.environ["PAL_REPORT_URL"]
-            if url.endswith("/report"):
-                url = url[: -len("/report")]
-            ans = _request("GET", url + "/substeps")
+            ans = _request("GET", "/v1/runtime/substeps")
             _done = {s["name"]: s.get("output") for s in ans.get("substeps") or []}
         return name in _done, _done.get(name)
 
@@ -74,7 +87,7 @@ def _report(name, status, output=None):
     body = {"step_id": os.environ.get("PAL_STEP_ID", ""), "name": name, "status": status}
     if status == "completed":
         body["output"] = output
-    ans = _request("POST", os.environ["PAL_REPORT_URL"], body)
+    ans = _request("POST", "/v1/runtime/report", body)
     if ans.get("completed"):
         with _lock:
             if _done is not None:
@@ -90,7 +103,7 @@ def step(name, fn):
     the result (JSON-serialisable) and return the result. An exception from
     ``fn`` propagates and nothing is journaled for it.
     """
-    if not os.environ.get("PAL_REPORT_URL"):
+    if not os.environ.get("PAL_REPORT_SOCKET"):
         return fn()
     done, out = _completed(name)
     if done:
