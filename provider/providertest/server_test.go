@@ -584,3 +584,43 @@ func TestHoldAfterWithoutStream(t *testing.T) {
 	require.NoError(t, a.err)
 	require.Equal(t, http.StatusOK, a.status)
 }
+
+// TestStreamLeftMidway: a stream held midway is in flight; its client
+// going away there abandons it, and a stream written whole is answered.
+func TestStreamLeftMidway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	hold := b.srv.HoldAfter(providertest.ByKey("cut"), 1)
+	stream := func(ctx context.Context, key string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL()+chatPath,
+			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"one two three"}]}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := b.hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		return err
+	}
+	gone, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- stream(gone, "cut") }()
+	_, err := hold.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, b.srv.InFlight(), "held midway, still in flight")
+	cancel()
+	require.Error(t, <-done)
+	require.Eventually(t, func() bool { return len(b.srv.Abandoned()) == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, "cut", b.srv.Abandoned()[0].IdempotencyKey)
+	require.Empty(t, b.srv.Answered())
+	require.Eventually(t, func() bool { return b.srv.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, stream(ctx, "whole"))
+	require.Len(t, b.srv.Answered(), 1)
+	require.Equal(t, "whole", b.srv.Answered()[0].IdempotencyKey)
+	require.Len(t, b.srv.Abandoned(), 1)
+	require.Equal(t, 0, b.srv.InFlight(), "out of flight once its last event is written")
+}
