@@ -78,6 +78,13 @@ const deltaBuffer = 1024
 // deltaBatch is how many stored deltas one Direct Get reads.
 const deltaBatch = 256
 
+// deltaSettle is when a watch reads PAL_DELTAS a second time after its
+// first read: a delta published before the watch's subscription reached
+// the server, and stored only after that first read, would otherwise wait
+// for the next live delta (and the last deltas of a call have none).
+// Every delta published later reaches the subscription.
+const deltaSettle = time.Second
+
 // WatchDeltas calls fn with every delta of a run that PAL_DELTAS holds
 // (the text so far of the steps being written), then with every delta
 // published after, until ctx ends or fn returns an error: in the order of
@@ -90,8 +97,9 @@ const deltaBatch = 256
 // nothing published after the read is missed; a delta that arrives after
 // one it has not seen (dropped, or published before the subscription but
 // not yet stored when the stream was read) makes it read the stream
-// again. A delta the stream no longer holds is given up for: the next one
-// is passed on all the same.
+// again, and so does deltaSettle passing after the first read. A delta
+// the stream no longer holds is given up for: the next one is passed on
+// all the same.
 func (s *Store) WatchDeltas(ctx context.Context, runID string, fn func(event.Delta) error) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("watching deltas: %w", err)
@@ -110,12 +118,19 @@ func (s *Store) WatchDeltas(ctx context.Context, runID string, fn func(event.Del
 	if err := w.catchUp(ctx); err != nil {
 		return w.result(err)
 	}
+	settle := time.NewTimer(deltaSettle)
+	defer settle.Stop()
 	dropped := 0
 	for {
 		var m *nats.Msg
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-settle.C:
+			if err := w.catchUp(ctx); err != nil {
+				return w.result(err)
+			}
+			continue
 		case m = <-ch:
 		case <-closed:
 			if err := ctx.Err(); err != nil {

@@ -105,10 +105,14 @@ func (s *Store) watchRun(ctx context.Context, runID string, after Head, fn func(
 	if err := w.catchUp(ctx); err != nil {
 		return w.result(err)
 	}
+	var settle <-chan time.Time // the deltas' second read (deltaSettle)
 	if dw != nil {
 		if err := dw.catchUp(ctx); err != nil {
 			return dw.result(err)
 		}
+		t := time.NewTimer(deltaSettle)
+		defer t.Stop()
+		settle = t.C
 	}
 	dropped, deltasDropped := 0, 0
 	idle := time.NewTimer(watchResync)
@@ -118,6 +122,11 @@ func (s *Store) watchRun(ctx context.Context, runID string, after Head, fn func(
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-settle:
+			if err := dw.catchUp(ctx); err != nil {
+				return dw.result(err)
+			}
+			continue
 		case m = <-ch:
 		case <-closed:
 			if err := ctx.Err(); err != nil {
