@@ -212,3 +212,57 @@ func TestKilledMidStreamStartsTheTextAgain(t *testing.T) {
 	require.Len(t, rs, 2)
 	require.True(t, rs[1].Crashed)
 }
+
+// TestParallelStepsStreamApart: three ai-steps of one run stream at once
+// (each held midway, all three in flight together); each step's watcher
+// sees its own whole text before its step_completed, in order, with no
+// gap and none of the others' deltas: each call has a sink of its own.
+func TestParallelStepsStreamApart(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	const words = 30
+	p.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
+		return providertest.Reply{Text: c.LastUser() + " " + answer(words-1)}
+	})
+	runID := event.NewRunID()
+	steps := []string{"a", "b", "c"}
+	wf := `{"name":"three","nodes":[{"id":"start","type":"trigger"}`
+	for _, s := range steps {
+		wf += fmt.Sprintf(`,{"id":%q,"type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"step-%s"}}`, s, s)
+	}
+	wf += `],"edges":[{"from":"start","to":"a"},{"from":"start","to":"b"},{"from":"start","to":"c"}]}`
+	holds := map[string]*providertest.Hold{}
+	watchers := map[string]*streamWatcher{}
+	for _, s := range steps {
+		holds[s] = p.LLM.HoldAfter(providertest.ByKey(key(runID, s, 1)), 5)
+		watchers[s] = watchStream(t, p, runID, s)
+	}
+	p.palWorker(t, "w1")
+	p.startAs(t, runID, wf, `{}`)
+	ctx := ctxFor(t, 30*time.Second)
+	for _, s := range steps {
+		_, err := holds[s].Wait(ctx)
+		require.NoError(t, err)
+		watchers[s].waitDeltas(t, 5)
+	}
+	require.Equal(t, 3, p.LLM.InFlight(), "the three calls stream at once")
+	for _, s := range steps {
+		holds[s].Release()
+	}
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+
+	calls := map[uint64]string{}
+	for _, s := range steps {
+		w := watchers[s]
+		require.Eventually(t, func() bool { _, _, done := w.view(); return done }, 30*time.Second, 5*time.Millisecond, s)
+		ds, atEnd, _ := w.view()
+		require.Equal(t, "step-"+s+" "+answer(words-1), atEnd, "step %s: its whole text, and only its own", s)
+		require.Len(t, ds, words, s)
+		for i, d := range ds {
+			require.Equal(t, i, d.Index, "step %s: in order, no gap, no duplicate", s)
+			require.Equal(t, ds[0].Call, d.Call, "step %s: one call", s)
+		}
+		require.NotContains(t, calls, ds[0].Call, "each step's call is its own")
+		calls[ds[0].Call] = s
+	}
+}
