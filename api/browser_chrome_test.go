@@ -18,6 +18,7 @@ import (
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 )
 
@@ -564,4 +565,31 @@ func TestBrowserWorkflows(t *testing.T) {
 	br.waitJS("version 1's definition", `document.querySelector('#definition').textContent.includes('"prompt": "go?"')`)
 	require.Contains(t, eval[string](br, `document.querySelector('#definition-title').textContent`), "triage@1")
 	br.screenshot(t, "workflow-versions")
+}
+
+// TestBrowserStreamingText: an LLM step's answer grows in its row and
+// detail panel as the provider writes it (the run page's feed asks for
+// deltas), and gives way to the journaled answer once the step completes.
+func TestBrowserStreamingText(t *testing.T) {
+	b := setup(t, withWorker())
+	hold := b.LLM.HoldAfter(func(c providertest.Call) bool { return c.LastUser() == "write slowly please" }, 2)
+	t.Cleanup(hold.Release)
+	wf := `{"name":"stream","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"ask","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"write slowly please"}}],
+	  "edges":[{"from":"start","to":"ask"}]}`
+	id := b.Start(t, wf, `{}`)
+	_, err := hold.Wait(t.Context())
+	require.NoError(t, err)
+
+	br := newBrowser(t)
+	br.loginAt(b, "/runs/"+id, testToken)
+	br.waitJS("the text so far in the step's row", `(document.querySelector('.wf-row[data-step="ask"] .stream') || {}).textContent === "echo: write"`)
+	br.do(chromedp.Click(chromedp.CSS(`.wf-row[data-step="ask"] .wf-name`)))
+	br.waitJS("the text so far in the detail panel", `(document.querySelector('#detail pre.streaming') || {}).textContent === "echo: write"`)
+	br.screenshot(t, "streaming-text")
+
+	hold.Release()
+	br.waitJS("the end", `document.body.dataset.status === "succeeded"`)
+	br.waitJS("the journaled answer in place of the stream", `!document.querySelector('.wf-row[data-step="ask"] .stream') && !document.querySelector('#detail pre.streaming')`)
+	require.Contains(t, eval[string](br, `document.querySelector('#detail pre.output').textContent`), "echo: write slowly please")
 }

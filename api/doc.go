@@ -76,7 +76,10 @@
 //     Caught up, it follows the run's feed: all streams of one run share
 //     one journal watch (no consumer on PAL_EVENTS), and a stream that
 //     falls too far behind leaves the feed for pages again, so it never
-//     slows the others down.
+//     slows the others down. With ?deltas=1 it also sends the text LLM
+//     steps stream (event: delta, no id, from a watch of the run's
+//     deltas of its own), so the run page shows an answer as it is
+//     written and Last-Event-ID still resumes the journal exactly.
 //   - Every token is held to limits (internal/limit): the runs it starts,
 //     its commands, the event streams it opens and holds open. Over one,
 //     a request is answered 429 rate_limited with Retry-After (gRPC

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/palrun/pal/event"
@@ -34,7 +35,9 @@ const sseRetryMs = 1000
 // the pace the client reads, then followed live; a comment line keeps an
 // idle stream open. A big value is its _blob reference, as stored (§6.4).
 // The server ends the stream after the run's terminal event, or after the
-// sound events of a corrupt journal (§6.1.1). A reconnect after the end is
+// sound events of a corrupt journal (§6.1.1). With ?deltas=1 the text LLM
+// steps stream comes too, interleaved, as events with no id (sseDeltas),
+// so Last-Event-ID still resumes the journal exactly. A reconnect after the end is
 // answered 204 No Content, which tells an EventSource to stop
 // reconnecting; it costs one read, of the run's last message. An unknown
 // run is a 404 before any stream starts, a run whose journal retention
@@ -46,7 +49,7 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	after, err := resumeAfter(r)
+	after, deltas, err := streamQuery(r)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -90,7 +93,13 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	if err := s.write(fmt.Appendf(nil, "retry: %d\n\n", sseRetryMs)); err != nil || s.flush() != nil {
 		return
 	}
-	err = st.run(ctx, sink{send: s.event, flush: s.flush, keepAlive: func() error { return s.write([]byte(": keep-alive\n\n")) }})
+	out := sink{send: s.event, flush: s.flush, keepAlive: func() error { return s.write([]byte(": keep-alive\n\n")) }}
+	if deltas {
+		var stop func()
+		out, stop = h.sseDeltas(ctx, id, s, out)
+		defer stop()
+	}
+	err = st.run(ctx, out)
 	var gap *gapError
 	var fe *feedError
 	switch {
@@ -105,27 +114,89 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 // it ends its event streams.
 const followGiveUp = time.Minute
 
-// resumeAfter returns the seq after which to start: Last-Event-ID when
-// sent (a reconnect), else ?after=, else 0.
-func resumeAfter(r *http.Request) (uint64, error) {
+// streamQuery reads an event stream's request: the seq after which to
+// start (Last-Event-ID when sent, a reconnect; else ?after=; else 0), and
+// whether it asks for the deltas too (?deltas=1).
+func streamQuery(r *http.Request) (after uint64, deltas bool, err error) {
 	q := r.URL.Query()
 	for k := range q {
-		if k != "after" {
-			return 0, &runs.InputError{Field: clipText(k, 40), Msg: "unknown query parameter (want after)"}
+		if k != "after" && k != "deltas" {
+			return 0, false, &runs.InputError{Field: clipText(k, 40), Msg: "unknown query parameter (want after or deltas)"}
 		}
+	}
+	switch v := q.Get("deltas"); v {
+	case "", "0", "false":
+	case "1", "true":
+		deltas = true
+	default:
+		return 0, false, &runs.InputError{Field: "deltas", Msg: fmt.Sprintf("%q: want 1 or 0", clipText(v, 40))}
 	}
 	field, v := "Last-Event-ID", r.Header.Get("Last-Event-ID")
 	if v == "" {
 		field, v = "after", q.Get("after")
 	}
 	if v == "" {
-		return 0, nil
+		return 0, deltas, nil
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, &runs.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", clipText(v, 40))}
+		return 0, false, &runs.InputError{Field: field, Msg: fmt.Sprintf("%q: want the seq of the last event received (a whole number)", clipText(v, 40))}
 	}
-	return n, nil
+	return n, deltas, nil
+}
+
+// sseDeltas sends the run's deltas on s beside the journal's events: a
+// watch of its own (eventstore.Store.WatchDeltas: the text PAL_DELTAS
+// holds, then live) writes each as
+//
+//	event: delta
+//	data: <event.Delta as one line of JSON>
+//
+// with no id line, so an EventSource's last id stays the journal's. It
+// returns out with its writes taken in turn with the deltas', and stop,
+// which ends the watch and waits for it. A delta can come after the
+// step_completed that ends its call: a client drops it by event.Streamed's
+// rule (the call is over). A watch that fails costs the stream its
+// deltas, not its events.
+func (h *handler) sseDeltas(ctx context.Context, id string, s *sseStream, out sink) (sink, func()) {
+	var mu sync.Mutex // one writer at a time on the response
+	locked := func(fn func() error) func() error {
+		return func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			return fn()
+		}
+	}
+	send := out.send
+	out = sink{
+		send:      func(ev event.Event) error { return locked(func() error { return send(ev) })() },
+		flush:     locked(out.flush),
+		keepAlive: locked(out.keepAlive),
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := h.cfg.Store.WatchDeltas(dctx, id, func(d event.Delta) error {
+			data, err := json.Marshal(d)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err := s.write([]byte("event: delta\ndata: "), data, []byte("\n\n")); err != nil {
+				return err
+			}
+			return s.flush()
+		})
+		if err != nil && dctx.Err() == nil {
+			h.log.Debug("an event stream's deltas ended", "run_id", id, "err", err)
+		}
+	}()
+	return out, func() {
+		cancel()
+		<-done
+	}
 }
 
 // sseStream writes server-sent events.

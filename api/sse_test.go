@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,4 +136,75 @@ func TestSSEKeepAliveAndStop(t *testing.T) {
 		t.Fatal("the stream did not end when the server stopped")
 	}
 	s.close()
+}
+
+// TestSSEDeltas: with ?deltas=1 a stream interleaves the text of an LLM
+// step as the provider writes it (event: delta, no id) with the journal's
+// events, which keep their ids one by one: the text so far arrives while
+// the call is held midway, and the deltas of the call add up to the
+// answer step_completed journals. A bad deltas value is refused.
+func TestSSEDeltas(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withWorker())
+	const runID = "run_sse_deltas"
+	hold := b.LLM.HoldAfter(providertest.ByKey(event.IdempotencyKey(runID, "s1", 1)), 2)
+	t.Cleanup(hold.Release)
+	res := b.post(t, "/v1/runs", fmt.Sprintf(`{"workflow":%s,"input":{"topic":"deltas"},"run_id":%q}`, seqWorkflow(1), runID))
+	require.Equal(t, http.StatusCreated, res.status, "%s", res.body)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	s, err := b.openSSE(t, client, runID, "?deltas=1")
+	require.NoError(t, err)
+	defer s.close()
+	require.Equal(t, http.StatusOK, s.res.StatusCode)
+	_, err = hold.Wait(t.Context())
+	require.NoError(t, err)
+	var deltas []event.Delta
+	var journal []sseEvent
+	take := func(evs []sseEvent) {
+		for _, ev := range evs {
+			if ev.kind != "delta" {
+				journal = append(journal, ev)
+				continue
+			}
+			require.Zero(t, ev.id, "a delta has no id: Last-Event-ID resumes the journal")
+			var d event.Delta
+			require.NoError(t, json.Unmarshal(ev.data, &d))
+			deltas = append(deltas, d)
+		}
+	}
+	take(s.readUntil(t, func(ev sseEvent) bool { return ev.kind == "delta" && strings.Contains(string(ev.data), `"index":1`) }))
+	require.Len(t, deltas, 2, "the text so far, while the call is held")
+	require.Equal(t, "echo: step", deltas[0].Text+deltas[1].Text)
+	require.True(t, deltas[0].Reset)
+	hold.Release()
+	take(s.readAll(t))
+
+	evs := b.Events(t, runID)
+	require.Len(t, journal, len(evs), "every journal event once")
+	for i, ev := range journal {
+		require.Equal(t, evs[i].Seq, ev.id)
+		require.Equal(t, string(evs[i].Kind), ev.kind)
+	}
+	var text strings.Builder
+	for i, d := range deltas {
+		require.Equal(t, "s1", d.StepID)
+		require.Equal(t, i, d.Index, "in order, once each")
+		text.WriteString(d.Text)
+	}
+	var out struct {
+		Text string `json:"text"`
+	}
+	for _, ev := range evs {
+		if ev.Kind == event.StepCompleted && ev.StepID == "s1" {
+			var d event.StepCompletedData
+			require.NoError(t, ev.DecodeData(&d))
+			require.NoError(t, json.Unmarshal(d.Output, &out))
+		}
+	}
+	require.Equal(t, out.Text, text.String(), "the deltas are the answer")
+
+	r := b.get(t, "/v1/runs/"+runID+"/events?deltas=yes")
+	require.Equal(t, http.StatusBadRequest, r.status, "%s", r.body)
 }

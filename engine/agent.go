@@ -52,9 +52,10 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 				f.add(turnFailed(st, node, sid, k, ts))
 				return
 			}
-			in := AIInput{Provider: d.Provider, Model: d.Model, System: system, Messages: msgs[sent:],
-				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
-			f.add(planTurn(st, node, tid, d.TimeoutMs, in, msgs))
+			c := d.Model.Choice(d.Provider, fallbackOf(st, tid))
+			in := AIInput{Provider: c.Provider, Model: c.Model, System: system, Messages: msgs[sent:],
+				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature, ResponseSchema: d.ResponseSchema}
+			f.add(planTurn(st, node, tid, d.TimeoutMs, in, msgs, len(d.Model.Choices(d.Provider))))
 			return
 		}
 		sent = len(msgs)
@@ -66,7 +67,7 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
 			p.Input, _ = json.Marshal(AgentInput{Turns: k + 1})
-			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence})
+			out, _ := json.Marshal(AgentOutput{Text: out.Text, Turns: k + 1, Confidence: out.Confidence, JSON: out.JSON})
 			f.add(pure(p, out))
 			return
 		}
@@ -93,10 +94,11 @@ func turnFailed(st *RunState, node *workflow.Node, sid string, k int, ts *Step) 
 }
 
 // planTurn plans the model turn tid, whose input is in unless journaled:
-// its request is the whole conversation msgs.
-func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in AIInput, msgs []provider.Message) Action {
+// its request is the whole conversation msgs. models counts the agent's
+// model list.
+func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in AIInput, msgs []provider.Message, models int) Action {
 	p := basePlan(st, node, tid, ExecLLM)
-	p.TimeoutMs = timeoutMs
+	p.TimeoutMs, p.Models = timeoutMs, models
 	gateStep(st, node, &p)
 	if p.Input == nil {
 		p.Input, _ = json.Marshal(in)

@@ -100,9 +100,10 @@ func (r *reserve) hold(st *RunState, p StepPlan) {
 
 // brakesFor is what the brakes say about plans, the steps Frontier is
 // about to dispatch beside flying (in flight in the caller's drive): the
-// plans that may go, in order, as RunSteps; or, when none of them may, the
-// Note of the first acting one (excessive_steps, a budget its worst case
-// would pass, a warning due). Each acting step is checked with what is in
+// plans that may go, in order, as RunSteps, each LLM step with its output
+// cap (capOutput); or, when none of them may, the Note of the first acting
+// one (excessive_steps, a budget its worst case would pass, a warning
+// due). Each acting step is checked with what is in
 // flight and what is admitted ahead of it reserved, so the steps of a set
 // never overshoot a limit together. The first that does not fit cuts the
 // set there (the steps that act on nothing, and those sent again, stay);
@@ -129,6 +130,7 @@ func (st *RunState) brakesFor(plans, flying []StepPlan, now time.Time) Action {
 		if cut {
 			continue
 		}
+		p = st.capOutput(p)
 		a, tokens, cost := st.brakesAt(p, &r, now)
 		if a == nil {
 			r.steps++
@@ -237,10 +239,11 @@ func (st *RunState) anomalyTypeSeen(typ string) bool {
 
 // EstimateCall is the worst case of an LLM step with the rendered input
 // (an AIInput): its input tokens estimated as a quarter of the bytes of
-// the request, plus its maxTokens (DefaultOutputTokens when unset), and
-// what that costs at the model's price in prices (the run's, RunState.Prices).
-// priced is false for a model prices do not know: only token, step and
-// time limits hold it.
+// the request, plus its maxTokens (the cap the call sends, outcap.go;
+// DefaultOutputTokens when unset), and what that costs at the model's
+// price in prices (the run's, RunState.Prices), input at the dearer of the
+// input and cache-write rates. priced is false for a model prices do not
+// know: only token, step and time limits hold it.
 func EstimateCall(input json.RawMessage, prices event.Prices) (tokens, costUSD float64, priced bool) {
 	var in AIInput
 	_ = json.Unmarshal(input, &in)
@@ -253,5 +256,5 @@ func EstimateCall(input json.RawMessage, prices event.Prices) (tokens, costUSD f
 	if !ok {
 		return inTok + outTok, 0, false
 	}
-	return inTok + outTok, (inTok*p.InputPerMTok + outTok*p.OutputPerMTok) / 1e6, true
+	return inTok + outTok, (inTok*p.InputWorstPerMTok() + outTok*p.OutputPerMTok) / 1e6, true
 }

@@ -25,9 +25,14 @@ import (
 // DefaultWarnAt is a budget's warnAt when it sets none.
 const DefaultWarnAt = 0.8
 
-// DefaultOutputTokens is the output a call with no maxTokens is assumed
-// to spend in the worst case a budget checks.
+// DefaultOutputTokens is the output cap a call sends when its node sets no
+// maxTokens and no budget leaves it less room (outcap.go).
 const DefaultOutputTokens = 4096
+
+// MinOutputRoom is the least output cap a budget's room gives a call
+// whose node sets no maxTokens: with less room the step does not fit its
+// budget (outcap.go).
+const MinOutputRoom = 256
 
 // DefaultAnomalies are the built-in anomaly rules, which settings
 // (PAL_ANOMALY_<TYPE>) and a workflow's policy.anomalies override:

@@ -131,10 +131,11 @@ func buildBudgetSteps(t testing.TB) []event.Event {
 }
 
 func buildBudgetPause(t testing.TB) []event.Event {
-	// draft's worst case (gpt-4o-mini, 4096 output tokens) fits in $0.004;
-	// review's (claude-sonnet-4-5) does not: the run pauses until the
+	// draft's worst case (gpt-4o-mini, 4096 output tokens) fits in $0.003;
+	// review (claude-sonnet-4-5) would have room for some 190 output
+	// tokens, less than engine.MinOutputRoom: the run pauses until the
 	// budget is raised, then goes on.
-	wf := withPolicy(t, wfSummarise, `{"budget":{"maxCostUsd":0.004,"onExceed":"pause"}}`)
+	wf := withPolicy(t, wfSummarise, `{"budget":{"maxCostUsd":0.003,"onExceed":"pause"}}`)
 	h := newStarted(t, runBudgetPause, wf, inputSummarise, nil).resume("worker-a")
 	h.llm("draft", "PAL journals each agent step.", "gpt-4o-mini-2024-07-18", 58, 14)
 	h.brake(event.BudgetExceeded).brake(event.StepWaiting)
@@ -290,14 +291,27 @@ func TestIdenticalRequestsAreARunawayLoop(t *testing.T) {
 
 func TestTokenAndTimeLimits(t *testing.T) {
 	t.Parallel()
-	// draft's worst case: its request / 4 plus 4096 output tokens.
+	// draft's worst case: its request / 4 plus its cap, the room the
+	// budget leaves: the call fits exactly.
 	wf := withPolicy(t, wfSummarise, `{"budget":{"maxTokens":4000}}`)
 	h := newStarted(t, testRun, wf, inputSummarise, nil).resume("w")
+	rs, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.RunStep)
+	require.True(t, ok, "the first call fits in 4000 tokens with a smaller cap")
+	var in engine.AIInput
+	require.NoError(t, json.Unmarshal(rs.Plan.Input, &in))
+	need, _, _ := engine.EstimateCall(rs.Plan.Input, nil)
+	require.Less(t, in.MaxTokens, engine.DefaultOutputTokens)
+	require.LessOrEqual(t, need, 4000.0)
+	require.Greater(t, need, 4000.0-4, "the room, to the token (a shorter cap may save a few bytes)")
+
+	// With less room than MinOutputRoom, the call does not fit.
+	wf = withPolicy(t, wfSummarise, `{"budget":{"maxTokens":200}}`)
+	h = newStarted(t, testRun, wf, inputSummarise, nil).resume("w")
 	n, ok := engine.Next(h.st.Workflow, h.st, h.now).(engine.Note)
-	require.True(t, ok, "the first call does not fit in 4000 tokens")
+	require.True(t, ok, "the first call does not fit in 200 tokens")
 	x := n.Data.(event.BudgetExceededData)
 	require.Equal(t, event.LimitTokens, x.Limit)
-	require.Greater(t, x.Need, 4096.0)
+	require.Greater(t, x.Need, float64(engine.MinOutputRoom))
 
 	wf = withPolicy(t, wfSummarise, `{"budget":{"maxDurationMs":1000}}`)
 	h = newStarted(t, testRun, wf, inputSummarise, nil).resume("w")

@@ -28,10 +28,17 @@ type AIInput struct {
 	// messages before Messages: they are rebuilt from the journal (the
 	// prompt, and the earlier turns' answers and tool results), so each
 	// turn journals only its new messages (StepPlan.Request is the whole).
-	Prior       int             `json:"prior,omitempty"`
-	Tools       []provider.Tool `json:"tools,omitempty"`
-	MaxTokens   int             `json:"maxTokens,omitempty"`
-	Temperature *float64        `json:"temperature,omitempty"`
+	Prior int             `json:"prior,omitempty"`
+	Tools []provider.Tool `json:"tools,omitempty"`
+	// MaxTokens is the output cap the call sends: the node's maxTokens,
+	// else what the run's budget leaves room for, else
+	// DefaultOutputTokens (a step journaled before every call sent a cap
+	// may have none: the worker sends DefaultOutputTokens).
+	MaxTokens   int      `json:"maxTokens,omitempty"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	// ResponseSchema is the JSON Schema the answer must match (the node's
+	// responseSchema).
+	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
 }
 
 // ConnectorInput is the rendered input of a connector step: URL, Method,
@@ -79,6 +86,9 @@ type LLMOutput struct {
 	// Confidence is the answer's score under the node's confidence gate
 	// (steps.<id>.output.confidence); absent when it has none.
 	Confidence *float64 `json:"confidence,omitempty"`
+	// JSON is the answer parsed, when the node has a responseSchema and
+	// the answer matched it (steps.<id>.output.json).
+	JSON json.RawMessage `json:"json,omitempty"`
 }
 
 // ConnectorOutput is the output of a connector step: how the delivery
@@ -149,4 +159,7 @@ type AgentOutput struct {
 	// Confidence is the final answer's score under the agent's confidence
 	// gate; absent when it has none.
 	Confidence *float64 `json:"confidence,omitempty"`
+	// JSON is the final answer parsed, when the agent has a
+	// responseSchema.
+	JSON json.RawMessage `json:"json,omitempty"`
 }

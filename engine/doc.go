@@ -54,7 +54,16 @@
 // and before it lets a set of acting steps go, their worst cases and
 // those of the steps in flight reserved together (brakes_next.go), and
 // the rules a run is held to, decided once when it is created
-// (brakes_policy.go).
+// (brakes_policy.go). Before the brakes look at an LLM step, Frontier
+// gives it its output cap (outcap.go): the node's maxTokens, else the room
+// its budget leaves, else DefaultOutputTokens, journaled with its input, so
+// the budget's worst case is the cap the call sends.
+//
+// An LLM node may name a fallback list of models (workflow.Model): each
+// attempt journals the model it calls in its input, a step_retrying's
+// fallback names the model of the next attempt, and NextModel says when a
+// failed attempt moves on to the next one (its retry policy spent on its
+// model, or an outage), with a new attempt and key.
 //
 // # Creation, and prices as an input
 //

@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/workflow"
 )
 
 // The fold of a step's life: started, completed, failed, retried, parked.
@@ -28,6 +31,7 @@ func (st *RunState) onStepStarted(ev event.Event, d event.StepStartedData) error
 	s.Error, s.Class = "", ""
 	a := s.attempt(ev.Attempt, ev.Seq)
 	a.Status, a.Key, a.Input, a.Error, a.Class, a.Failed = StepRunning, d.IdempotencyKey, d.Input, "", "", false
+	a.Model = llmModel(ev.StepID, d.NodeType, d.Input)
 	a.Tries++
 	if a.StartedAt.IsZero() {
 		a.StartedAt = ev.TS
@@ -93,6 +97,12 @@ func (st *RunState) onStepRetrying(ev event.Event, d event.StepRetryingData) err
 	s.Claimed, s.Delivered = false, false
 	failed := s.attempt(s.Attempt, ev.Seq)
 	failed.Status, failed.Error, failed.Class, failed.EndedAt = StepRetried, d.Error, d.Class, ev.TS
+	if d.Usage != nil {
+		// An answer that did not do (one that failed its responseSchema)
+		// was paid for all the same.
+		failed.Usage = d.Usage
+		st.Usage.Add(*d.Usage)
+	}
 	// A retry with the next attempt follows a definite failure; one with
 	// the same attempt, an unknown outcome.
 	failed.Failed = d.Attempt != s.Attempt
@@ -101,6 +111,11 @@ func (st *RunState) onStepRetrying(ev event.Event, d event.StepRetryingData) err
 	}
 	s.Attempt = d.Attempt
 	s.Retries++
+	if d.Fallback != s.Fallback {
+		s.Fallback, s.ModelRetries = d.Fallback, 0
+	} else {
+		s.ModelRetries++
+	}
 	s.Status = StepRetrying
 	s.Error, s.Class = d.Error, d.Class
 	s.RetryAt = ev.TS.Add(time.Duration(d.DelayMs) * time.Millisecond)
@@ -138,6 +153,25 @@ func (st *RunState) onStepWaiting(ev event.Event, d event.StepWaitingData) error
 	return nil
 }
 
+// llmModel is the provider/model an LLM step's journaled input names: an
+// ai-step's or an agent turn's; "" for other steps.
+func llmModel(stepID, nodeType string, input json.RawMessage) string {
+	switch {
+	case nodeType == workflow.TypeAIStep:
+	case nodeType == workflow.TypeAgent && isTurn(stepID):
+	default:
+		return ""
+	}
+	var in struct {
+		Provider string `json:"provider"`
+		Model    string `json:"model"`
+	}
+	if json.Unmarshal(input, &in) != nil || in.Model == "" {
+		return ""
+	}
+	return in.Provider + "/" + in.Model
+}
+
 // takeSignal marks the signal at seq taken by the step completing in ev.
 // A signal is taken once: a second taker is a journal that does not fold.
 func (st *RunState) takeSignal(ev event.Event, seq uint64) error {
@@ -154,4 +188,11 @@ func (st *RunState) takeSignal(ev event.Event, seq uint64) error {
 		}
 	}
 	return fmt.Errorf("run %s seq %d: step %s takes a signal at seq %d, which is no signal_received", st.RunID, ev.Seq, ev.StepID, seq)
+}
+
+// isTurn reports whether an agent's step id names a model turn
+// (ask.turn[2]), not one of its tool calls (ask.turn[2].tool[0]).
+func isTurn(stepID string) bool {
+	i := strings.LastIndex(stepID, ".turn[")
+	return i >= 0 && !strings.Contains(stepID[i:], ".tool[")
 }

@@ -75,7 +75,7 @@ func buildFanIn(t testing.TB) []event.Event {
 	require.Empty(t, h.ready(), "the join waits for b")
 	h.llmEnd("b", "B", "gpt-4o-mini", 28, 9)
 	require.Equal(t, []string{"join"}, h.ready())
-	require.JSONEq(t, `{"provider":"openai","model":"gpt-4o-mini","messages":[{"role":"user","content":"Combine: A | B | C"}]}`,
+	require.JSONEq(t, `{"provider":"openai","model":"gpt-4o-mini","maxTokens":4096,"messages":[{"role":"user","content":"Combine: A | B | C"}]}`,
 		string(h.plan("join").Input), "the join reads every branch")
 	h.llm("join", "A, B and C", "gpt-4o-mini", 30, 5)
 	return h.finish().events()

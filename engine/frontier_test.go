@@ -135,3 +135,51 @@ func readyOf(t *testing.T, h *history, busy map[string]bool) []string {
 	}
 	return ids
 }
+
+// TestOutputCapsInASet: each LLM step of a set gets its output cap from
+// what the journal leaves (not from what the steps beside it reserve),
+// and one whose cap does not fit beside them waits for them (an empty
+// set, no budget_exceeded), then goes with the room their usage left.
+func TestOutputCapsInASet(t *testing.T) {
+	t.Parallel()
+	uncapped := strings.ReplaceAll(wfFanOut, `"maxTokens":100,`, "")
+	capOf := func(p engine.StepPlan) int {
+		var in engine.AIInput
+		require.NoError(t, json.Unmarshal(p.Input, &in))
+		return in.MaxTokens
+	}
+	plans := func(h *history) []engine.StepPlan {
+		rs, ok := engine.Frontier(context.Background(), h.st.Workflow, h.st, h.now, h.busy).(engine.RunSteps)
+		require.True(t, ok)
+		return rs.Plans
+	}
+
+	// Room for two default caps, not three: a and b go, c is cut.
+	h := newStarted(t, event.NewRunID(), withPolicy(t, uncapped, `{"budget":{"maxTokens":10000}}`), inputFanOut, nil).resume("w")
+	ps := plans(h)
+	require.Len(t, ps, 2)
+	require.Equal(t, []int{engine.DefaultOutputTokens, engine.DefaultOutputTokens}, []int{capOf(ps[0]), capOf(ps[1])})
+
+	// Room for one: b's cap is not shrunk to fit beside a; b waits.
+	h = newStarted(t, event.NewRunID(), withPolicy(t, uncapped, `{"budget":{"maxTokens":5000}}`), inputFanOut, nil).resume("w")
+	ps = plans(h)
+	require.Len(t, ps, 1)
+	require.Equal(t, "a", ps[0].StepID)
+	require.Equal(t, engine.DefaultOutputTokens, capOf(ps[0]))
+	h.start("a")
+	require.Empty(t, plans(h), "b waits for a, with no note")
+	h.llmEnd("a", "A", "gpt-4o-mini", 28, 9)
+	ps = plans(h)
+	require.Equal(t, "b", ps[0].StepID)
+	require.Equal(t, engine.DefaultOutputTokens, capOf(ps[0]), "a spent little: b has its full cap")
+	h.start("b")
+	require.Empty(t, plans(h), "c waits for b")
+	h.llmEnd("b", "B", "gpt-4o-mini", 28, 3000)
+	ps = plans(h)
+	require.Equal(t, "c", ps[0].StepID)
+	room := capOf(ps[0])
+	require.Less(t, room, engine.DefaultOutputTokens, "b spent most: c's cap is the room left")
+	require.GreaterOrEqual(t, room, engine.MinOutputRoom)
+	need, _, _ := engine.EstimateCall(ps[0].Input, nil)
+	require.LessOrEqual(t, need+float64(h.st.Spent().Tokens), 5000.0, "c's worst case fits the budget")
+}

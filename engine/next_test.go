@@ -61,7 +61,8 @@ func TestNextSequential(t *testing.T) {
 	require.Equal(t, "draft", p.Node.ID)
 	require.Equal(t, event.IdempotencyKey(testRun, "draft", 1), p.Key)
 	require.JSONEq(t, `{"provider":"openai","model":"gpt-4o-mini","messages":[{"role":"user",
-		"content":"Summarise: PAL journals every step of an agent run to JetStream, so a crash loses nothing."}]}`, string(p.Input))
+		"content":"Summarise: PAL journals every step of an agent run to JetStream, so a crash loses nothing."}],
+		"maxTokens":4096}`, string(p.Input), "a call always sends a cap")
 
 	h.start("draft")
 	// A started step is the one to resume, not the next one.
@@ -70,7 +71,7 @@ func TestNextSequential(t *testing.T) {
 
 	p = h.plan("review")
 	require.JSONEq(t, `{"provider":"anthropic","model":"claude-sonnet-4-5","system":"You are a careful editor.",
-		"messages":[{"role":"user","content":"Check this summary: short"}]}`, string(p.Input))
+		"messages":[{"role":"user","content":"Check this summary: short"}],"maxTokens":4096}`, string(p.Input))
 	h.start("review").complete("review", `{"text":"fine"}`, nil)
 
 	p = h.plan("publish")

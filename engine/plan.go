@@ -97,6 +97,11 @@ type StepPlan struct {
 	// CopiedFrom is set when a fork copies the step from its source run:
 	// Output is the source's, and nothing is executed.
 	CopiedFrom *event.CopiedFrom
+	// Fallback is the index of the model this attempt of an LLM step
+	// calls in its node's model list; Models how many the list has (1 for
+	// one model, 0 for steps that call none). Tries counts the tries on
+	// that model.
+	Fallback, Models int
 }
 
 // Call is the input the executor runs the step with: Request when set,
@@ -124,12 +129,21 @@ type WaitPlan struct {
 	TimeoutAt time.Time
 }
 
+// fallbackOf is the index of the model step sid's current attempt calls in
+// its node's model list.
+func fallbackOf(st *RunState, sid string) int {
+	if s, ok := st.Steps[sid]; ok {
+		return s.Fallback
+	}
+	return 0
+}
+
 // basePlan fills the attempt, key and resume state of step sid.
 func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 	p := StepPlan{StepID: sid, NodeID: node.ID, NodeType: node.Type, Node: node, Exec: exec, Attempt: 1}
 	if s, ok := st.Steps[sid]; ok {
 		p.Attempt = max(s.Attempt, 1)
-		p.Tries = s.Retries
+		p.Tries, p.Fallback = s.ModelRetries, s.Fallback
 		switch s.Status {
 		case StepRunning, StepWaiting:
 			p.Started = true
@@ -150,7 +164,7 @@ func basePlan(st *RunState, node *workflow.Node, sid, exec string) StepPlan {
 func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *workflow.Node, sid string, env workflow.Env, now time.Time) Action {
 	p := basePlan(st, node, sid, execOf[node.Type])
 	if p.Input == nil {
-		in, err := RenderInput(node, env)
+		in, err := renderInput(node, env, p.Fallback)
 		if err != nil {
 			return stepFailed(sid, "%v", err)
 		}
@@ -159,6 +173,9 @@ func planStep(ctx context.Context, wf *workflow.Workflow, st *RunState, node *wo
 	switch node.Type {
 	case workflow.TypeAIStep:
 		p.TimeoutMs = nodeTimeout(node)
+		if d, err := node.AIStep(); err == nil {
+			p.Models = len(d.Model.Choices(d.Provider))
+		}
 		gateStep(st, node, &p)
 	case workflow.TypeTool, workflow.TypeConnector:
 		p.TimeoutMs = nodeTimeout(node)

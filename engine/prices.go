@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -66,20 +67,21 @@ func (st *RunState) Prices() event.Prices {
 // requested and was answered by model answered (empty when the provider
 // named none), priced with st's prices: by the answered model when they
 // know it (a dated snapshot as its model), else by the requested one, as
-// Next's budget check priced the call before it was sent. A model they
-// do not know is cost_unknown, not a price of 0.
-func (st *RunState) UsageOf(answered, requested string, in, out int64) *event.Usage {
-	return UsageAt(st.Prices(), answered, requested, in, out)
+// Next's budget check priced the call before it was sent; cached input at
+// the cache rates (event.Price.CostOf). A model they do not know is
+// cost_unknown, not a price of 0.
+func (st *RunState) UsageOf(answered, requested string, pu provider.Usage) *event.Usage {
+	return UsageAt(st.Prices(), answered, requested, pu)
 }
 
 // UsageAt is UsageOf with the run's prices given (RunState.Prices): what
 // a step in flight away from the state's goroutine charges its call at.
-func UsageAt(prices event.Prices, answered, requested string, in, out int64) *event.Usage {
-	u := &event.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
+func UsageAt(prices event.Prices, answered, requested string, pu provider.Usage) *event.Usage {
+	u := pu.Event()
 	p, ok := prices.Of(answered)
 	if !ok {
 		p, ok = prices.Of(requested)
 	}
-	u.CostUSD, u.CostUnknown = p.Cost(in, out), !ok
-	return u
+	u.CostUSD, u.CostUnknown = p.CostOf(u), !ok
+	return &u
 }

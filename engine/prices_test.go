@@ -29,14 +29,15 @@ func (h *history) llmPriced(stepID, text, model string, in, out int64) *history 
 	h.start(stepID)
 	o, err := json.Marshal(map[string]any{"text": text, "model": model, "finish_reason": "stop", "id": "resp_" + stepID})
 	require.NoError(h.t, err)
-	return h.complete(stepID, string(o), h.st.UsageOf(model, "", in, out))
+	return h.complete(stepID, string(o), h.st.UsageOf(model, "", provider.Usage{InputTokens: in, OutputTokens: out}))
 }
 
 func buildBudgetJournaledPrices(t testing.TB) []event.Event {
-	// $0.10 holds review's worst case at list price (about $0.06), not at
-	// the creator's (about $0.62): the run fails before review is sent,
-	// whatever table the worker that drives it has.
-	wf := withPolicy(t, wfSummarise, `{"budget":{"maxCostUsd":0.1}}`)
+	// $0.03 leaves review room for some 2,000 output tokens at list price,
+	// but for fewer than engine.MinOutputRoom at the creator's (ten times
+	// it): the run fails before review is sent, whatever table the worker
+	// that drives it has.
+	wf := withPolicy(t, wfSummarise, `{"budget":{"maxCostUsd":0.03}}`)
 	h := newStartedPriced(t, runPrices, wf, inputSummarise, nil, creatorPrices).resume("worker-a")
 	h.llmPriced("draft", "PAL journals each agent step.", "gpt-4o-mini-2024-07-18", 58, 14)
 	h.brake(event.BudgetExceeded)
@@ -62,7 +63,7 @@ func TestWorkersWithOtherPricesDecideTheSame(t *testing.T) {
 		}
 	}
 	require.Equal(t, "review", exceeded.StepID)
-	require.Greater(t, exceeded.Need, 0.5, "priced at the creator's prices")
+	require.Greater(t, exceeded.Need, 0.03, "priced at the creator's prices")
 
 	t.Cleanup(provider.ResetPrices)
 	for name, file := range map[string]string{
@@ -102,7 +103,7 @@ func TestLegacyPrices(t *testing.T) {
 	none := newStartedPriced(t, testRun, wfSummarise, inputSummarise, nil, event.Prices{"gpt-5": {InputPerMTok: 1}})
 	require.NotNil(t, none.st.Created.Prices)
 	require.Empty(t, none.st.Prices(), "no model of the workflow has a price")
-	u := none.st.UsageOf("gpt-4o-mini", "gpt-4o-mini", 10, 5)
+	u := none.st.UsageOf("gpt-4o-mini", "gpt-4o-mini", provider.Usage{InputTokens: 10, OutputTokens: 5})
 	require.True(t, u.CostUnknown)
 	require.Zero(t, u.CostUSD)
 
@@ -136,7 +137,7 @@ func TestUsageOf(t *testing.T) {
 		// it was not journaled, so the run does not price it.
 		{"gpt-4o", "gpt-4o", 0, true},
 	} {
-		u := h.st.UsageOf(tt.answered, tt.requested, 1000, 100)
+		u := h.st.UsageOf(tt.answered, tt.requested, provider.Usage{InputTokens: 1000, OutputTokens: 100})
 		require.Equal(t, event.Usage{InputTokens: 1000, OutputTokens: 100, TotalTokens: 1100, CostUSD: u.CostUSD, CostUnknown: tt.unknown}, *u, tt.answered)
 		require.InDelta(t, tt.cost, u.CostUSD, 1e-12, tt.answered)
 	}

@@ -11,17 +11,23 @@ import (
 )
 
 // RenderInput renders a node's templates against env and returns the
-// step's input as journaled in step_started: an AIInput (ai-step),
-// ToolInput, ConnectorInput, ConditionInput, ApprovalInput or
-// SubagentInput.
+// step's input as journaled in step_started: an AIInput (ai-step, calling
+// the first model of its list), ToolInput, ConnectorInput, ConditionInput,
+// ApprovalInput or SubagentInput.
 func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error) {
+	return renderInput(node, env, 0)
+}
+
+// renderInput is RenderInput for the attempt that calls model fallback of
+// an ai-step's list.
+func renderInput(node *workflow.Node, env workflow.Env, fallback int) (json.RawMessage, error) {
 	switch node.Type {
 	case workflow.TypeAIStep:
 		d, err := node.AIStep()
 		if err != nil {
 			return nil, err
 		}
-		return renderAIStep(d, env)
+		return renderAIStep(d, env, fallback)
 	case workflow.TypeTool:
 		d, err := node.Tool()
 		if err != nil {
@@ -85,8 +91,10 @@ func RenderInput(node *workflow.Node, env workflow.Env) (json.RawMessage, error)
 	}
 }
 
-func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, error) {
-	in := AIInput{Provider: d.Provider, Model: d.Model, MaxTokens: d.MaxTokens, Temperature: d.Temperature}
+func renderAIStep(d *workflow.AIStepData, env workflow.Env, fallback int) (json.RawMessage, error) {
+	c := d.Model.Choice(d.Provider, fallback)
+	in := AIInput{Provider: c.Provider, Model: c.Model, MaxTokens: d.MaxTokens, Temperature: d.Temperature,
+		ResponseSchema: d.ResponseSchema}
 	var err error
 	if in.System, err = workflow.RenderString(d.System, env); err != nil {
 		return nil, fmt.Errorf("system: %w", err)
@@ -96,7 +104,21 @@ func renderAIStep(d *workflow.AIStepData, env workflow.Env) (json.RawMessage, er
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		in.Messages = append(in.Messages, provider.Message{Role: m.Role, Content: c})
+		msg := provider.Message{Role: m.Role, Content: c}
+		for j, img := range m.Images {
+			var part provider.Image
+			if part.URL, err = workflow.RenderString(img.URL, env); err != nil {
+				return nil, fmt.Errorf("messages[%d].images[%d].url: %w", i, j, err)
+			}
+			if part.Blob, err = workflow.RenderString(img.Blob, env); err != nil {
+				return nil, fmt.Errorf("messages[%d].images[%d].blob: %w", i, j, err)
+			}
+			if part.Blob != "" {
+				part.MediaType = img.MediaType
+			}
+			msg.Images = append(msg.Images, part)
+		}
+		in.Messages = append(in.Messages, msg)
 	}
 	if d.Prompt != "" {
 		p, err := workflow.RenderString(d.Prompt, env)

@@ -85,3 +85,55 @@ func TestRetryDecisionClasses(t *testing.T) {
 		require.True(t, retry, c)
 	}
 }
+
+func TestNextModel(t *testing.T) {
+	t.Parallel()
+	llm := engine.StepPlan{Exec: engine.ExecLLM, Models: 3}
+	for _, tt := range []struct {
+		name          string
+		plan          engine.StepPlan
+		retry, outage bool
+		want          int
+		ok            bool
+	}{
+		{"policy spent", llm, false, false, 1, true},
+		{"retried on its model", llm, true, false, 0, false},
+		{"outage moves at once", llm, true, true, 1, true},
+		{"second to third", engine.StepPlan{Exec: engine.ExecLLM, Models: 3, Fallback: 1}, false, false, 2, true},
+		{"the last has no next", engine.StepPlan{Exec: engine.ExecLLM, Models: 3, Fallback: 2}, false, true, 2, false},
+		{"one model", engine.StepPlan{Exec: engine.ExecLLM, Models: 1}, false, true, 0, false},
+		{"not an LLM step", engine.StepPlan{Exec: engine.ExecTool, Models: 3}, false, true, 0, false},
+	} {
+		got, ok := engine.NextModel(tt.plan, tt.retry, tt.outage)
+		require.Equal(t, tt.ok, ok, tt.name)
+		require.Equal(t, tt.want, got, tt.name)
+	}
+}
+
+// TestFallbackFold: a step_retrying that moves to the next model plans the
+// next attempt on it, with the retry policy's tries counted afresh.
+func TestFallbackFold(t *testing.T) {
+	t.Parallel()
+	wf := `{"name":"f","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"ai-step","data":{"model":["openai/gpt-4o","anthropic/claude-sonnet-4-5"],"prompt":"hi",
+		 "retry":{"maxAttempts":2,"retryableClasses":["llm"]}}}],"edges":[{"from":"start","to":"a"}]}`
+	h := newStarted(t, testRun, wf, `{}`, nil).resume("w")
+	p := h.plan("a")
+	require.Equal(t, 0, p.Fallback)
+	require.Equal(t, 2, p.Models)
+	require.Contains(t, string(p.Input), `"provider":"openai","model":"gpt-4o"`)
+	h.start("a")
+	h.append(event.StepRetrying, "a", 1, event.StepRetryingData{Attempt: 1, Of: 2, Error: "429", Class: event.ClassLLM})
+	p = h.plan("a")
+	require.Equal(t, 1, p.Tries, "one try on gpt-4o")
+	h.start("a")
+	h.append(event.StepRetrying, "a", 1, event.StepRetryingData{Attempt: 2, Of: 2, Error: "429", Class: event.ClassLLM, Fallback: 1})
+	p = h.plan("a")
+	require.Equal(t, 2, p.Attempt)
+	require.Equal(t, 1, p.Fallback)
+	require.Zero(t, p.Tries, "the policy starts again on the next model")
+	require.Contains(t, string(p.Input), `"provider":"anthropic","model":"claude-sonnet-4-5"`)
+	h.start("a")
+	require.Equal(t, "anthropic/claude-sonnet-4-5", h.st.Steps["a"].AttemptState(2).Model)
+	require.Equal(t, "openai/gpt-4o", h.st.Steps["a"].AttemptState(1).Model)
+}

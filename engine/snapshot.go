@@ -15,7 +15,7 @@ import (
 // another version is refused (DecodeState), and its reader folds the
 // journal instead: bump it whenever RunState or the fold changes what a
 // journal folds to. 2: run_created's prices.
-const StateVersion = 2
+const StateVersion = 3
 
 // stateWire is a RunState as encoded: its exported fields, bar the parsed
 // workflow (parsed again from run_created), and the unexported ones Apply

@@ -47,10 +47,13 @@ const StepRetried StepStatus = "retried"
 // steps table and of the waterfall. A retry whose outcome was unknown keeps
 // its attempt (and key), so one Attempt may span several tries.
 type Attempt struct {
-	Attempt    int
-	Status     StepStatus
-	Key        string
-	Input      json.RawMessage
+	Attempt int
+	Status  StepStatus
+	Key     string
+	Input   json.RawMessage
+	// Model is the provider/model an LLM attempt called (its journaled
+	// input's), "" for other steps.
+	Model      string
 	Output     json.RawMessage
 	Usage      *event.Usage
 	Error      string
@@ -110,17 +113,23 @@ type Step struct {
 	// Attempt is the current attempt; it keys the idempotency key.
 	Attempt int
 	// Retries counts journaled retries (step_retrying events).
-	Retries   int
-	Status    StepStatus
-	Input     json.RawMessage
-	Key       string
-	Output    json.RawMessage
-	Usage     *event.Usage
-	Error     string
-	Class     string
-	Delivery  string
-	Claimed   bool // side_effect_claimed for the current attempt
-	Delivered bool // side_effect_delivered for the current attempt
+	Retries int
+	// Fallback is the index, in the node's model list, of the model the
+	// step's next or current attempt calls (step_retrying.fallback);
+	// ModelRetries counts the retries on that model, which its retry
+	// policy bounds.
+	Fallback     int
+	ModelRetries int
+	Status       StepStatus
+	Input        json.RawMessage
+	Key          string
+	Output       json.RawMessage
+	Usage        *event.Usage
+	Error        string
+	Class        string
+	Delivery     string
+	Claimed      bool // side_effect_claimed for the current attempt
+	Delivered    bool // side_effect_delivered for the current attempt
 	// DeliveryStatus is the receiver's HTTP status, once delivered.
 	DeliveryStatus int
 	ChildRunID     string

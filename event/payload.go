@@ -165,12 +165,18 @@ type StepStartedData struct {
 	InputBlob *BlobRef `json:"input_blob,omitempty"`
 }
 
-// Usage is the token and cost accounting of a step.
+// Usage is the token and cost accounting of a step. InputTokens counts
+// the whole input: CacheReadTokens and CacheWriteTokens (input read from
+// and written to the provider's prompt cache, priced at their own rates)
+// are parts of it. ReasoningTokens are part of OutputTokens.
 type Usage struct {
-	InputTokens  int64   `json:"input_tokens"`
-	OutputTokens int64   `json:"output_tokens"`
-	TotalTokens  int64   `json:"total_tokens"`
-	CostUSD      float64 `json:"cost_usd"`
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	TotalTokens      int64   `json:"total_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens,omitempty"`
+	CacheWriteTokens int64   `json:"cache_write_tokens,omitempty"`
+	ReasoningTokens  int64   `json:"reasoning_tokens,omitempty"`
+	CostUSD          float64 `json:"cost_usd"`
 	// CostUnknown: a model the price table does not know was used, so
 	// CostUSD counts nothing for it (it is not a price of 0).
 	CostUnknown bool `json:"cost_unknown,omitempty"`
@@ -181,6 +187,9 @@ func (u *Usage) Add(u2 Usage) {
 	u.InputTokens += u2.InputTokens
 	u.OutputTokens += u2.OutputTokens
 	u.TotalTokens += u2.TotalTokens
+	u.CacheReadTokens += u2.CacheReadTokens
+	u.CacheWriteTokens += u2.CacheWriteTokens
+	u.ReasoningTokens += u2.ReasoningTokens
 	u.CostUSD += u2.CostUSD
 	u.CostUnknown = u.CostUnknown || u2.CostUnknown
 }
@@ -261,6 +270,13 @@ type StepRetryingData struct {
 	// rate-limit reset headers), when it asked; DelayMs is that wait within
 	// the worker's cap (PAL_RETRY_AFTER_MAX).
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+	// Fallback is the index, in the node's model list, of the model the
+	// next attempt calls: the failed one's, or the next one's when the
+	// step moves on (its retry policy spent on that model, or an outage).
+	Fallback int `json:"fallback,omitempty"`
+	// Usage is what the failed attempt spent anyway: an answer that did
+	// not match the step's responseSchema.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Wait reasons for step_waiting.

@@ -13,6 +13,7 @@
 //	PAL_DEAD       stream    pal.dead.<source>              dead letters: messages whose handling kept failing
 //	PAL_BLOB_REFS  stream    pal.blobref.<sha256>.<run_id> pal.blobreclaim.<sha256>
 //	                                                        which runs name which PAL_BLOBS object; a release's mark
+//	PAL_DELTAS     stream    pal.deltas.<run_id>            LLM steps' text as it streams, memory, 10 min (deltas.go)
 //	PAL_LEASES     KV        <run_id> → owner               lease with a TTL; w.<token>: a worker's presence
 //	PAL_RECEIPTS   KV        <run_id> → receipt             signed run receipts, written once
 //	PAL_INFLIGHT   KV        <run_id>                       the runs not yet ended, for the sweep

@@ -121,6 +121,22 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Duplicates:  2 * time.Minute,
 		},
 		{
+			// LLM steps' text as it streams (deltas.go): memory, kept a
+			// short while, for watchers that arrive mid-step.
+			Name:              DeltasStream,
+			Description:       "PAL deltas: LLM steps' text as it streams, for watchers (never the journal)",
+			Subjects:          []string{DeltaPrefix + "*"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.MemoryStorage,
+			Replicas:          cfg.Replicas,
+			MaxAge:            DeltasMaxAge,
+			MaxMsgsPerSubject: DeltasMaxPerRun,
+			MaxBytes:          DeltasMaxBytes,
+			MaxMsgSize:        deltaMaxMsg,
+			Discard:           jetstream.DiscardOld,
+			AllowDirect:       true,
+		},
+		{
 			// Bounded so that a flood of bad messages cannot fill the
 			// disk: the oldest dead letters go first.
 			Name:        DeadStream,

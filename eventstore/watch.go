@@ -52,10 +52,36 @@ const watchResync = 10 * time.Second
 // dropped, or it is no sound continuation) is not trusted: the watch reads
 // the stream from its head instead.
 func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(event.Event) error) error {
+	return s.watchRun(ctx, runID, after, fn, nil)
+}
+
+// WatchWithDeltas is Watch that also calls onDelta with the run's deltas
+// (the text LLM steps stream, as WatchDeltas gives them). Both come in
+// the order they were published: the journal's copies and the deltas
+// share one subscription channel, so a call's deltas come before the
+// step_completed that ends it (the worker publishes them first, on the
+// connection it appends with). The history comes first: the journal after
+// the head, then the deltas PAL_DELTAS holds (a finished call's included:
+// event.Streamed.End tells them apart). fn and onDelta are called from
+// one goroutine.
+func (s *Store) WatchWithDeltas(ctx context.Context, runID string, after Head, fn func(event.Event) error,
+	onDelta func(event.Delta) error) error {
+	if onDelta == nil {
+		return s.watchRun(ctx, runID, after, fn, nil)
+	}
+	return s.watchRun(ctx, runID, after, fn, &deltaWatch{s: s, runID: runID, fn: onDelta})
+}
+
+// watchRun is Watch, and WatchWithDeltas when dw is set.
+func (s *Store) watchRun(ctx context.Context, runID string, after Head, fn func(event.Event) error, dw *deltaWatch) error {
 	if err := checkRunID(runID); err != nil {
 		return fmt.Errorf("watching: %w", err)
 	}
-	ch := make(chan *nats.Msg, watchBuffer)
+	size := watchBuffer
+	if dw != nil {
+		size = deltaBuffer
+	}
+	ch := make(chan *nats.Msg, size)
 	// Subscribed before the history is read, so nothing stored after the
 	// read is missed.
 	sub, err := s.js.Conn().ChanSubscribe(WatchSubject(runID), ch)
@@ -66,11 +92,29 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 	var once sync.Once
 	sub.SetClosedHandler(func(string) { once.Do(func() { close(closed) }) })
 	defer func() { _ = sub.Unsubscribe() }()
+	var dsub *nats.Subscription
+	if dw != nil {
+		// The same channel: the deltas and the journal's copies in the
+		// order the server sent them.
+		if dsub, err = s.js.Conn().ChanSubscribe(DeltaSubject(runID), ch); err != nil {
+			return fmt.Errorf("watching the deltas of run %s: %w", runID, err)
+		}
+		defer func() { _ = dsub.Unsubscribe() }()
+	}
 	w := watch{s: s, runID: runID, head: after, chain: after.chain(runID), fn: fn}
 	if err := w.catchUp(ctx); err != nil {
 		return w.result(err)
 	}
-	dropped := 0
+	var settle <-chan time.Time // the deltas' second read (deltaSettle)
+	if dw != nil {
+		if err := dw.catchUp(ctx); err != nil {
+			return dw.result(err)
+		}
+		t := time.NewTimer(deltaSettle)
+		defer t.Stop()
+		settle = t.C
+	}
+	dropped, deltasDropped := 0, 0
 	idle := time.NewTimer(watchResync)
 	defer idle.Stop()
 	for {
@@ -78,6 +122,11 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-settle:
+			if err := dw.catchUp(ctx); err != nil {
+				return dw.result(err)
+			}
+			continue
 		case m = <-ch:
 		case <-closed:
 			if err := ctx.Err(); err != nil {
@@ -101,6 +150,20 @@ func (s *Store) Watch(ctx context.Context, runID string, after Head, fn func(eve
 			dropped = n
 			if err := w.catchUp(ctx); err != nil {
 				return w.result(err)
+			}
+		}
+		if dw != nil {
+			if n, _ := dsub.Dropped(); n != deltasDropped {
+				deltasDropped = n
+				if err := dw.catchUp(ctx); err != nil {
+					return dw.result(err)
+				}
+			}
+			if m.Sub == dsub {
+				if err := dw.take(ctx, m.Data); err != nil {
+					return dw.result(err)
+				}
+				continue
 			}
 		}
 		if err := w.take(ctx, m); err != nil {

@@ -45,7 +45,8 @@ type RunFilter = readmodel.RunFilter
 const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(workflow_hash, ''), input, output,
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
-	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from, labels`
+	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from,
+	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels`
 
 func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
@@ -60,7 +61,8 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	dest := append([]any{&r.RunID, &status, &r.WorkflowName, &r.WorkflowHash, &input, &output,
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
-		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom, &r.Labels}, extra...)
+		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom,
+		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -187,7 +189,8 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]readmodel.StepRow, 
 	rows, err := q.pool.Query(ctx, `SELECT run_id, step_id, attempt, COALESCE(node_id, ''), COALESCE(node_type, ''), status,
 		input, output, COALESCE(error, ''), COALESCE(error_class, ''), COALESCE(idempotency_key, ''), tries,
 		input_tokens, output_tokens, cost_usd, COALESCE(delivery, ''), started_at, ended_at, duration_ms, last_seq,
-		first_seq, waiting_at, substeps, cost_unknown, copied_from
+		first_seq, waiting_at, substeps, cost_unknown, copied_from, cache_read_tokens, cache_write_tokens,
+		reasoning_tokens, COALESCE(model, '')
 		FROM steps WHERE run_id = $1 ORDER BY first_seq, step_id, attempt`, runID)
 	if err != nil {
 		return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
@@ -207,7 +210,8 @@ func (q *Reader) steps(ctx context.Context, runID string) ([]readmodel.StepRow, 
 		)
 		if err := rows.Scan(&s.RunID, &s.StepID, &attempt, &s.NodeID, &s.NodeType, &status, &input, &output,
 			&s.Error, &s.ErrorClass, &s.IdempotencyKey, &tries, &s.InputTokens, &s.OutputTokens, &s.CostUSD,
-			&s.Delivery, &started, &ended, &s.DurationMs, &last, &first, &waiting, &substeps, &s.CostUnknown, &s.CopiedFrom); err != nil {
+			&s.Delivery, &started, &ended, &s.DurationMs, &last, &first, &waiting, &substeps, &s.CostUnknown, &s.CopiedFrom,
+			&s.CacheReadTokens, &s.CacheWriteTokens, &s.ReasoningTokens, &s.Model); err != nil {
 			return nil, fmt.Errorf("reading the steps of run %s: %w", runID, err)
 		}
 		s.Status, s.Input, s.Output, s.Substeps = engine.StepStatus(status), input, output, substeps

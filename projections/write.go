@@ -43,19 +43,21 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, labels)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
-  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from, labels
+  created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from,
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, labels
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
-  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[], $29::jsonb[])
+  $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[],
+  $29::bigint[], $30::bigint[], $31::bigint[], $32::jsonb[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, labels)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -67,21 +69,26 @@ ON CONFLICT (run_id) DO UPDATE SET
   created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, ended_at = EXCLUDED.ended_at,
   last_seq = EXCLUDED.last_seq, budget = EXCLUDED.budget, steps_spent = EXCLUDED.steps_spent,
   paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown, forked_from = EXCLUDED.forked_from,
-  labels = EXCLUDED.labels
+  cache_read_tokens = EXCLUDED.cache_read_tokens, cache_write_tokens = EXCLUDED.cache_write_tokens,
+  reasoning_tokens = EXCLUDED.reasoning_tokens, labels = EXCLUDED.labels
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from,
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, model)
 SELECT run_id, step_id, attempt, NULLIF(node_id, ''), NULLIF(node_type, ''), status, input, output,
   NULLIF(error, ''), NULLIF(error_class, ''), NULLIF(idempotency_key, ''), tries, input_tokens, output_tokens,
-  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from
+  cost_usd, NULLIF(delivery, ''), started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from,
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, NULLIF(model, '')
 FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[],
   $9::text[], $10::text[], $11::text[], $12::integer[], $13::bigint[], $14::bigint[], $15::float8[], $16::text[],
-  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[], $23::jsonb[], $24::boolean[], $25::jsonb[])
+  $17::timestamptz[], $18::timestamptz[], $19::bigint[], $20::bigint[], $21::bigint[], $22::timestamptz[], $23::jsonb[], $24::boolean[], $25::jsonb[],
+  $26::bigint[], $27::bigint[], $28::bigint[], $29::text[])
   AS u(run_id, step_id, attempt, node_id, node_type, status, input, output,
   error, error_class, idempotency_key, tries, input_tokens, output_tokens, cost_usd, delivery,
-  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from)
+  started_at, ended_at, duration_ms, last_seq, first_seq, waiting_at, substeps, cost_unknown, copied_from,
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, model)
 ON CONFLICT (run_id, step_id, attempt) DO UPDATE SET
   node_id = EXCLUDED.node_id, node_type = EXCLUDED.node_type, status = EXCLUDED.status,
   input = EXCLUDED.input, output = EXCLUDED.output, error = EXCLUDED.error, error_class = EXCLUDED.error_class,
@@ -89,7 +96,9 @@ ON CONFLICT (run_id, step_id, attempt) DO UPDATE SET
   output_tokens = EXCLUDED.output_tokens, cost_usd = EXCLUDED.cost_usd, delivery = EXCLUDED.delivery,
   started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at, duration_ms = EXCLUDED.duration_ms,
   last_seq = EXCLUDED.last_seq, first_seq = EXCLUDED.first_seq, waiting_at = EXCLUDED.waiting_at,
-  substeps = EXCLUDED.substeps, cost_unknown = EXCLUDED.cost_unknown, copied_from = EXCLUDED.copied_from
+  substeps = EXCLUDED.substeps, cost_unknown = EXCLUDED.cost_unknown, copied_from = EXCLUDED.copied_from,
+  cache_read_tokens = EXCLUDED.cache_read_tokens, cache_write_tokens = EXCLUDED.cache_write_tokens,
+  reasoning_tokens = EXCLUDED.reasoning_tokens, model = EXCLUDED.model
 WHERE s.last_seq < EXCLUDED.last_seq`, q("steps")),
 
 		// A key that another attempt already holds is not projected a
@@ -199,6 +208,7 @@ func runColumns(rows []readmodel.RunRow) []any {
 		ended                                      = make([]pgtype.Timestamptz, n)
 		unknown                                    = make([]bool, n)
 		forked, labels                             = make([][]byte, n), make([][]byte, n)
+		cacheRead, cacheWrite, reasoning           = make([]int64, n), make([]int64, n), make([]int64, n)
 	)
 	for i, r := range rows {
 		id[i], status[i], name[i], hash[i] = cleanText(r.RunID), string(r.Status), cleanText(r.WorkflowName), cleanText(r.WorkflowHash)
@@ -210,9 +220,11 @@ func runColumns(rows []readmodel.RunRow) []any {
 		created[i], updated[i], ended[i], last[i] = r.CreatedAt, r.UpdatedAt, tstz(r.EndedAt), int64(r.LastSeq)
 		budget[i], steps[i], paused[i] = cleanJSON(r.Budget), r.StepsSpent, cleanText(r.PausedOn)
 		unknown[i], forked[i], labels[i] = r.CostUnknown, cleanJSON(r.ForkedFrom), labelsJSON(r.Labels)
+		cacheRead[i], cacheWrite[i], reasoning[i] = r.CacheReadTokens, r.CacheWriteTokens, r.ReasoningTokens
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
-		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked, labels}
+		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked,
+		cacheRead, cacheWrite, reasoning, labels}
 }
 
 func stepColumns(rows []readmodel.StepRow) []any {
@@ -227,9 +239,13 @@ func stepColumns(rows []readmodel.StepRow) []any {
 		cost                         = make([]float64, n)
 		started, ended, waiting      = make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 		unknown                      = make([]bool, n)
+		cacheRead, cacheWrite        = make([]int64, n), make([]int64, n)
+		reasoning                    = make([]int64, n)
+		model                        = make([]string, n)
 	)
 	for i, r := range rows {
 		run[i], step[i], attempt[i] = cleanText(r.RunID), cleanText(r.StepID), int32(r.Attempt)
+		cacheRead[i], cacheWrite[i], reasoning[i], model[i] = r.CacheReadTokens, r.CacheWriteTokens, r.ReasoningTokens, cleanText(r.Model)
 		node[i], typ[i], status[i] = cleanText(r.NodeID), cleanText(r.NodeType), cleanText(string(r.Status))
 		input[i], output[i] = cleanJSON(r.Input), cleanJSON(r.Output)
 		errs[i], class[i], key[i], tries[i] = cleanText(r.Error), cleanText(r.ErrorClass), cleanText(r.IdempotencyKey), int32Of(r.Tries)
@@ -239,7 +255,7 @@ func stepColumns(rows []readmodel.StepRow) []any {
 		copied[i] = cleanJSON(r.CopiedFrom)
 	}
 	return []any{run, step, attempt, node, typ, status, input, output, errs, class, key, tries, in, out, cost,
-		delivery, started, ended, dur, last, first, waiting, substeps, unknown, copied}
+		delivery, started, ended, dur, last, first, waiting, substeps, unknown, copied, cacheRead, cacheWrite, reasoning, model}
 }
 
 func receiptColumns(rows []readmodel.ReceiptRow) []any {

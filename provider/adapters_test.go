@@ -1,7 +1,6 @@
 package provider_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,6 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,7 +121,7 @@ func exercise(t *testing.T, a adapter) {
 		t.Parallel()
 		b := setup(t, a)
 		k := key(t)
-		resp, err := b.p.Complete(ctx, hello(k))
+		resp, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
 		require.Equal(t, "echo: hello there", resp.Text)
 		require.Equal(t, "test-model", resp.Model)
@@ -141,7 +143,7 @@ func exercise(t *testing.T, a adapter) {
 		b := setup(t, a)
 		req := hello(key(t))
 		req.System = "answer in one word"
-		resp, err := b.p.Complete(ctx, req)
+		resp, err := b.p.Complete(ctx, req, nil)
 		require.NoError(t, err)
 		require.Equal(t, provider.Usage{InputTokens: 6, OutputTokens: 3}, resp.Usage)
 
@@ -160,7 +162,7 @@ func exercise(t *testing.T, a adapter) {
 			{Role: provider.RoleAssistant, Content: "echo: first"},
 			{Role: provider.RoleUser, Content: "second"},
 		}
-		resp, err := b.p.Complete(ctx, req)
+		resp, err := b.p.Complete(ctx, req, nil)
 		require.NoError(t, err)
 		require.Equal(t, "echo: second", resp.Text)
 		require.Equal(t, req.Messages, b.srv.Calls()[0].Messages)
@@ -185,7 +187,7 @@ func exercise(t *testing.T, a adapter) {
 		}
 		req := hello(key(t))
 		req.Tools = tools
-		resp, err := b.p.Complete(ctx, req)
+		resp, err := b.p.Complete(ctx, req, nil)
 		require.NoError(t, err)
 		require.Equal(t, a.finishTools, resp.FinishReason)
 		require.Empty(t, resp.Text)
@@ -205,7 +207,7 @@ func exercise(t *testing.T, a adapter) {
 			provider.Message{Role: provider.RoleTool, ToolCallID: "call_1", Content: "rain"},
 			provider.Message{Role: provider.RoleTool, ToolCallID: "call_2", Content: "noon"},
 		)
-		resp, err = b.p.Complete(ctx, next)
+		resp, err = b.p.Complete(ctx, next, nil)
 		require.NoError(t, err)
 		require.Equal(t, "rainy", resp.Text)
 
@@ -227,7 +229,7 @@ func exercise(t *testing.T, a adapter) {
 		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
 			return providertest.Reply{Text: "ok", InputTokens: 1234, OutputTokens: 56}
 		})
-		resp, err := b.p.Complete(ctx, hello(key(t)))
+		resp, err := b.p.Complete(ctx, hello(key(t)), nil)
 		require.NoError(t, err)
 		require.Equal(t, provider.Usage{InputTokens: 1234, OutputTokens: 56}, resp.Usage)
 	})
@@ -236,7 +238,7 @@ func exercise(t *testing.T, a adapter) {
 		t.Parallel()
 		b := setup(t, a)
 		k := key(t)
-		_, err := b.p.Complete(ctx, hello(k))
+		_, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
 		calls := b.srv.Calls()
 		require.Len(t, calls, 1)
@@ -249,7 +251,7 @@ func exercise(t *testing.T, a adapter) {
 	t.Run("MissingKeyIsRefused", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, a)
-		_, err := b.p.Complete(ctx, hello(""))
+		_, err := b.p.Complete(ctx, hello(""), nil)
 		pe := requireError(t, a.name, err)
 		require.False(t, pe.Retryable)
 		require.False(t, pe.Unknown)
@@ -262,7 +264,7 @@ func exercise(t *testing.T, a adapter) {
 			b := setup(t, a)
 			b.srv.FailNext(nil, status, 10)
 			k := key(t)
-			_, err := b.p.Complete(ctx, hello(k))
+			_, err := b.p.Complete(ctx, hello(k), nil)
 			pe := requireError(t, a.name, err)
 			require.Equal(t, status, pe.Status)
 			require.True(t, pe.Retryable)
@@ -277,7 +279,7 @@ func exercise(t *testing.T, a adapter) {
 		b := setup(t, a)
 		b.srv.RateLimit(nil, 1, 2*time.Second)
 		k := key(t)
-		_, err := b.p.Complete(ctx, hello(k))
+		_, err := b.p.Complete(ctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.Equal(t, http.StatusTooManyRequests, pe.Status)
 		require.True(t, pe.Retryable)
@@ -294,7 +296,7 @@ func exercise(t *testing.T, a adapter) {
 		})
 		req := hello(key(t))
 		req.Logprobs = true
-		resp, err := b.p.Complete(ctx, req)
+		resp, err := b.p.Complete(ctx, req, nil)
 		if a.name == "anthropic" {
 			pe := requireError(t, a.name, err)
 			require.ErrorIs(t, pe, provider.ErrNoLogprobs)
@@ -313,7 +315,7 @@ func exercise(t *testing.T, a adapter) {
 			b := setup(t, a)
 			b.srv.SetResponder(func(providertest.Call) providertest.Reply { return providertest.Reply{Status: status} })
 			k := key(t)
-			_, err := b.p.Complete(ctx, hello(k))
+			_, err := b.p.Complete(ctx, hello(k), nil)
 			pe := requireError(t, a.name, err)
 			require.Equal(t, status, pe.Status)
 			require.False(t, pe.Retryable)
@@ -327,7 +329,7 @@ func exercise(t *testing.T, a adapter) {
 		b := setup(t, a)
 		k := key(t)
 		b.srv.Drop(providertest.ByKey(k), 1)
-		_, err := b.p.Complete(ctx, hello(k))
+		_, err := b.p.Complete(ctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.Zero(t, pe.Status)
 		require.True(t, pe.Retryable)
@@ -336,7 +338,7 @@ func exercise(t *testing.T, a adapter) {
 		require.Equal(t, map[string]int{k: 1}, b.srv.Keys())
 
 		// The same key goes through once the fault is spent.
-		resp, err := b.p.Complete(ctx, hello(k))
+		resp, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
 		require.Equal(t, "echo: hello there", resp.Text)
 	})
@@ -346,11 +348,11 @@ func exercise(t *testing.T, a adapter) {
 		b := setup(t, a)
 		// Warm the connection pool so the next request reuses a connection:
 		// net/http would resend a request with an Idempotency-Key on its own.
-		_, err := b.p.Complete(ctx, hello(key(t)))
+		_, err := b.p.Complete(ctx, hello(key(t)), nil)
 		require.NoError(t, err)
 		k := key(t)
 		b.srv.Drop(providertest.ByKey(k), 1)
-		_, err = b.p.Complete(ctx, hello(k))
+		_, err = b.p.Complete(ctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.True(t, pe.Retryable)
 		require.True(t, pe.Unknown)
@@ -365,7 +367,7 @@ func exercise(t *testing.T, a adapter) {
 		defer hold.Release()
 		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
-		_, err := b.p.Complete(cctx, hello(k))
+		_, err := b.p.Complete(cctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.True(t, pe.Timeout)
 		require.True(t, pe.Retryable)
@@ -385,7 +387,7 @@ func exercise(t *testing.T, a adapter) {
 		k := key(t)
 		hold := b.srv.Hold(providertest.ByKey(k))
 		defer hold.Release()
-		_, err := p.Complete(ctx, hello(k))
+		_, err := p.Complete(ctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.True(t, pe.Timeout)
 		require.True(t, pe.Retryable)
@@ -403,7 +405,7 @@ func exercise(t *testing.T, a adapter) {
 			_, _ = hold.Wait(ctx)
 			cancel()
 		}()
-		_, err := b.p.Complete(cctx, hello(k))
+		_, err := b.p.Complete(cctx, hello(k), nil)
 		require.ErrorIs(t, err, context.Canceled)
 		pe := requireError(t, a.name, err)
 		require.False(t, pe.Retryable)
@@ -417,7 +419,7 @@ func exercise(t *testing.T, a adapter) {
 		root := "http://" + ln.Addr().String()
 		require.NoError(t, ln.Close())
 		p := a.new(root, &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()})
-		_, err = p.Complete(ctx, hello(key(t)))
+		_, err = p.Complete(ctx, hello(key(t)), nil)
 		pe := requireError(t, a.name, err)
 		require.Zero(t, pe.Status)
 		require.True(t, pe.Retryable)
@@ -436,7 +438,7 @@ func exercise(t *testing.T, a adapter) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			resp, err := b.p.Complete(ctx, hello(k))
+			resp, err := b.p.Complete(ctx, hello(k), nil)
 			done <- result{resp, err}
 		}()
 		c, err := hold.Wait(ctx)
@@ -445,7 +447,7 @@ func exercise(t *testing.T, a adapter) {
 		require.Equal(t, a.name, c.Provider)
 
 		// Other keys are not held.
-		_, err = b.p.Complete(ctx, hello(key(t)))
+		_, err = b.p.Complete(ctx, hello(key(t)), nil)
 		require.NoError(t, err)
 		select {
 		case r := <-done:
@@ -468,15 +470,15 @@ func exercise(t *testing.T, a adapter) {
 			return providertest.Reply{Text: fmt.Sprintf("answer %d", n.Add(1))}
 		})
 		k := key(t)
-		first, err := b.p.Complete(ctx, hello(k))
+		first, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
-		again, err := b.p.Complete(ctx, hello(k))
+		again, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
 		require.Equal(t, first, again)
 		require.Equal(t, "answer 1", again.Text)
 		require.Equal(t, 2, b.srv.Keys()[k], "a deduplicated request is still recorded")
 
-		other, err := b.p.Complete(ctx, hello(key(t)))
+		other, err := b.p.Complete(ctx, hello(key(t)), nil)
 		require.NoError(t, err)
 		require.Equal(t, "answer 2", other.Text)
 	})
@@ -490,13 +492,13 @@ func exercise(t *testing.T, a adapter) {
 		hold := b.srv.Hold(func(c providertest.Call) bool { return c.IdempotencyKey == k && first.CompareAndSwap(false, true) })
 		done := make(chan error, 1)
 		go func() {
-			_, err := b.p.Complete(ctx, hello(k))
+			_, err := b.p.Complete(ctx, hello(k), nil)
 			done <- err
 		}()
 		_, err := hold.Wait(ctx)
 		require.NoError(t, err)
 
-		_, err = b.p.Complete(ctx, hello(k))
+		_, err = b.p.Complete(ctx, hello(k), nil)
 		pe := requireError(t, a.name, err)
 		require.Equal(t, http.StatusConflict, pe.Status)
 		require.True(t, pe.Retryable)
@@ -504,7 +506,7 @@ func exercise(t *testing.T, a adapter) {
 
 		hold.Release()
 		require.NoError(t, <-done)
-		resp, err := b.p.Complete(ctx, hello(k))
+		resp, err := b.p.Complete(ctx, hello(k), nil)
 		require.NoError(t, err)
 		require.Equal(t, "echo: hello there", resp.Text)
 	})
@@ -513,17 +515,185 @@ func exercise(t *testing.T, a adapter) {
 		t.Parallel()
 		b := setup(t, a)
 		b.srv.FailNext(nil, http.StatusBadGateway, 1)
-		_, err := b.p.Complete(ctx, hello(key(t)))
+		_, err := b.p.Complete(ctx, hello(key(t)), nil)
 		pe := requireError(t, a.name, err)
 		require.True(t, pe.Unknown, "502: a gateway may have lost the answer")
 		require.NotNil(t, errors.Unwrap(err))
 	})
+
+	exerciseStreaming(t, a)
+}
+
+// collect is a Sink that keeps what it is handed.
+type collect struct {
+	mu     sync.Mutex
+	deltas []provider.Delta
+}
+
+func (c *collect) sink(d provider.Delta) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deltas = append(c.deltas, d)
+}
+
+func (c *collect) got() []provider.Delta {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.deltas)
+}
+
+// exerciseStreaming: every call streams; the deltas make up the answer
+// the call returns, and what else a call sends (output cap, response
+// schema, images) reaches the provider in its own form.
+func exerciseStreaming(t *testing.T, a adapter) {
+	ctx := context.Background()
+
+	t.Run("StreamsWordByWord", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: "one two  three\n"}
+		})
+		var c collect
+		resp, err := b.p.Complete(ctx, hello(key(t)), c.sink)
+		require.NoError(t, err)
+		require.Equal(t, "one two  three\n", resp.Text)
+		require.Equal(t, []provider.Delta{{Index: 0, Text: "one", Kind: provider.DeltaText},
+			{Index: 1, Text: " two", Kind: provider.DeltaText}, {Index: 2, Text: "  three\n", Kind: provider.DeltaText}}, c.got())
+		require.Equal(t, provider.Usage{InputTokens: 2, OutputTokens: 3}, resp.Usage)
+		require.True(t, b.srv.Calls()[0].Stream)
+	})
+
+	t.Run("ReasoningStreamsFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Reasoning: "think hard", Text: "done", ReasoningTokens: 2}
+		})
+		var c collect
+		resp, err := b.p.Complete(ctx, hello(key(t)), c.sink)
+		require.NoError(t, err)
+		require.Equal(t, "done", resp.Text)
+		require.Equal(t, []provider.Delta{{Index: 0, Text: "think", Kind: provider.DeltaReasoning},
+			{Index: 1, Text: " hard", Kind: provider.DeltaReasoning}, {Index: 2, Text: "done", Kind: provider.DeltaText}}, c.got())
+		require.Equal(t, int64(2), resp.Usage.ReasoningTokens)
+		require.Equal(t, int64(3), resp.Usage.OutputTokens, "reasoning is output")
+	})
+
+	t.Run("CachedUsage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: "ok", InputTokens: 1000, CacheReadTokens: 600, CacheWriteTokens: 300, OutputTokens: 50}
+		})
+		resp, err := b.p.Complete(ctx, hello(key(t)), nil)
+		require.NoError(t, err)
+		want := provider.Usage{InputTokens: 1000, CacheReadTokens: 600, CacheWriteTokens: 300, OutputTokens: 50}
+		if a.name == "openai" {
+			// Chat Completions reports cache reads only: cache writes are
+			// not charged apart, and count as input.
+			want.CacheWriteTokens = 0
+		}
+		require.Equal(t, want, resp.Usage)
+	})
+
+	t.Run("OutputCapAndSchemaAreSent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		schema := json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],"additionalProperties":false}`)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply { return providertest.Reply{Text: `{"n":3}`} })
+		req := hello(key(t))
+		req.MaxTokens, req.ResponseSchema = 77, schema
+		resp, err := b.p.Complete(ctx, req, nil)
+		require.NoError(t, err)
+		require.Equal(t, `{"n":3}`, resp.Text)
+		call := b.srv.Calls()[0]
+		require.Equal(t, 77, call.MaxTokens)
+		require.JSONEq(t, string(schema), string(call.ResponseSchema), "sent the provider's native way")
+	})
+
+	t.Run("Images", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		req := hello(key(t))
+		png := []byte("\x89PNG\r\n\x1a\nfake")
+		req.Messages[0].Images = []provider.Image{{URL: "https://example.com/cat.png"}, {MediaType: "image/png", Data: png}}
+		_, err := b.p.Complete(ctx, req, nil)
+		require.NoError(t, err)
+		require.Equal(t, []provider.Message{{Role: provider.RoleUser, Content: "hello there", Images: []provider.Image{
+			{URL: "https://example.com/cat.png"}, {MediaType: "image/png", Data: png}}}}, b.srv.Calls()[0].Messages)
+
+		bad := hello(key(t))
+		bad.Messages[0].Images = []provider.Image{{Blob: strings.Repeat("a", 64)}}
+		_, err = b.p.Complete(ctx, bad, nil)
+		pe := requireError(t, a.name, err)
+		require.False(t, pe.Retryable, "an image with neither a URL nor bytes is refused before sending")
+		require.Len(t, b.srv.Calls(), 1)
+	})
+
+	t.Run("HeldMidStream", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply { return providertest.Reply{Text: "a b c d"} })
+		k := key(t)
+		hold := b.srv.HoldAfter(providertest.ByKey(k), 2)
+		var c collect
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.p.Complete(ctx, hello(k), c.sink)
+			done <- err
+		}()
+		_, err := hold.Wait(ctx)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return len(c.got()) == 2 }, 5*time.Second, time.Millisecond,
+			"the first two deltas arrive before the hold")
+		hold.Release()
+		require.NoError(t, <-done)
+		require.Len(t, c.got(), 4)
+	})
+
+	t.Run("StreamCutIsUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply { return providertest.Reply{Text: "a b c d"} })
+		k := key(t)
+		hold := b.srv.HoldAfter(providertest.ByKey(k), 1)
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.p.Complete(ctx, hello(k), nil)
+			done <- err
+		}()
+		_, err := hold.Wait(ctx)
+		require.NoError(t, err)
+		b.srv.Close() // the connection is cut mid-stream
+		pe := requireError(t, a.name, <-done)
+		require.True(t, pe.Retryable)
+		require.True(t, pe.Unknown, "the provider did some of the work: a retry keeps the key")
+	})
+
+	t.Run("DedupReplaysTheStream", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, a)
+		b.srv.Dedup(true)
+		var n atomic.Int64
+		b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+			return providertest.Reply{Text: fmt.Sprintf("answer number %d", n.Add(1))}
+		})
+		k := key(t)
+		var first, again collect
+		_, err := b.p.Complete(ctx, hello(k), first.sink)
+		require.NoError(t, err)
+		_, err = b.p.Complete(ctx, hello(k), again.sink)
+		require.NoError(t, err)
+		require.Len(t, first.got(), 3)
+		require.Equal(t, first.got(), again.got())
+	})
 }
 
 // TestHugeAnswerIsCut: an answer bigger than MaxResponseBytes (here from a
-// server that keeps writing a 96 MiB content string) is not read past the
-// cap, and fails the call permanently with ErrResponseTooLarge. An answer
-// just under a MiB reads as usual.
+// server that keeps streaming 64 KiB text deltas, 96 MiB in all) is not
+// read past the cap, and fails the call permanently with
+// ErrResponseTooLarge. An answer of half a MiB reads as usual.
 func TestHugeAnswerIsCut(t *testing.T) {
 	t.Parallel()
 	for _, a := range adapters {
@@ -532,16 +702,16 @@ func TestHugeAnswerIsCut(t *testing.T) {
 			var written atomic.Int64
 			size := int64(3 * provider.MaxResponseBytes)
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Content-Type", "text/event-stream")
 				n := size
 				if r.Header.Get("X-Small") != "" {
 					n = 1 << 19
 				}
-				head, tail := answerFrame(a.name)
+				head, delta, tail := answerFrames(a.name)
 				_, _ = io.WriteString(w, head)
-				chunk := bytes.Repeat([]byte("a"), 64<<10)
+				chunk := strings.Repeat("a", 64<<10)
 				for left := n; left > 0; left -= int64(len(chunk)) {
-					k, err := w.Write(chunk[:min(int64(len(chunk)), left)])
+					k, err := io.WriteString(w, delta(chunk[:min(int64(len(chunk)), left)]))
 					written.Add(int64(k))
 					if err != nil {
 						return
@@ -556,7 +726,7 @@ func TestHugeAnswerIsCut(t *testing.T) {
 			p := a.new(root, hc)
 			req := provider.Request{Model: "m", IdempotencyKey: "huge", MaxTokens: 10,
 				Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}}
-			_, err := p.Complete(context.Background(), req)
+			_, err := p.Complete(context.Background(), req, nil)
 			require.ErrorIs(t, err, provider.ErrResponseTooLarge)
 			var pe *provider.Error
 			require.ErrorAs(t, err, &pe)
@@ -564,22 +734,37 @@ func TestHugeAnswerIsCut(t *testing.T) {
 			require.Less(t, written.Load(), size, "the client stopped reading")
 
 			small := &http.Client{Transport: headerTransport{"X-Small", "1"}}
-			res, err := a.new(root, small).Complete(context.Background(), req)
+			res, err := a.new(root, small).Complete(context.Background(), req, nil)
 			require.NoError(t, err)
 			require.Len(t, res.Text, 1<<19)
 		})
 	}
 }
 
-// answerFrame is a minimal answer of the adapter's wire format around a
-// content string: the bytes before it and after it.
-func answerFrame(name string) (string, string) {
+// answerFrames is a minimal streamed answer of the adapter's wire format:
+// the events before its text, an event carrying a piece of text, and the
+// events after it.
+func answerFrames(name string) (head string, delta func(string) string, tail string) {
 	if name == "openai" {
-		return `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"`,
-			`"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+		chunk := `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":%q}}]}`
+		return "", func(text string) string { return "data: " + fmt.Sprintf(chunk, text) + "\n\n" },
+			`data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" +
+				`data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}` + "\n\n" +
+				"data: [DONE]\n\n"
 	}
-	return `{"id":"x","type":"message","role":"assistant","model":"m","stop_reason":"end_turn","content":[{"type":"text","text":"`,
-		`"}],"usage":{"input_tokens":1,"output_tokens":1}}`
+	ev := func(body string) string {
+		var typ struct{ Type string }
+		_ = json.Unmarshal([]byte(body), &typ)
+		return "event: " + typ.Type + "\ndata: " + body + "\n\n"
+	}
+	return ev(`{"type":"message_start","message":{"id":"x","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":0}}}`) +
+			ev(`{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
+		func(text string) string {
+			return ev(fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, text))
+		},
+		ev(`{"type":"content_block_stop","index":0}`) +
+			ev(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}`) +
+			ev(`{"type":"message_stop"}`)
 }
 
 // headerTransport adds one header to every request.

@@ -24,10 +24,13 @@ const EnvPrices = "PAL_PRICES"
 // few tens of KiB.
 const maxPriceFile = 1 << 20
 
-// price is a model's list price in US dollars per million tokens.
+// price is a model's list price in US dollars per million tokens: input
+// and output required, the prompt cache's rates optional (absent: input's).
 type price struct {
-	Input  *float64 `json:"input_per_mtok"`
-	Output *float64 `json:"output_per_mtok"`
+	Input      *float64 `json:"input_per_mtok"`
+	Output     *float64 `json:"output_per_mtok"`
+	CacheRead  *float64 `json:"cache_read_per_mtok"`
+	CacheWrite *float64 `json:"cache_write_per_mtok"`
 }
 
 // priceFile is the form of prices.json and of a PAL_PRICES file.
@@ -53,8 +56,9 @@ func init() {
 }
 
 // parsePrices reads a price file: {"models": {"<model>": {"input_per_mtok":
-// 2.5, "output_per_mtok": 10}}}. Both prices are required, finite and ≥ 0;
-// unknown fields are errors (a typo must not price a model at 0).
+// 2.5, "output_per_mtok": 10, "cache_read_per_mtok": 1.25}}}. Input and
+// output are required; every price is finite and ≥ 0; unknown fields are
+// errors (a typo must not price a model at 0).
 func parsePrices(r io.Reader) (event.Prices, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxPriceFile+1))
 	if err != nil {
@@ -77,15 +81,26 @@ func parsePrices(r io.Reader) (event.Prices, error) {
 		if strings.TrimSpace(name) == "" {
 			return nil, errors.New("price file names a model with an empty name")
 		}
-		for what, v := range map[string]*float64{"input_per_mtok": p.Input, "output_per_mtok": p.Output} {
+		for what, v := range map[string]*float64{"input_per_mtok": p.Input, "output_per_mtok": p.Output,
+			"cache_read_per_mtok": p.CacheRead, "cache_write_per_mtok": p.CacheWrite} {
 			if v == nil {
-				return nil, fmt.Errorf("model %q: %s is missing", name, what)
+				if what == "input_per_mtok" || what == "output_per_mtok" {
+					return nil, fmt.Errorf("model %q: %s is missing", name, what)
+				}
+				continue
 			}
 			if math.IsNaN(*v) || math.IsInf(*v, 0) || *v < 0 {
 				return nil, fmt.Errorf("model %q: %s is %v, want a price ≥ 0", name, what, *v)
 			}
 		}
-		out[strings.ToLower(name)] = event.Price{InputPerMTok: *p.Input, OutputPerMTok: *p.Output}
+		pr := event.Price{InputPerMTok: *p.Input, OutputPerMTok: *p.Output}
+		if p.CacheRead != nil {
+			pr.CacheReadPerMTok = *p.CacheRead
+		}
+		if p.CacheWrite != nil {
+			pr.CacheWritePerMTok = *p.CacheWrite
+		}
+		out[strings.ToLower(name)] = pr
 	}
 	return out, nil
 }
@@ -133,13 +148,19 @@ func PriceOf(model string) (inputPerMTok, outputPerMTok float64, ok bool) {
 }
 
 // Cost estimates the price in US dollars of a call to model that used u,
-// from the process's table. It is an estimate from list prices: it knows
-// nothing of cached-input or batch discounts or negotiated rates, and a
-// model the table does not know costs 0 (PriceOf tells whether it knows
-// it).
+// from the process's table: cached input at the cache rates. It is an
+// estimate from list prices: it knows nothing of batch discounts or
+// negotiated rates, and a model the table does not know costs 0 (PriceOf
+// tells whether it knows it).
 func Cost(model string, u Usage) float64 {
 	p, _ := table.Load().Of(model)
-	return p.Cost(u.InputTokens, u.OutputTokens)
+	return p.CostOf(u.Event())
+}
+
+// Event is u as a step journals it (event.Usage), without a cost.
+func (u Usage) Event() event.Usage {
+	return event.Usage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens,
+		CacheReadTokens: u.CacheReadTokens, CacheWriteTokens: u.CacheWriteTokens, ReasoningTokens: u.ReasoningTokens}
 }
 
 // ResetPrices restores the embedded table (tests).

@@ -33,9 +33,14 @@ type RunRow struct {
 	InputTokens  int64
 	OutputTokens int64
 	TotalTokens  int64
-	Error        string
-	ErrorCode    string
-	FailedStep   string
+	// CacheReadTokens and CacheWriteTokens are parts of InputTokens,
+	// ReasoningTokens of OutputTokens.
+	CacheReadTokens  int64
+	CacheWriteTokens int64
+	ReasoningTokens  int64
+	Error            string
+	ErrorCode        string
+	FailedStep       string
 	// Resumes counts the drives of the run (run_resumed events).
 	Resumes    int
 	LastWorker string
@@ -79,12 +84,20 @@ type StepRow struct {
 	Tries        int
 	InputTokens  int64
 	OutputTokens int64
-	CostUSD      float64
-	CostUnknown  bool
-	Delivery     string
-	StartedAt    time.Time
-	EndedAt      time.Time
-	DurationMs   int64
+	// CacheReadTokens and CacheWriteTokens are parts of InputTokens,
+	// ReasoningTokens of OutputTokens.
+	CacheReadTokens  int64
+	CacheWriteTokens int64
+	ReasoningTokens  int64
+	CostUSD          float64
+	CostUnknown      bool
+	// Model is the provider/model an LLM attempt called, "" for other
+	// steps.
+	Model      string
+	Delivery   string
+	StartedAt  time.Time
+	EndedAt    time.Time
+	DurationMs int64
 	// FirstSeq is the seq of the attempt's first event: the journal order.
 	FirstSeq uint64
 	// WaitingAt is when the attempt began to wait; zero if it never did.
@@ -136,30 +149,33 @@ type ReceiptRow struct {
 // without them the upsert keeps the stored ones.
 func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 	r := RunRow{
-		RunID:        st.RunID,
-		Status:       st.Status,
-		WorkflowName: st.Created.WorkflowName,
-		WorkflowHash: st.Created.WorkflowHash,
-		Output:       st.Output,
-		ParentRunID:  st.Created.ParentRunID,
-		ParentStepID: st.Created.ParentStepID,
-		Depth:        st.Created.Depth,
-		CostUSD:      st.Usage.CostUSD,
-		CostUnknown:  st.Usage.CostUnknown,
-		InputTokens:  st.Usage.InputTokens,
-		OutputTokens: st.Usage.OutputTokens,
-		TotalTokens:  st.Usage.TotalTokens,
-		Error:        st.Error,
-		ErrorCode:    st.ErrorCode,
-		FailedStep:   st.FailedStep,
-		Resumes:      st.Resumes,
-		LastWorker:   st.LastWorker,
-		CreatedAt:    st.CreatedAt,
-		UpdatedAt:    st.UpdatedAt,
-		EndedAt:      st.EndedAt,
-		LastSeq:      st.LastSeq,
-		StepsSpent:   st.StepsStarted,
-		Labels:       st.Created.Labels,
+		RunID:            st.RunID,
+		Status:           st.Status,
+		WorkflowName:     st.Created.WorkflowName,
+		WorkflowHash:     st.Created.WorkflowHash,
+		Output:           st.Output,
+		ParentRunID:      st.Created.ParentRunID,
+		ParentStepID:     st.Created.ParentStepID,
+		Depth:            st.Created.Depth,
+		CostUSD:          st.Usage.CostUSD,
+		CostUnknown:      st.Usage.CostUnknown,
+		InputTokens:      st.Usage.InputTokens,
+		OutputTokens:     st.Usage.OutputTokens,
+		TotalTokens:      st.Usage.TotalTokens,
+		CacheReadTokens:  st.Usage.CacheReadTokens,
+		CacheWriteTokens: st.Usage.CacheWriteTokens,
+		ReasoningTokens:  st.Usage.ReasoningTokens,
+		Error:            st.Error,
+		ErrorCode:        st.ErrorCode,
+		FailedStep:       st.FailedStep,
+		Resumes:          st.Resumes,
+		LastWorker:       st.LastWorker,
+		CreatedAt:        st.CreatedAt,
+		UpdatedAt:        st.UpdatedAt,
+		EndedAt:          st.EndedAt,
+		LastSeq:          st.LastSeq,
+		StepsSpent:       st.StepsStarted,
+		Labels:           st.Created.Labels,
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)
@@ -197,7 +213,7 @@ func StepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 	r := StepRow{
 		RunID: runID, StepID: s.ID, Attempt: a.Attempt, NodeID: s.NodeID, NodeType: s.NodeType,
 		Status: a.Status, Input: a.Input, Output: a.Output, Error: a.Error, ErrorClass: a.Class,
-		IdempotencyKey: a.Key, Tries: a.Tries, Delivery: a.Delivery,
+		IdempotencyKey: a.Key, Tries: a.Tries, Delivery: a.Delivery, Model: a.Model,
 		StartedAt: a.StartedAt, EndedAt: a.EndedAt, DurationMs: a.DurationMs, LastSeq: a.LastSeq,
 		FirstSeq: a.FirstSeq, WaitingAt: a.WaitingAt,
 	}
@@ -209,6 +225,7 @@ func StepRowOf(runID string, s *engine.Step, a *engine.Attempt) StepRow {
 	}
 	if a.Usage != nil {
 		r.InputTokens, r.OutputTokens, r.CostUSD = a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CostUSD
+		r.CacheReadTokens, r.CacheWriteTokens, r.ReasoningTokens = a.Usage.CacheReadTokens, a.Usage.CacheWriteTokens, a.Usage.ReasoningTokens
 		r.CostUnknown = a.Usage.CostUnknown
 	}
 	return r

@@ -81,7 +81,7 @@ func TestStartJournalsPrices(t *testing.T) {
 		{"id":"b","type":"ai-step","data":{"provider":"openai","model":"house-model","prompt":"y"}}],
 		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}]}`
 	house := event.Price{InputPerMTok: 100, OutputPerMTok: 1000}
-	mini := event.Price{InputPerMTok: 0.15, OutputPerMTok: 0.6}
+	mini := event.Price{InputPerMTok: 0.15, OutputPerMTok: 0.6, CacheReadPerMTok: 0.075}
 	for _, tt := range []struct {
 		client *runs.Client
 		want   event.Prices

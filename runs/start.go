@@ -242,11 +242,11 @@ func (s *LLMSpec) workflow() (*workflow.Workflow, error) {
 		if len(s.Messages) > 0 {
 			return nil, &InputError{Field: "llm.messages", Msg: "an agent run (with tools) takes a prompt, not messages"}
 		}
-		id, d = "agent", workflow.AgentData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+		id, d = "agent", workflow.AgentData{Provider: s.Provider, Model: workflow.ModelOf(s.Model), Prompt: s.Prompt, System: s.System,
 			Tools: s.Tools, MaxTurns: s.MaxTurns, MaxTokens: s.MaxTokens, Temperature: s.Temperature,
 			TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	} else {
-		id, d = "llm", workflow.AIStepData{Provider: s.Provider, Model: s.Model, Prompt: s.Prompt, System: s.System,
+		id, d = "llm", workflow.AIStepData{Provider: s.Provider, Model: workflow.ModelOf(s.Model), Prompt: s.Prompt, System: s.System,
 			Messages: s.Messages, MaxTokens: s.MaxTokens, Temperature: s.Temperature, TimeoutMs: s.TimeoutMs, Retry: s.Retry}
 	}
 	n, err := workflow.NewNode(id, d)

@@ -82,13 +82,26 @@ type StepView struct {
 	// approval, a child run); WaitMs how long it waited, once it ended.
 	WaitingSince string `json:"waiting_since,omitempty"`
 	WaitMs       int64  `json:"wait_ms"`
+	// Model is the provider/model the latest attempt of an LLM step
+	// called: the one that answered, once it completed.
+	Model string `json:"model,omitempty"`
 	// Usage sums the tokens and cost of every attempt.
 	Usage *event.Usage `json:"usage,omitempty"`
+	// Models, for a step whose attempts called more than one model (a
+	// fallback list), is each model's usage, in the order first called.
+	Models []ModelUsage `json:"models,omitempty"`
 	// Substeps are the sub-steps the latest attempt's process reported.
 	Substeps []SubstepView `json:"substeps,omitempty"`
 	// CopiedFrom marks a step a fork copied from its source run (the
 	// source's step_completed seq) instead of running it.
 	CopiedFrom *event.CopiedFrom `json:"copied_from,omitempty"`
+}
+
+// ModelUsage is what a step's attempts on one model spent.
+type ModelUsage struct {
+	Model    string      `json:"model"`
+	Attempts int         `json:"attempts"`
+	Usage    event.Usage `json:"usage"`
 }
 
 // SubstepView is one sub-step a process step's child reported.
@@ -128,7 +141,8 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 		ParentRunID: r.ParentRunID, ParentStepID: r.ParentStepID, Depth: r.Depth, Resumes: r.Resumes,
 		LastWorker: r.LastWorker, LastSeq: r.LastSeq,
 		Usage: event.Usage{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens, TotalTokens: r.TotalTokens, CostUSD: r.CostUSD,
-			CostUnknown: r.CostUnknown},
+			CostUnknown: r.CostUnknown, CacheReadTokens: r.CacheReadTokens, CacheWriteTokens: r.CacheWriteTokens,
+			ReasoningTokens: r.ReasoningTokens},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
 		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
@@ -176,22 +190,19 @@ func stepView(attempts []readmodel.StepRow) StepView {
 	last := attempts[len(attempts)-1]
 	sv := StepView{StepID: last.StepID, NodeType: last.NodeType, Status: stepStatus(last.Status),
 		Attempt: last.Attempt, Attempts: len(attempts), Key: last.IdempotencyKey, Input: canonical(last.Input), Output: canonical(last.Output),
-		Error: last.Error, Delivery: last.Delivery}
+		Error: last.Error, Delivery: last.Delivery, Model: last.Model}
 	var started time.Time
 	var usage event.Usage
 	for _, a := range attempts {
 		if started.IsZero() || (!a.StartedAt.IsZero() && a.StartedAt.Before(started)) {
 			started = a.StartedAt
 		}
-		usage.InputTokens += a.InputTokens
-		usage.OutputTokens += a.OutputTokens
-		usage.CostUSD += a.CostUSD
-		usage.CostUnknown = usage.CostUnknown || a.CostUnknown
+		usage.Add(attemptUsage(a))
 	}
 	if usage != (event.Usage{}) {
-		usage.TotalTokens = usage.InputTokens + usage.OutputTokens
 		sv.Usage = &usage
 	}
+	sv.Models = modelUsages(attempts)
 	sv.StartedAt = FormatTime(started)
 	if ended(last.Status) && !last.EndedAt.IsZero() {
 		sv.EndedAt = FormatTime(last.EndedAt)
@@ -206,6 +217,35 @@ func stepView(attempts []readmodel.StepRow) StepView {
 	sv.Substeps = substepViews(last.Substeps)
 	sv.CopiedFrom = optional[event.CopiedFrom](last.CopiedFrom)
 	return sv
+}
+
+// attemptUsage is the usage of one attempt's row.
+func attemptUsage(a readmodel.StepRow) event.Usage {
+	return event.Usage{InputTokens: a.InputTokens, OutputTokens: a.OutputTokens, TotalTokens: a.InputTokens + a.OutputTokens,
+		CacheReadTokens: a.CacheReadTokens, CacheWriteTokens: a.CacheWriteTokens, ReasoningTokens: a.ReasoningTokens,
+		CostUSD: a.CostUSD, CostUnknown: a.CostUnknown}
+}
+
+// modelUsages is what a step's attempts spent on each model they called,
+// when they called more than one; nil otherwise.
+func modelUsages(attempts []readmodel.StepRow) []ModelUsage {
+	var out []ModelUsage
+	for _, a := range attempts {
+		if a.Model == "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(m ModelUsage) bool { return m.Model == a.Model })
+		if i < 0 {
+			out = append(out, ModelUsage{Model: a.Model})
+			i = len(out) - 1
+		}
+		out[i].Attempts++
+		out[i].Usage.Add(attemptUsage(a))
+	}
+	if len(out) < 2 {
+		return nil
+	}
+	return out
 }
 
 // optional decodes a nullable JSON column: nil when it is empty, null or

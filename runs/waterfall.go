@@ -65,15 +65,18 @@ type WaterfallRow struct {
 	Segments []Segment         `json:"segments"`
 	// The latest attempt's key, input (as rendered), output, error and
 	// delivery; Usage sums every attempt.
-	Key        string          `json:"idempotency_key,omitempty"`
-	Input      json.RawMessage `json:"input,omitempty"`
-	Output     json.RawMessage `json:"output,omitempty"`
-	Error      string          `json:"error,omitempty"`
-	Class      string          `json:"class,omitempty"`
-	Usage      *event.Usage    `json:"usage,omitempty"`
-	Delivery   string          `json:"delivery,omitempty"`
-	Receipt    *Receipt        `json:"receipt,omitempty"`
-	ChildRunID string          `json:"child_run_id,omitempty"`
+	Key    string          `json:"idempotency_key,omitempty"`
+	Input  json.RawMessage `json:"input,omitempty"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	Class  string          `json:"class,omitempty"`
+	Usage  *event.Usage    `json:"usage,omitempty"`
+	// Model is the provider/model the latest attempt of an LLM step
+	// called: the one that answered, once it completed.
+	Model      string   `json:"model,omitempty"`
+	Delivery   string   `json:"delivery,omitempty"`
+	Receipt    *Receipt `json:"receipt,omitempty"`
+	ChildRunID string   `json:"child_run_id,omitempty"`
 	// CopiedFrom marks a step a fork copied from its source run.
 	CopiedFrom *event.CopiedFrom `json:"copied_from,omitempty"`
 	// WaitReason is set while the step waits (approval, child, signal).
@@ -97,6 +100,8 @@ type Segment struct {
 	EndMs   float64 `json:"end_ms"`
 	Open    bool    `json:"open,omitempty"`
 	Error   string  `json:"error,omitempty"`
+	// Model is the provider/model an LLM attempt called.
+	Model string `json:"model,omitempty"`
 	// Wait is the part of the attempt spent waiting, when it waited.
 	Wait *Wait `json:"wait,omitempty"`
 }
@@ -230,6 +235,9 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		if usage != (event.Usage{}) {
 			row.Usage = &usage
 		}
+		if a := s.AttemptState(s.Attempt); a != nil {
+			row.Model = a.Model
+		}
 		if a := s.AttemptState(s.Attempt); a != nil && a.Claimed {
 			row.Receipt = &Receipt{Connector: a.Connector, Target: a.Target, Status: readmodel.ReceiptStatus(a), HTTPStatus: a.DeliveryStatus}
 		}
@@ -275,7 +283,7 @@ func laneRows(rows []WaterfallRow) int {
 
 // segmentOf draws one attempt; an attempt not ended ends at endMs, open.
 func segmentOf(a *engine.Attempt, reason string, ms func(time.Time) float64, endMs float64) Segment {
-	seg := Segment{Attempt: a.Attempt, Tries: a.Tries, Outcome: string(a.Status), Error: a.Error}
+	seg := Segment{Attempt: a.Attempt, Tries: a.Tries, Outcome: string(a.Status), Error: a.Error, Model: a.Model}
 	start := a.StartedAt
 	if start.IsZero() {
 		start = a.WaitingAt

@@ -11,9 +11,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/redact"
-	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/provider"
-	"github.com/palrun/pal/workflow"
 )
 
 // call is one step executing: in a branch of its own while other steps
@@ -36,6 +34,12 @@ type call struct {
 	// child is the run_created of a subagent step's child, built by the
 	// drive when the step started; nil when the child was created before.
 	child *event.Event
+	// deltas is where an LLM step's answer streams (drive.deltas), named
+	// by the journal's seq when the step started.
+	deltas provider.Sink
+	// held are the run's values an LLM step's images may name (heldValues),
+	// when its call names a blob.
+	held []json.RawMessage
 }
 
 // journal runs fn on the drive's goroutine, the run's one writer, and
@@ -67,52 +71,6 @@ func (c *call) execute() (stepResult, error) {
 	default:
 		return stepResult{}, permanent("step %s: nothing executes %q steps", c.p.StepID, c.p.Exec)
 	}
-}
-
-func (c *call) execAI() (stepResult, error) {
-	p := c.p
-	var in engine.AIInput
-	if err := json.Unmarshal(p.Call(), &in); err != nil {
-		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
-	}
-	prov, err := c.d.w.providers.Get(in.Provider)
-	if err != nil {
-		return stepResult{}, permanent("step %s: %v", p.StepID, err)
-	}
-	gate := p.Confidence
-	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
-		Temperature: in.Temperature, Messages: in.Messages, Tools: in.Tools, IdempotencyKey: p.Key,
-		Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
-	ctx, llm := telemetry.StartLLM(c.ctx, in.Provider, in.Model)
-	resp, err := c.d.complete(ctx, prov, req, p.TimeoutMs)
-	if err != nil {
-		return stepResult{}, err
-	}
-	u := engine.UsageAt(c.prices, resp.Model, in.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
-	llm.End(telemetry.LLMResult{Model: resp.Model, ResponseID: resp.ID, FinishReason: resp.FinishReason,
-		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CostUSD: u.CostUSD}, nil)
-	out := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID}
-	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
-	if gate != nil && res.final {
-		score, judged, err := c.score(gate, resp)
-		if err != nil {
-			return stepResult{}, err
-		}
-		if judged != nil {
-			u.Add(*judged)
-		}
-		out.Confidence = &score
-		res.confidence = &event.ConfidenceEvaluatedData{Score: score, Min: gate.Min, Passed: score >= gate.Min,
-			Source: gate.Source, Usage: u}
-	}
-	if res.output, err = json.Marshal(out); err != nil {
-		return stepResult{}, err
-	}
-	if res.confidence != nil {
-		res.confidence.Output = res.output
-	}
-	return res, nil
 }
 
 func (c *call) execTool() (stepResult, error) {
@@ -224,20 +182,4 @@ func emailTarget(m *connector.Email) string {
 		t = strings.ToValidUTF8(t[:maxEmailTarget], "") + "…"
 	}
 	return t
-}
-
-// complete sends one model call once a concurrency slot for its provider
-// and model is free (PAL_PROVIDER_CONCURRENCY). Waiting for a slot is not
-// part of the call's timeout and not a failure: it ends only with the
-// call's context (a lost lease, a shutdown, a step beside it failing the
-// run).
-func (d *drive) complete(ctx context.Context, prov provider.Provider, req provider.Request, timeoutMs int) (*provider.Response, error) {
-	release, err := d.w.slots.acquire(ctx, prov.Name(), req.Model)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, timeoutOf(timeoutMs, defaultLLMTimeout))
-	defer cancel()
-	return prov.Complete(ctx, req)
 }

@@ -113,11 +113,11 @@ func (c *call) judge(j *workflow.ConfidenceJudgeData, answer string) (float64, *
 	}
 	resp, err := c.d.complete(c.ctx, prov, provider.Request{Model: j.Model, System: j.Prompt, MaxTokens: judgeMaxTokens,
 		Messages:       []provider.Message{{Role: provider.RoleUser, Content: answer}},
-		IdempotencyKey: p.Key + ".judge"}, p.TimeoutMs)
+		IdempotencyKey: p.Key + ".judge"}, nil, p.TimeoutMs)
 	if err != nil {
 		return 0, nil, err
 	}
-	u := engine.UsageAt(c.prices, resp.Model, j.Model, resp.Usage.InputTokens, resp.Usage.OutputTokens)
+	u := engine.UsageAt(c.prices, resp.Model, j.Model, resp.Usage)
 	m := number.FindString(resp.Text)
 	if m == "" {
 		return 0, nil, permanent("step %s: confidence judge answered %q, not a number from 0 to 1", p.StepID, clip(resp.Text, 80))
@@ -164,7 +164,7 @@ func (d *drive) runGate(p engine.StepPlan) error {
 			delay := retryDelay(pol, p.Tries+1)
 			d.log.Info("confidence below min; retrying", "step_id", p.StepID, "score", g.Score, "min", g.Min, "delay", delay)
 			d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{Attempt: p.Attempt + 1, Of: of,
-				Error: g.LowError(p.StepID), Class: event.ClassConfidence, DelayMs: delay.Milliseconds()})
+				Error: g.LowError(p.StepID), Class: event.ClassConfidence, DelayMs: delay.Milliseconds(), Fallback: p.Fallback})
 			return d.flush()
 		}
 	}

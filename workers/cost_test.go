@@ -59,7 +59,7 @@ func TestCostLandsInJournalAndTables(t *testing.T) {
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
 
 	evs := p.Events(t, runID)
-	require.Equal(t, event.Prices{"gpt-4o": {InputPerMTok: 2.50, OutputPerMTok: 10}, "house-model": {InputPerMTok: 100, OutputPerMTok: 1000}},
+	require.Equal(t, event.Prices{"gpt-4o": {InputPerMTok: 2.50, OutputPerMTok: 10, CacheReadPerMTok: 1.25}, "house-model": {InputPerMTok: 100, OutputPerMTok: 1000}},
 		data[event.RunCreatedData](t, evs[0]).Prices, "the creator's prices of the workflow's models")
 	// The fake counts words: "one two three" in, "echo: one two three" out.
 	want := map[string]struct {

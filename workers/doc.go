@@ -99,6 +99,14 @@
 // journaled prices (engine.RunState.UsageOf), never at the worker's own
 // table.
 //
+// An LLM step's call streams (llm.go): its answer's text goes to the
+// run's watchers as the provider writes it (deltas.go), never into the
+// journal, which keeps the whole answer in step_completed. An answer
+// checked against the node's responseSchema that does not match fails
+// the attempt (class llm) with the usage it spent; a node with a model
+// list moves on to the next model once the policy is spent on one, or at
+// once on an outage (journalOutcome, engine.NextModel).
+//
 // A drive that sees its run end signs the run's receipt (Config.Receipts)
 // from its tally of the journal it read and appended and the chain head
 // it holds (receipt.Tally), without reading the journal again.

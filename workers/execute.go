@@ -178,12 +178,19 @@ func (d *drive) journalOutcome(p engine.StepPlan, res stepResult, err error, too
 	f := classify(p.NodeType, err)
 	retry, attempt, of := engine.RetryDecision(p, f.classes, f.retryable, f.sameKey())
 	msg := redact.String(err.Error()) // what is journaled and logged keeps no URL's secrets
+	if next, ok := engine.NextModel(p, retry, f.outage(d.w.cfg.RetryAfterMax)); ok && f.fallback {
+		// The next model of the list, at once: a new attempt, a new key.
+		d.log.Info("step failed; moving to the next model", "step_id", p.StepID, "attempt", p.Attempt+1, "fallback", next, "err", msg)
+		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
+			Attempt: p.Attempt + 1, Of: of, Error: msg, Class: f.classes[0], Fallback: next, Usage: res.usage})
+		return d.flush()
+	}
 	if retry {
 		delay, asked := retryWait(p.Node.Retry(), p.Tries+1, f, d.w.cfg.RetryAfterMax)
 		d.log.Info("step failed; retrying", "step_id", p.StepID, "attempt", attempt, "of", of, "err", msg, "delay", delay)
 		d.emit(event.StepRetrying, p.StepID, p.Attempt, event.StepRetryingData{
 			Attempt: attempt, Of: of, Error: msg, Class: f.classes[0], DelayMs: delay.Milliseconds(),
-			RetryAfterMs: asked.Milliseconds()})
+			RetryAfterMs: asked.Milliseconds(), Fallback: p.Fallback, Usage: res.usage})
 		return d.flush()
 	}
 	d.log.Info("step failed", "step_id", p.StepID, "attempt", p.Attempt, "err", msg)

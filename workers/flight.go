@@ -208,6 +208,12 @@ func (d *drive) starting(p engine.StepPlan) (*call, error) {
 		return nil, nil
 	}
 	c := &call{d: d, p: p, prices: d.st.Prices(), deployed: d.st.Created.Deployed}
+	if p.Exec == engine.ExecLLM {
+		c.deltas = d.deltas(p)
+		if namesBlob(p.Call()) {
+			c.held = d.heldValues()
+		}
+	}
 	if p.Exec == engine.ExecSubagent {
 		ev, err := d.childCreated(p)
 		if err != nil {

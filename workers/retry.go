@@ -27,6 +27,18 @@ type failure struct {
 	rateLimited bool
 	// retryAfter is the wait the provider asked for (0: none).
 	retryAfter time.Duration
+	// fallback: the failure is the model's (a provider's error, an answer
+	// that did not do): a step with a model list may move to the next.
+	fallback bool
+	// down: the provider is down (no connection, an HTTP 5xx), so a step
+	// with a model list moves to the next model at once.
+	down bool
+}
+
+// outage reports an outage-class failure: the provider down, or rate
+// limiting for longer than the worker waits (limit, PAL_RETRY_AFTER_MAX).
+func (f failure) outage(limit time.Duration) bool {
+	return f.down || (f.rateLimited && f.retryAfter > limit)
 }
 
 // sameKey reports whether a retry keeps the attempt and its idempotency key.
@@ -42,7 +54,8 @@ func classify(nodeType string, err error) failure {
 		return failure{classes: []string{base}}
 	case errors.As(err, &pe):
 		f := failure{classes: []string{event.ClassLLM}, retryable: pe.Retryable, unknown: pe.Unknown,
-			rateLimited: pe.RateLimited, retryAfter: pe.RetryAfter}
+			rateLimited: pe.RateLimited, retryAfter: pe.RetryAfter, fallback: !errors.Is(pe, context.Canceled),
+			down: pe.Status >= 500 || (pe.Status == 0 && pe.Retryable && !pe.Unknown && !pe.Timeout)}
 		if pe.Timeout {
 			f.classes = []string{event.ClassTimeout, event.ClassLLM}
 		}

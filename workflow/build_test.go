@@ -13,7 +13,7 @@ import (
 // held to the same checks.
 func TestBuild(t *testing.T) {
 	t.Parallel()
-	n, err := workflow.NewNode("ask", workflow.AIStepData{Provider: "openai", Model: "gpt-4o", Prompt: "hi {{input.name}}", MaxTokens: 5})
+	n, err := workflow.NewNode("ask", workflow.AIStepData{Provider: "openai", Model: workflow.ModelOf("gpt-4o"), Prompt: "hi {{input.name}}", MaxTokens: 5})
 	require.NoError(t, err)
 	require.Equal(t, workflow.TypeAIStep, n.Type)
 	wf, err := workflow.Build("one", []workflow.Node{workflow.TriggerNode("start"), n}, []workflow.Edge{{From: "start", To: "ask"}})
@@ -30,12 +30,12 @@ func TestBuild(t *testing.T) {
 	_, err = workflow.Build("one", []workflow.Node{workflow.TriggerNode("start"), n}, []workflow.Edge{{From: "start", To: "nowhere"}})
 	var ve *workflow.ValidationError
 	require.ErrorAs(t, err, &ve)
-	bad, err := workflow.NewNode("ask", workflow.AIStepData{Provider: "openai", Model: "gpt-4o", Prompt: "hi {{input."})
+	bad, err := workflow.NewNode("ask", workflow.AIStepData{Provider: "openai", Model: workflow.ModelOf("gpt-4o"), Prompt: "hi {{input."})
 	require.NoError(t, err)
 	_, err = workflow.Build("one", []workflow.Node{workflow.TriggerNode("start"), bad}, []workflow.Edge{{From: "start", To: "ask"}})
 	require.ErrorAs(t, err, &ve)
 
-	_, err = workflow.NewNode("use", workflow.AgentData{Provider: "openai", Model: "gpt-4o", Prompt: "x",
+	_, err = workflow.NewNode("use", workflow.AgentData{Provider: "openai", Model: workflow.ModelOf("gpt-4o"), Prompt: "x",
 		Tools: []workflow.AgentTool{{Name: "t", Parameters: json.RawMessage(`{not json`)}}})
 	require.ErrorContains(t, err, `node "use"`)
 }

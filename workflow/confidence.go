@@ -89,15 +89,18 @@ var noLogprobs = map[string]bool{"anthropic": true}
 
 // checkConfidence reports the problems of a node's confidence gate that the
 // schema cannot see.
-func checkConfidence(n *Node, provider string, retry *RetryPolicy, ps *problems) {
+func checkConfidence(n *Node, providers []string, retry *RetryPolicy, ps *problems) {
 	g := n.Confidence()
 	if g == nil {
 		return
 	}
 	switch g.Source {
 	case ConfidenceLogprobs:
-		if noLogprobs[provider] {
-			ps.node(n.ID, "data.confidence.source", `provider %q returns no log probabilities: use "field" or "judge"`, provider)
+		for _, provider := range providers {
+			if noLogprobs[provider] {
+				ps.node(n.ID, "data.confidence.source", `provider %q returns no log probabilities: use "field" or "judge"`, provider)
+				break
+			}
 		}
 	case ConfidenceField:
 		if g.Field == "" {

@@ -36,8 +36,15 @@
 //
 //   - ai-step: one LLM call. data: provider and model (required), prompt or
 //     messages (at least one; each message has a role of system, user or
-//     assistant and a content), system, maxTokens, temperature (0 to 2),
-//     timeoutMs, retry. prompt, system and message contents are templates.
+//     assistant and a content, and a user message may carry images: url, or
+//     blob and mediaType), system, maxTokens, temperature (0 to 2),
+//     timeoutMs, retry, responseSchema. prompt, system, message contents
+//     and image urls and blobs are templates. model may be a fallback list
+//     of "provider/model" names (then provider is left out): the step moves
+//     to the next once its retry policy is spent on one, or at once on an
+//     outage. With responseSchema (a JSON Schema) the answer must be JSON
+//     that matches it, else the attempt fails (class llm); its parsed value
+//     is steps.<id>.output.json.
 //
 //   - tool: a Go function registered on the worker under data.tool, or a
 //     built-in tool: "http" (one HTTP request), "echo" (returns its input)
@@ -97,10 +104,12 @@
 //   - agent: an LLM tool-use loop. data: provider, model, prompt (required),
 //     system, tools ([{"name","description","parameters"}], implemented by
 //     Go functions registered on the worker under those names), maxTurns
-//     (default 10), maxTokens, temperature, timeoutMs, retry. Each model
-//     turn and each tool call is a step: ask.turn[0], ask.turn[0].tool[0].
-//     The output is {"text", "turns"}. data.parallelToolCalls (default
-//     true) runs one turn's tool calls at once; the next turn lists their
+//     (default 10), maxTokens, temperature, timeoutMs, retry,
+//     responseSchema (the final answer's; its value is output.json). model
+//     may be a fallback list as for an ai-step. Each model turn and each
+//     tool call is a step: ask.turn[0], ask.turn[0].tool[0]. The output is
+//     {"text", "turns", "json"?}. data.parallelToolCalls (default true)
+//     runs one turn's tool calls at once; the next turn lists their
 //     results in the model's order.
 //
 //   - process: a program the worker runs in a sandbox (package

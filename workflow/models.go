@@ -6,7 +6,8 @@ import (
 )
 
 // Models lists the models w names, in lower case, sorted, each once: the
-// model of every ai-step and agent and of their confidence judges, in w
+// model (every model of a fallback list) of every ai-step and agent and of
+// their confidence judges, in w
 // and in the workflows nested in it (loop bodies, subagents). A model is
 // never a template, so this is every model a run of w can call.
 func (w *Workflow) Models() []string {
@@ -31,11 +32,15 @@ func (w *Workflow) models(seen map[string]bool) {
 		switch n.Type {
 		case TypeAIStep:
 			if d, err := n.AIStep(); err == nil {
-				add(d.Model)
+				for _, c := range d.Model.Choices(d.Provider) {
+					add(c.Model)
+				}
 			}
 		case TypeAgent:
 			if d, err := n.Agent(); err == nil {
-				add(d.Model)
+				for _, c := range d.Model.Choices(d.Provider) {
+					add(c.Model)
+				}
 			}
 		case TypeLoop, TypeSubagent:
 			if sub, ok := w.Sub(n.ID); ok {

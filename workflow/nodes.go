@@ -81,8 +81,9 @@ type AgentTool struct {
 
 // AgentData is the data of an agent node: an LLM tool-use loop.
 type AgentData struct {
-	Provider    string       `json:"provider"`
-	Model       string       `json:"model"`
+	// Provider is required with one Model, absent with a fallback list.
+	Provider    string       `json:"provider,omitempty"`
+	Model       Model        `json:"model"`
 	Prompt      string       `json:"prompt"`
 	System      string       `json:"system,omitempty"`
 	Tools       []AgentTool  `json:"tools,omitempty"`
@@ -96,6 +97,9 @@ type AgentData struct {
 	// ParallelToolCalls runs the tool calls of one turn together (nil:
 	// true); the next turn lists their results in the model's order.
 	ParallelToolCalls *bool `json:"parallelToolCalls,omitempty"`
+	// ResponseSchema, when set, is the JSON Schema the final answer must
+	// match (each turn is asked for it).
+	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
 }
 
 // DefaultMaxTurns bounds an agent that sets no maxTurns.
@@ -283,7 +287,7 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			}
 			seen[t.Name] = true
 		}
-		checkConfidence(n, d.Provider, d.Retry, ps)
+		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
 	}
 }
 

@@ -362,9 +362,11 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 		tmpl("data.prompt", d.Prompt)
 		tmpl("data.system", d.System)
 		for i, m := range d.Messages {
-			tmpl(fmt.Sprintf("data.messages[%d].content", i), m.Content)
+			field := fmt.Sprintf("data.messages[%d]", i)
+			tmpl(field+".content", m.Content)
+			checkImages(n, field, m, tmpl, ps)
 		}
-		checkConfidence(n, d.Provider, d.Retry, ps)
+		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
 	case TypeTool:
 		d, err := n.Tool()
 		if err != nil {

@@ -190,7 +190,7 @@ func TestTypedAccessors(t *testing.T) {
 	ai, err := n.AIStep()
 	require.NoError(t, err)
 	require.Equal(t, "openai", ai.Provider)
-	require.Equal(t, "gpt-4o-mini", ai.Model)
+	require.Equal(t, workflow.ModelOf("gpt-4o-mini"), ai.Model)
 	require.Equal(t, []workflow.Message{{Role: "user", Content: "Label: {{ input.ticket.body }}"}}, ai.Messages)
 	require.Equal(t, 64, ai.MaxTokens)
 	require.NotNil(t, ai.Temperature)

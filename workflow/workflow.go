@@ -132,17 +132,20 @@ func (p *RetryPolicy) Backoff() time.Duration {
 	return time.Duration(p.BackoffMs) * time.Millisecond
 }
 
-// Message is one chat message of an ai-step; Content is a template.
+// Message is one chat message of an ai-step; Content is a template. A user
+// message may carry images.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string      `json:"role"`
+	Content string      `json:"content"`
+	Images  []ImagePart `json:"images,omitempty"`
 }
 
 // AIStepData is the data of an ai-step node: one LLM call. Prompt, System
 // and message contents are templates.
 type AIStepData struct {
-	Provider    string       `json:"provider"`
-	Model       string       `json:"model"`
+	// Provider is required with one Model, absent with a fallback list.
+	Provider    string       `json:"provider,omitempty"`
+	Model       Model        `json:"model"`
 	Prompt      string       `json:"prompt,omitempty"`
 	System      string       `json:"system,omitempty"`
 	Messages    []Message    `json:"messages,omitempty"`
@@ -152,6 +155,10 @@ type AIStepData struct {
 	Retry       *RetryPolicy `json:"retry,omitempty"`
 	// Confidence gates the answer (Node.Confidence).
 	Confidence *ConfidenceGate `json:"confidence,omitempty"`
+	// ResponseSchema, when set, is the JSON Schema the answer must match:
+	// sent to the provider natively, checked, and its parsed value is
+	// steps.<id>.output.json.
+	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
 }
 
 // ToolData is the data of a tool node: a Go function registered on the

@@ -13,10 +13,6 @@ const (
 	ClientAccount = "PAL_CLIENTS"
 )
 
-// DeltasPrefix is the live feed of streamed tokens, pal.deltas.<run_id>.…,
-// exported to clients beside pal.watch.*.
-const DeltasPrefix = "pal.deltas."
-
 // Link is one subject PAL's account exports and the client account
 // imports. Across a service import the server gives each request a reply
 // subject of its own (_R_.…) that leads back only to the importing
@@ -40,8 +36,10 @@ type Link struct {
 }
 
 // readStreams are the streams clients read: stream info, message get and
-// Direct Get.
-var readStreams = []string{eventstore.EventsStream, leaseStream, receiptStream, blobStream, workflowStream}
+// Direct Get. PAL_DELTAS: a watch that begins mid-step reads the text so
+// far there (eventstore.Store.WatchDeltas).
+var readStreams = []string{eventstore.EventsStream, leaseStream, receiptStream, blobStream, workflowStream,
+	eventstore.DeltasStream}
 
 // consumeStreams are the streams clients may consume, with consumers of
 // their own made through PAL's guard (Guard): nats sub --stream PAL_EVENTS,
@@ -88,14 +86,16 @@ func Links() []Link {
 		// _PAL_INBOX, which stays in PAL's account.
 		Link{Subject: inbox, Stream: true},
 		Link{Subject: eventstore.WatchPrefix + "*", Stream: true},
-		Link{Subject: DeltasPrefix + ">", Stream: true},
+		// LLM steps' text as it streams (eventstore.DeltaSubject).
+		Link{Subject: eventstore.DeltaPrefix + "*", Stream: true},
 		Link{Subject: eventstore.RejectedSubject, Stream: true},
 	)
 }
 
 // UserPermissions is what u may do in the client account, from its
 // scopes: read renders the journal, leases, receipts, big values, the
-// deployed workflows, the live feeds, pal.api.runs.get and
+// deployed workflows, the deltas PAL_DELTAS keeps, the live feeds
+// (pal.watch.*, pal.deltas.*), pal.api.runs.get and
 // pal.api.workflows.get and list; deploy renders
 // pal.api.workflows.deploy; each command's scope renders the
 // command on the service (pal.api.runs.<kind>) and as a durable command
@@ -111,7 +111,7 @@ func UserPermissions(u User) Permissions {
 			pub = append(pub, ordered(s)...)
 			pub = append(pub, jsAPI+"CONSUMER.CREATE."+s) // the legacy ephemeral create
 		}
-		sub = append(sub, eventstore.WatchPrefix+"*", DeltasPrefix+">", eventstore.RejectedSubject)
+		sub = append(sub, eventstore.WatchPrefix+"*", eventstore.DeltaPrefix+"*", eventstore.RejectedSubject)
 		pub = append(pub, workflowsPrefix+"get", workflowsPrefix+"list")
 	}
 	if u.Scopes.Has(ScopeDeploy) {

@@ -6,16 +6,18 @@
 // each as its role:
 //
 //   - worker: writes the journal, drives runs (work, timers, leases), signs
-//     run receipts (PAL_RECEIPTS, create only: one key per run), runs
-//     the command processor and answers the NATS service; it also creates
-//     PAL's streams and its durable consumers (eventstore.Setup). It
-//     watches journals too: pal dev's dev.env gives the pal commands run
-//     beside it (pal run watch, start --wait) the worker's seed.
+//     run receipts (PAL_RECEIPTS, create only: one key per run), publishes
+//     LLM steps' text as it streams (pal.deltas.*, kept in PAL_DELTAS),
+//     runs the command processor and answers the NATS service; it also
+//     creates PAL's streams and its durable consumers (eventstore.Setup).
+//     It watches journals and deltas too: pal dev's dev.env gives the pal
+//     commands run beside it (pal run watch, start --wait) the worker's
+//     seed.
 //   - projector: reads the journal through its durable consumer and writes
 //     dead letters; with PAL_RETENTION it purges finished runs' journals.
 //   - api: what pal server needs: appends inputs (run_created,
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
-//     answers the NATS service, reads and watches journals.
+//     answers the NATS service, reads and watches journals and deltas.
 //   - admin: everything in PAL's account, bar reading _INBOX (what crosses
 //     to the clients): an operator's tools use PAL's Inbox.
 //
@@ -23,7 +25,9 @@
 // with Scopes. That account has no JetStream of its own and imports only
 // Links: durable commands under the user's own name, the NATS service
 // (which learns the user from the server's Nats-Request-Info), reading
-// the journal, leases, receipts and big values, and the live feeds.
+// the journal, leases, receipts, big values and the deltas PAL_DELTAS
+// keeps, and the live feeds (pal.watch.*, pal.deltas.*). No client may
+// publish a delta: the deltas cross one way, as a stream import.
 // Across a service import the server answers on a reply subject of its
 // own that leads back to the client account, so no responder in PAL's
 // account (the JetStream API, a stream's Direct Get, the service, the
@@ -139,7 +143,7 @@ func For(role Role) Permissions {
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
 	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
-	eventstore.BlobRefsStream, workflowStream}
+	eventstore.BlobRefsStream, workflowStream, eventstore.DeltasStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -217,6 +221,9 @@ func worker() Permissions {
 		// probes (to their _PAL_INBOX), and deleting a departed peer's
 		// work message to requeue its run.
 		eventstore.PresencePrefix + "*", palInbox, jsAPI + "STREAM.MSG.DELETE." + eventstore.WorkStream,
+		// LLM steps' text as it streams (PAL_DELTAS, read with the
+		// other streams below).
+		eventstore.DeltaPrefix + "*",
 	}
 	for _, s := range palStreams {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
@@ -253,7 +260,7 @@ func worker() Permissions {
 		// (eventstore.Store.Watch). The worker writes the journal, so
 		// reading its copies grants it nothing new.
 		SubAllow: append([]string{inbox, palInbox, eventstore.CancelPrefix + "*", eventstore.PresencePrefix + "*",
-			eventstore.WatchPrefix + "*"}, serviceSub...),
+			eventstore.WatchPrefix + "*", eventstore.DeltaPrefix + "*"}, serviceSub...),
 	}
 }
 
@@ -289,7 +296,8 @@ func api() Permissions {
 		// Starts index their run, ends (a cancel) remove it (PAL_INFLIGHT).
 		inflightPrefix + ">",
 	}
-	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream)...)
+	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream,
+		eventstore.DeltasStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	// GET /v1/runs/{id} shows big values; a start's big input and a
@@ -306,8 +314,9 @@ func api() Permissions {
 		PubAllow: pub,
 		PubDeny:  projectorNames(),
 		// pal.watch.*: watches (the REST event feeds) take the journal's
-		// republished copies there.
-		SubAllow: append([]string{inbox, palInbox, eventstore.WatchPrefix + "*"}, serviceSub...),
+		// republished copies there; pal.deltas.*: LLM steps' text as it
+		// streams (the feeds with deltas).
+		SubAllow: append([]string{inbox, palInbox, eventstore.WatchPrefix + "*", eventstore.DeltaPrefix + "*"}, serviceSub...),
 	}
 }
 

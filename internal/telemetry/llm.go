@@ -36,7 +36,12 @@ type LLMResult struct {
 	FinishReason string
 	InputTokens  int64
 	OutputTokens int64
-	CostUSD      float64
+	// CacheReadTokens and CacheWriteTokens are parts of InputTokens,
+	// ReasoningTokens a part of OutputTokens.
+	CacheReadTokens  int64
+	CacheWriteTokens int64
+	ReasoningTokens  int64
+	CostUSD          float64
 }
 
 // End ends the call: err is the provider's failure, nil on success.
@@ -55,6 +60,12 @@ func (c *LLMCall) End(res LLMResult, err error) {
 	providerCalls.WithLabelValues(provider, model, "ok").Inc()
 	providerTokens.WithLabelValues(provider, model, "input").Add(float64(res.InputTokens))
 	providerTokens.WithLabelValues(provider, model, "output").Add(float64(res.OutputTokens))
+	for direction, n := range map[string]int64{"cache_read": res.CacheReadTokens, "cache_write": res.CacheWriteTokens,
+		"reasoning": res.ReasoningTokens} {
+		if n > 0 {
+			providerTokens.WithLabelValues(provider, model, direction).Add(float64(n))
+		}
+	}
 	providerCost.WithLabelValues(provider, model).Add(res.CostUSD)
 	attrs := []attribute.KeyValue{
 		attribute.Int64("gen_ai.usage.input_tokens", res.InputTokens),

@@ -56,7 +56,7 @@ var (
 		Name: "pal_provider_call_duration_seconds", Help: "Latency of LLM provider calls, by provider and model.", Buckets: durations},
 		[]string{"provider", "model"})
 	providerTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pal_provider_tokens_total", Help: "Tokens of LLM provider calls, by provider, model and direction (input, output)."},
+		Name: "pal_provider_tokens_total", Help: "Tokens of LLM provider calls, by provider, model and direction: input (all of it) and output, and the parts of them cache_read and cache_write (input read from and written to the prompt cache) and reasoning (output spent thinking)."},
 		[]string{"provider", "model", "direction"})
 	providerCost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pal_provider_cost_usd_total", Help: "Estimated cost of LLM provider calls in USD at the run's journaled prices, by provider and model."},

@@ -8,10 +8,16 @@
 //
 // The SDK speaks API version 2026-10-21, which refuses sampling parameters:
 // Request.Temperature is not sent.
+//
+// Every call streams: text and thinking deltas reach the sink as they
+// arrive, and the events are accumulated into the same answer a call
+// without streaming gives. Request.ResponseSchema is sent as
+// output_config.format (json_schema), the API's structured outputs.
 package anthropic
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,16 +88,20 @@ func FromEnv() *Provider {
 // Name returns "anthropic".
 func (p *Provider) Name() string { return Name }
 
-// Complete sends req once. Failures are *provider.Error values (see
-// provider.Classify); a request that cannot be expressed (no idempotency
-// key, an unknown role, a tool schema that is not a JSON object) fails with
-// a permanent *provider.Error before anything is sent.
+// Complete sends req once, streaming, and hands the answer's text and
+// thinking to sink as they arrive. Failures are *provider.Error values
+// (see provider.Classify); a request that cannot be expressed (no
+// idempotency key, an unknown role, a tool schema that is not a JSON
+// object) fails with a permanent *provider.Error before anything is sent.
+// A stream cut after it began (or an error event in it) is Retryable and
+// Unknown: the provider did (some of) the work.
 //
 // System messages among req.Messages are added to the system prompt; tool
 // messages become tool_result blocks of a user turn, and consecutive
 // messages of one turn are merged, as the API requires. Usage.InputTokens
-// counts cached input too (input + cache writes + cache reads).
-func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provider.Response, error) {
+// counts cached input too (input + cache writes + cache reads), which
+// CacheWriteTokens and CacheReadTokens name apart.
+func (p *Provider) Complete(ctx context.Context, req provider.Request, sink provider.Sink) (*provider.Response, error) {
 	if req.Logprobs {
 		// The Messages API has no log probabilities.
 		return nil, &provider.Error{Provider: Name, Err: provider.ErrNoLogprobs}
@@ -101,11 +111,28 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provide
 		return nil, &provider.Error{Provider: Name, Err: err}
 	}
 	var attempt provider.Attempt
-	out, err := p.messages.New(ctx, params,
+	stream := p.messages.NewStreaming(ctx, params,
 		option.WithHeader("Idempotency-Key", req.IdempotencyKey),
 		option.WithMiddleware(attempt.Middleware),
 	)
-	if err != nil {
+	defer stream.Close()
+	var out anthropic.Message
+	n := 0
+	for stream.Next() {
+		ev := stream.Current()
+		if err := out.Accumulate(ev); err != nil {
+			return nil, attempt.Error(Name, 0, fmt.Errorf("streamed answer: %w", err))
+		}
+		if ev.Type == "content_block_delta" {
+			switch ev.Delta.Type {
+			case "text_delta":
+				sink.Emit(&n, provider.DeltaText, ev.Delta.Text)
+			case "thinking_delta":
+				sink.Emit(&n, provider.DeltaReasoning, ev.Delta.Thinking)
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
 		var apiErr *anthropic.Error
 		var resp *http.Response
 		if errors.As(err, &apiErr) {
@@ -116,7 +143,13 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provide
 		}
 		return nil, attempt.ResponseError(Name, resp, err)
 	}
-	return toResponse(out), nil
+	if out.ID == "" {
+		// The provider answered, but no message began: another attempt
+		// (with a new key) may do better.
+		return nil, &provider.Error{Provider: Name, Status: http.StatusOK, Retryable: true,
+			Err: errors.New("the streamed answer has no message_start")}
+	}
+	return toResponse(&out), nil
 }
 
 func buildParams(req provider.Request) (anthropic.MessageNewParams, error) {
@@ -142,7 +175,16 @@ func buildParams(req provider.Request) (anthropic.MessageNewParams, error) {
 			continue
 		case provider.RoleUser:
 			user = true
-			blocks = append(blocks, anthropic.NewTextBlock(m.Content))
+			if m.Content != "" || len(m.Images) == 0 {
+				blocks = append(blocks, anthropic.NewTextBlock(m.Content))
+			}
+			for j, img := range m.Images {
+				b, err := imageBlock(img)
+				if err != nil {
+					return params, fmt.Errorf("message %d: image %d: %w", i, j, err)
+				}
+				blocks = append(blocks, b)
+			}
 		case provider.RoleTool:
 			if m.ToolCallID == "" {
 				return params, fmt.Errorf("message %d: tool message has no tool_call_id", i)
@@ -182,7 +224,28 @@ func buildParams(req provider.Request) (anthropic.MessageNewParams, error) {
 		}
 		params.Tools = append(params.Tools, anthropic.ToolUnionParam{OfTool: &tool})
 	}
+	if len(req.ResponseSchema) > 0 {
+		var schema map[string]any
+		if err := json.Unmarshal(req.ResponseSchema, &schema); err != nil {
+			return params, fmt.Errorf("response schema is not a JSON object: %w", err)
+		}
+		params.OutputConfig.Format = anthropic.JSONOutputFormatParam{Schema: schema}
+	}
 	return params, nil
+}
+
+// imageBlock is img as an image block: its URL, or its bytes in base64.
+func imageBlock(img provider.Image) (anthropic.ContentBlockParamUnion, error) {
+	switch {
+	case img.URL != "":
+		return anthropic.NewImageBlock(anthropic.URLImageSourceParam{URL: img.URL}), nil
+	case len(img.Data) > 0:
+		if img.MediaType == "" {
+			return anthropic.ContentBlockParamUnion{}, errors.New("image bytes have no media type")
+		}
+		return anthropic.NewImageBlockBase64(img.MediaType, base64.StdEncoding.EncodeToString(img.Data)), nil
+	}
+	return anthropic.ContentBlockParamUnion{}, errors.New("image has neither a URL nor bytes")
 }
 
 // appendTurn adds blocks to the conversation, merging them into the last
@@ -241,8 +304,11 @@ func toResponse(out *anthropic.Message) *provider.Response {
 		Model:        string(out.Model),
 		FinishReason: string(out.StopReason),
 		Usage: provider.Usage{
-			InputTokens:  out.Usage.InputTokens + out.Usage.CacheCreationInputTokens + out.Usage.CacheReadInputTokens,
-			OutputTokens: out.Usage.OutputTokens,
+			InputTokens:      out.Usage.InputTokens + out.Usage.CacheCreationInputTokens + out.Usage.CacheReadInputTokens,
+			OutputTokens:     out.Usage.OutputTokens,
+			CacheReadTokens:  out.Usage.CacheReadInputTokens,
+			CacheWriteTokens: out.Usage.CacheCreationInputTokens,
+			ReasoningTokens:  out.Usage.OutputTokensDetails.ThinkingTokens,
 		},
 	}
 	var text strings.Builder

@@ -5,10 +5,17 @@
 // is kept from resending a request that was already written (see
 // provider.Attempt). PAL journals its own retries. Each call carries the
 // request's idempotency key in the Idempotency-Key header.
+//
+// Every call streams (stream: true, with the usage in the last chunk): the
+// answer's text reaches the sink as it arrives, and the chunks are
+// accumulated into the same answer a call without streaming gives.
+// Reasoning text that a compatible server streams (reasoning_content or
+// reasoning beside content) is handed over as reasoning deltas.
 package openai
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,23 +82,43 @@ func FromEnv() *Provider {
 // Name returns "openai".
 func (p *Provider) Name() string { return Name }
 
-// Complete sends req once. Failures are *provider.Error values (see
+// Complete sends req once, streaming, and hands the answer's text to sink
+// as it arrives. Failures are *provider.Error values (see
 // provider.Classify); a request that cannot be expressed (no idempotency
 // key, an unknown role, a tool schema that is not a JSON object) fails with
-// a permanent *provider.Error before anything is sent.
+// a permanent *provider.Error before anything is sent. A stream cut after
+// it began is Retryable and Unknown: the provider did (some of) the work.
 //
-// MaxTokens is sent as max_completion_tokens, the field current models take.
-func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provider.Response, error) {
+// MaxTokens is sent as max_completion_tokens, the field current models
+// take; ResponseSchema as response_format json_schema, strict.
+func (p *Provider) Complete(ctx context.Context, req provider.Request, sink provider.Sink) (*provider.Response, error) {
 	params, err := buildParams(req)
 	if err != nil {
 		return nil, &provider.Error{Provider: Name, Err: err}
 	}
+	params.StreamOptions.IncludeUsage = param.NewOpt(true)
 	var attempt provider.Attempt
-	out, err := p.completions.New(ctx, params,
+	stream := p.completions.NewStreaming(ctx, params,
 		option.WithHeader("Idempotency-Key", req.IdempotencyKey),
 		option.WithMiddleware(attempt.Middleware),
 	)
-	if err != nil {
+	defer stream.Close()
+	var acc openai.ChatCompletionAccumulator
+	n := 0
+	for stream.Next() {
+		chunk := stream.Current()
+		if !acc.AddChunk(chunk) {
+			return nil, attempt.Error(Name, 0, fmt.Errorf("answer %s: a streamed chunk does not follow the ones before it", chunk.ID))
+		}
+		for _, c := range chunk.Choices {
+			if c.Index != 0 {
+				continue
+			}
+			sink.Emit(&n, provider.DeltaReasoning, reasoningOf(c.Delta))
+			sink.Emit(&n, provider.DeltaText, c.Delta.Content)
+		}
+	}
+	if err := stream.Err(); err != nil {
 		var apiErr *openai.Error
 		var resp *http.Response
 		if errors.As(err, &apiErr) {
@@ -102,7 +129,23 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request) (*provide
 		}
 		return nil, attempt.ResponseError(Name, resp, err)
 	}
-	return toResponse(out)
+	return toResponse(&acc.ChatCompletion)
+}
+
+// reasoningOf is the thinking text an OpenAI-compatible server streams
+// beside the content (reasoning_content, or reasoning), "" when none.
+func reasoningOf(d openai.ChatCompletionChunkChoiceDelta) string {
+	for _, name := range []string{"reasoning_content", "reasoning"} {
+		f, ok := d.JSON.ExtraFields[name]
+		if !ok {
+			continue
+		}
+		var s string
+		if json.Unmarshal([]byte(f.Raw()), &s) == nil && s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 func buildParams(req provider.Request) (openai.ChatCompletionNewParams, error) {
@@ -142,6 +185,15 @@ func buildParams(req provider.Request) (openai.ChatCompletionNewParams, error) {
 	if req.Logprobs {
 		params.Logprobs = param.NewOpt(true)
 	}
+	if len(req.ResponseSchema) > 0 {
+		var schema map[string]any
+		if err := json.Unmarshal(req.ResponseSchema, &schema); err != nil {
+			return params, fmt.Errorf("response schema is not a JSON object: %w", err)
+		}
+		params.ResponseFormat.OfJSONSchema = &shared.ResponseFormatJSONSchemaParam{
+			JSONSchema: shared.ResponseFormatJSONSchemaJSONSchemaParam{
+				Name: "response", Strict: param.NewOpt(true), Schema: schema}}
+	}
 	return params, nil
 }
 
@@ -150,7 +202,21 @@ func toMessage(m provider.Message) (openai.ChatCompletionMessageParamUnion, erro
 	case provider.RoleSystem:
 		return openai.SystemMessage(m.Content), nil
 	case provider.RoleUser:
-		return openai.UserMessage(m.Content), nil
+		if len(m.Images) == 0 {
+			return openai.UserMessage(m.Content), nil
+		}
+		parts := []openai.ChatCompletionContentPartUnionParam{}
+		if m.Content != "" {
+			parts = append(parts, openai.TextContentPart(m.Content))
+		}
+		for i, img := range m.Images {
+			url, err := imageURL(img)
+			if err != nil {
+				return openai.ChatCompletionMessageParamUnion{}, fmt.Errorf("image %d: %w", i, err)
+			}
+			parts = append(parts, openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: url}))
+		}
+		return openai.UserMessage(parts), nil
 	case provider.RoleTool:
 		if m.ToolCallID == "" {
 			return openai.ChatCompletionMessageParamUnion{}, errors.New("tool message has no tool_call_id")
@@ -181,6 +247,21 @@ func toMessage(m provider.Message) (openai.ChatCompletionMessageParamUnion, erro
 	return openai.ChatCompletionMessageParamUnion{}, fmt.Errorf("unknown role %q (want one of system, user, assistant, tool)", m.Role)
 }
 
+// imageURL is img as the API takes it: its URL, or its bytes as a data:
+// URL.
+func imageURL(img provider.Image) (string, error) {
+	switch {
+	case img.URL != "":
+		return img.URL, nil
+	case len(img.Data) > 0:
+		if img.MediaType == "" {
+			return "", errors.New("image bytes have no media type")
+		}
+		return "data:" + img.MediaType + ";base64," + base64.StdEncoding.EncodeToString(img.Data), nil
+	}
+	return "", errors.New("image has neither a URL nor bytes")
+}
+
 func toResponse(out *openai.ChatCompletion) (*provider.Response, error) {
 	if len(out.Choices) == 0 {
 		// The provider answered, so the outcome is known; another attempt
@@ -195,8 +276,10 @@ func toResponse(out *openai.ChatCompletion) (*provider.Response, error) {
 		Text:         choice.Message.Content,
 		FinishReason: choice.FinishReason,
 		Usage: provider.Usage{
-			InputTokens:  out.Usage.PromptTokens,
-			OutputTokens: out.Usage.CompletionTokens,
+			InputTokens:     out.Usage.PromptTokens,
+			OutputTokens:    out.Usage.CompletionTokens,
+			CacheReadTokens: out.Usage.PromptTokensDetails.CachedTokens,
+			ReasoningTokens: out.Usage.CompletionTokensDetails.ReasoningTokens,
 		},
 	}
 	for _, lp := range choice.Logprobs.Content {

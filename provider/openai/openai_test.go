@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -24,6 +25,19 @@ func TestMain(m *testing.M) {
 // provider; these tests cover what is particular to the Chat Completions
 // wire format.
 
+// sse serves every request with a stream of the chunks, then [DONE].
+func sse(t *testing.T, chunks ...string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, c := range chunks {
+			_, _ = io.WriteString(w, "data: "+strings.Join(strings.Fields(c), " ")+"\n\n")
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func TestRequestBody(t *testing.T) {
 	srv := providertest.NewServer(t)
 	p := openai.New(openai.Config{APIKey: "sk-test", BaseURL: srv.OpenAIBaseURL()})
@@ -41,12 +55,14 @@ func TestRequestBody(t *testing.T) {
 			{Role: provider.RoleAssistant, Content: "let me look", ToolCalls: []provider.ToolCall{{ID: "c1", Name: "lookup", Arguments: json.RawMessage(`{"q":"x"}`)}}},
 			{Role: provider.RoleTool, ToolCallID: "c1", Content: "found"},
 		},
-	})
+	}, nil)
 	require.NoError(t, err)
 	call := srv.Calls()[0]
 	require.Equal(t, "Bearer sk-test", call.Header.Get("Authorization"))
 	require.JSONEq(t, `{
 		"model": "gpt-4o-mini",
+		"stream": true,
+		"stream_options": {"include_usage": true},
 		"max_completion_tokens": 64,
 		"temperature": 0.25,
 		"messages": [
@@ -64,18 +80,16 @@ func TestRequestBody(t *testing.T) {
 func TestInvalidToolArgumentsStayJSON(t *testing.T) {
 	// Models can emit tool arguments that are not JSON; the response must
 	// still encode, so they are kept as a JSON string.
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m",
-			"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,
-			"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}},
-			              {"id":"c2","type":"function","function":{"name":"g","arguments":""}}]}}],
+	srv := sse(t,
+		`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant",
+			"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}},
+			              {"index":1,"id":"c2","type":"function","function":{"name":"g","arguments":""}}]}}]}`,
+		`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+		`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[],
 			"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)
-	}))
-	defer srv.Close()
 	p := openai.New(openai.Config{BaseURL: srv.URL})
 	resp, err := p.Complete(context.Background(), provider.Request{Model: "m", IdempotencyKey: "k",
-		Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}})
+		Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}}, nil)
 	require.NoError(t, err)
 	require.Len(t, resp.ToolCalls, 2)
 	require.JSONEq(t, `"{not json"`, string(resp.ToolCalls[0].Arguments))
@@ -85,14 +99,10 @@ func TestInvalidToolArgumentsStayJSON(t *testing.T) {
 }
 
 func TestNoChoicesIsRetryable(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[]}`)
-	}))
-	defer srv.Close()
+	srv := sse(t, `{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}`)
 	p := openai.New(openai.Config{BaseURL: srv.URL})
 	_, err := p.Complete(context.Background(), provider.Request{Model: "m", IdempotencyKey: "k",
-		Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}})
+		Messages: []provider.Message{{Role: provider.RoleUser, Content: "go"}}}, nil)
 	var pe *provider.Error
 	require.ErrorAs(t, err, &pe)
 	require.True(t, pe.Retryable)
@@ -108,7 +118,7 @@ func TestRefusedBeforeSending(t *testing.T) {
 		"parameters": {Model: "m", IdempotencyKey: "k", Tools: []provider.Tool{{Name: "f", Parameters: json.RawMessage(`[1]`)}}},
 		"key":        {Model: "m", Messages: []provider.Message{{Role: provider.RoleUser, Content: "x"}}},
 	} {
-		_, err := p.Complete(context.Background(), req)
+		_, err := p.Complete(context.Background(), req, nil)
 		var pe *provider.Error
 		require.ErrorAs(t, err, &pe, name)
 		require.False(t, pe.Retryable, name)
@@ -124,7 +134,7 @@ func TestFromEnv(t *testing.T) {
 	p := openai.FromEnv()
 	require.Equal(t, "openai", p.Name())
 	resp, err := p.Complete(context.Background(), provider.Request{Model: "m", IdempotencyKey: "k",
-		Messages: []provider.Message{{Role: provider.RoleUser, Content: "env"}}})
+		Messages: []provider.Message{{Role: provider.RoleUser, Content: "env"}}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "echo: env", resp.Text)
 	require.Equal(t, "Bearer from-env", srv.Calls()[0].Header.Get("Authorization"))
@@ -136,7 +146,7 @@ func TestNoKeyNoCredential(t *testing.T) {
 	srv := providertest.NewServer(t)
 	p := openai.New(openai.Config{BaseURL: srv.OpenAIBaseURL()})
 	_, err := p.Complete(context.Background(), provider.Request{Model: "m", IdempotencyKey: "k",
-		Messages: []provider.Message{{Role: provider.RoleUser, Content: "x"}}})
+		Messages: []provider.Message{{Role: provider.RoleUser, Content: "x"}}}, nil)
 	require.NoError(t, err)
 	require.Empty(t, srv.Calls()[0].Header.Get("Authorization"))
 }

@@ -17,6 +17,10 @@ var ErrReleased = errors.New("providertest: hold released")
 type Hold struct {
 	s     *Server
 	match func(Call) bool
+	// after, when > 0, holds a streamed answer once that many deltas are
+	// out (HoldAfter); a request that is not streamed is held before it
+	// is answered.
+	after int
 
 	mu       sync.Mutex
 	queue    []Call        // arrivals not yet reported by Wait
@@ -30,12 +34,23 @@ type Hold struct {
 // that the client abandons gets no answer. A request that matches several
 // holds waits for all of them. match is called with the server's lock held:
 // it must not call the Server's methods.
-func (s *Server) Hold(match func(Call) bool) *Hold {
-	h := &Hold{s: s, match: match, notify: make(chan struct{}), released: make(chan struct{})}
+func (s *Server) Hold(match func(Call) bool) *Hold { return s.addHold(match, 0) }
+
+func (s *Server) addHold(match func(Call) bool, after int) *Hold {
+	h := &Hold{s: s, match: match, after: after, notify: make(chan struct{}), released: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.holds = append(s.holds, h)
 	return h
+}
+
+// HoldAfter is Hold for a streamed answer's middle: a matching request
+// that asked for a stream gets its first deltas deltas (words of text or
+// thinking), then waits, its connection open, until the hold is released
+// (then the stream goes on), the client goes away or the server closes.
+// Wait reports the request when it stops there. deltas ≤ 0 is Hold.
+func (s *Server) HoldAfter(match func(Call) bool, deltas int) *Hold {
+	return s.addHold(match, max(deltas, 0))
 }
 
 // Wait returns the next matching request that arrived and has not been

@@ -2,7 +2,9 @@
 // `pal dev` demo: an HTTP server on 127.0.0.1 that speaks both the OpenAI
 // Chat Completions wire format (POST /v1/chat/completions) and the Anthropic
 // Messages wire format (POST /v1/messages), well enough for the official
-// SDKs to parse its answers, tool calls included.
+// SDKs to parse its answers, tool calls included. A request with "stream":
+// true is answered with server-sent events as each API streams them, a
+// delta per word, SetPace apart (PAL's providers always stream).
 //
 // Invariant: every request is recorded, with its idempotency key, before it
 // is held, failed, dropped or answered, so that tests can assert that a key
@@ -11,12 +13,14 @@
 // It can misbehave on cue: hold requests until released (Hold), answer with
 // an HTTP error (FailNext, FailNextWithHeader), rate-limit with 429 and
 // Retry-After (RateLimit), cut the connection without answering (Drop),
-// answer slowly (SetLatency) and replay the first answer for a repeated
-// idempotency key (Dedup), like a provider that honours keys. MaxConcurrent
-// observes how many requests it handled at once, InFlight how many it is
-// handling now, Answered and Abandoned which were answered and which
-// their client gave up on (a cancelled call); Reply.Logprobs scripts
-// token log probabilities.
+// answer slowly (SetLatency), stop a streamed answer midway until released
+// (HoldAfter) and replay the first answer for a repeated idempotency key
+// (Dedup), like a provider that honours keys. MaxConcurrent observes how
+// many requests it handled at once, InFlight how many it is handling now,
+// Answered and Abandoned which were answered and which their client gave
+// up on (a cancelled call, or a stream its client left midway);
+// Reply.Logprobs scripts token log probabilities, Reply.Reasoning thinking
+// text, and the Reply's token counts the usage, cached input included.
 //
 // The default answer is deterministic: "echo: " followed by the last user
 // message, with token counts taken from word counts. SetResponder scripts
@@ -27,7 +31,7 @@
 package providertest
 
 import (
-	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -66,9 +70,21 @@ type Call struct {
 	Tools []string
 	// Logprobs: the request asked for token log probabilities (OpenAI).
 	Logprobs bool
-	Body     []byte
-	Header   http.Header
-	At       time.Time
+	// Stream: the request asked for a streamed answer.
+	Stream bool
+	// MaxTokens is the output cap the request sent (OpenAI
+	// max_completion_tokens or max_tokens, Anthropic max_tokens), 0 when
+	// none.
+	MaxTokens int
+	// ResponseSchema is the JSON Schema the request asked the answer to
+	// match (OpenAI response_format json_schema, Anthropic
+	// output_config.format), nil when none.
+	ResponseSchema json.RawMessage
+	Body           []byte
+	Header         http.Header
+	At             time.Time
+	// streamUsage: a streamed answer ends with its usage.
+	streamUsage bool
 }
 
 // LastUser returns the content of the call's last user message.
@@ -89,7 +105,14 @@ type Reply struct {
 	// status and the provider's error body.
 	Status int
 	// InputTokens and OutputTokens override the word counts when non-zero.
-	InputTokens, OutputTokens int64
+	// InputTokens counts the whole input: CacheReadTokens and
+	// CacheWriteTokens are parts of it (Anthropic's wire format sends the
+	// rest as input_tokens). ReasoningTokens are part of OutputTokens.
+	InputTokens, OutputTokens                          int64
+	CacheReadTokens, CacheWriteTokens, ReasoningTokens int64
+	// Reasoning is thinking text, sent before the answer (an Anthropic
+	// thinking block; OpenAI-compatible reasoning_content when streamed).
+	Reasoning string
 	// Logprobs are the answer's token log probabilities, one per token,
 	// sent (OpenAI wire format only) when the request asked for them.
 	Logprobs []float64
@@ -115,6 +138,8 @@ type Server struct {
 	faults    []*fault
 	seq       int
 	latency   time.Duration
+	pace      time.Duration
+	onDelta   func(Call, int)
 	active    int // requests being handled now
 	maxActive int // the most handled at once since the start or Reset
 	// answered are the requests answered with 200, abandoned those whose
@@ -123,10 +148,14 @@ type Server struct {
 	abandoned []Call
 }
 
-// answer is an HTTP answer the server wrote, kept for Dedup.
+// answer is an answer the server gave, kept for Dedup: an error's status
+// and body, or a successful reply (status 200), sent again streamed or not
+// as the repeated request asks.
 type answer struct {
 	status int
 	body   []byte
+	reply  Reply
+	id     int
 }
 
 // fault is a FailNext or Drop rule.
@@ -256,6 +285,24 @@ func (s *Server) RateLimit(match func(Call) bool, n int, retryAfter time.Duratio
 	s.addFault(match, http.StatusTooManyRequests, n, http.Header{"Retry-After": {fmt.Sprint(secs)}})
 }
 
+// SetPace spaces a streamed answer's deltas d apart (0: none): `pal dev`
+// streams its answers word by word at a readable pace.
+func (s *Server) SetPace(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pace = d
+}
+
+// OnDelta makes fn observe a streamed answer: it is called with the call
+// and the delta's index as each delta is written, right before it is
+// flushed to the client (nil: no observer). It is how a benchmark times a
+// delta from the provider to a watcher.
+func (s *Server) OnDelta(fn func(c Call, index int)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDelta = fn
+}
+
 // SetLatency makes every answer wait d before it is sent (0: none), so that
 // concurrent callers overlap and MaxConcurrent can see them.
 func (s *Server) SetLatency(d time.Duration) {
@@ -378,17 +425,6 @@ func ByProvider(name string) func(Call) bool {
 	return func(c Call) bool { return c.Provider == name }
 }
 
-// wire is one provider's wire format.
-type wire interface {
-	name() string
-	// parse fills the call's parsed fields from its body.
-	parse(c *Call) error
-	// reply encodes a successful answer; id numbers it.
-	reply(c Call, r Reply, id int) []byte
-	// fail encodes an error answer.
-	fail(status int, msg string) []byte
-}
-
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	if s.closed {
@@ -443,8 +479,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		owner = s.claim(key)
 	}
 	s.mu.Unlock()
-	// A request stops counting as in flight just before its answer is
-	// written, so a client's next request never finds it still counted.
+	// A request stops counting as in flight just before its answer (a
+	// stream's last event) is written, so a client's next request never
+	// finds it still counted.
 	finish := sync.OnceFunc(func() {
 		s.mu.Lock()
 		s.active--
@@ -459,7 +496,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, status, body)
 	}
 
+	var midway []*Hold // holds that stop a streamed answer after some deltas
 	for _, h := range holds {
+		if h.after > 0 && call.Stream && parseErr == nil {
+			midway = append(midway, h)
+			continue
+		}
 		if !h.hold(r.Context(), s.closing, call) {
 			// The client went away or the server is closing: no answer.
 			if r.Context().Err() != nil {
@@ -494,8 +536,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	dedup := s.dedup && key != ""
 	if dedup {
 		if a, ok := s.answers[key]; ok {
+			pace := s.pace
 			s.mu.Unlock()
-			reply(a.status, a.body)
+			s.write(w, r, wf, call, a, pace, midway, finish)
 			return
 		}
 		if !owner {
@@ -510,6 +553,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	responder := s.responder
 	s.seq++
 	id := s.seq
+	pace := s.pace
 	s.mu.Unlock()
 
 	if latency > 0 {
@@ -530,22 +574,26 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if responder != nil {
 		rep = responder(call)
 	}
-	a := answer{status: http.StatusOK}
+	a := answer{status: http.StatusOK, reply: withUsage(call, rep), id: id}
 	if rep.Status != 0 && rep.Status != http.StatusOK {
 		a = answer{status: rep.Status, body: wf.fail(rep.Status, fmt.Sprintf("fake provider: scripted reply (HTTP %d)", rep.Status))}
-	} else {
-		a.body = wf.reply(call, withUsage(call, rep), id)
 	}
 
 	if dedup && a.status == http.StatusOK {
+		// Kept before it is written: a request that repeats the key while
+		// this answer streams (its client gone) gets the same answer.
 		s.mu.Lock()
 		s.answers[key] = a
 		s.mu.Unlock()
 	}
+	end := finish
 	if a.status == http.StatusOK {
-		s.record(&s.answered, call)
+		end = func() {
+			s.record(&s.answered, call)
+			finish()
+		}
 	}
-	reply(a.status, a.body)
+	s.write(w, r, wf, call, a, pace, midway, end)
 }
 
 // claim marks key as being answered, unless it is answered or being
@@ -586,36 +634,4 @@ func (s *Server) takeFault(c Call) *fault {
 		return f
 	}
 	return nil
-}
-
-// withUsage fills in the word-count usage that r leaves at zero.
-func withUsage(c Call, r Reply) Reply {
-	if r.InputTokens == 0 {
-		n := words(c.System)
-		for _, m := range c.Messages {
-			n += words(m.Content)
-		}
-		r.InputTokens = int64(n)
-	}
-	if r.OutputTokens == 0 {
-		r.OutputTokens = int64(words(r.Text))
-	}
-	return r
-}
-
-func words(s string) int { return len(strings.Fields(s)) }
-
-func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
-	w.WriteHeader(status)
-	_, _ = io.Copy(w, bytes.NewReader(body))
-}
-
-// dropConn closes the request's connection without writing an answer.
-func dropConn(w http.ResponseWriter) {
-	// The server speaks HTTP/1.1 only, so the connection can be hijacked.
-	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-		_ = conn.Close()
-	}
 }

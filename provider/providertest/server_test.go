@@ -191,10 +191,9 @@ func TestBadRequests(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, a.status)
 	require.Contains(t, a.body["error"], "message")
 
-	a = b.post(ctx, messagesPath, "", `{"model":"m","stream":true,"messages":[]}`)
+	a = b.post(ctx, chatPath, "", `{"model":"m","messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":{}}}}`)
 	require.Equal(t, http.StatusBadRequest, a.status)
-	require.Equal(t, "error", a.body["type"])
-	require.Contains(t, a.body["error"].(map[string]any)["message"], "streaming")
+	require.Contains(t, a.body["error"].(map[string]any)["message"], "strict")
 
 	resp, err := b.hc.Get(b.srv.URL() + chatPath)
 	require.NoError(t, err)
@@ -202,6 +201,9 @@ func TestBadRequests(t *testing.T) {
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 
 	require.Len(t, b.srv.Calls(), 2, "only requests that reach a route are recorded")
+	a = b.post(ctx, messagesPath, "", `{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"type":"file"}}]}]}`)
+	require.Equal(t, http.StatusBadRequest, a.status)
+	require.Equal(t, "error", a.body["type"])
 }
 
 func TestResponder(t *testing.T) {
@@ -479,4 +481,146 @@ func TestInFlightAnsweredAbandoned(t *testing.T) {
 	require.Len(t, b.srv.Answered(), 1)
 	require.Eventually(t, func() bool { return b.srv.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, 2, b.srv.MaxConcurrent())
+}
+
+// events reads a server-sent event stream: each event's name ("" for none)
+// and data.
+func events(t *testing.T, body io.Reader) [][2]string {
+	t.Helper()
+	raw, err := io.ReadAll(body)
+	require.NoError(t, err)
+	var out [][2]string
+	for _, block := range strings.Split(strings.TrimSuffix(string(raw), "\n\n"), "\n\n") {
+		var ev [2]string
+		for _, line := range strings.Split(block, "\n") {
+			if v, ok := strings.CutPrefix(line, "event: "); ok {
+				ev[0] = v
+			}
+			if v, ok := strings.CutPrefix(line, "data: "); ok {
+				ev[1] = v
+			}
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// TestStreamedAnswers: a request that asks for a stream is answered with
+// the events its API streams, a delta per word.
+func TestStreamedAnswers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.srv.SetResponder(func(providertest.Call) providertest.Reply {
+		return providertest.Reply{Text: "one two", CacheReadTokens: 2, InputTokens: 5}
+	})
+	stream := func(path, body string) [][2]string {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL()+path, strings.NewReader(body))
+		require.NoError(t, err)
+		resp, err := b.hc.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+		return events(t, resp.Body)
+	}
+
+	var observed []int
+	b.srv.OnDelta(func(_ providertest.Call, i int) { observed = append(observed, i) })
+	evs := stream(chatPath, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+	require.Len(t, evs, 6, "role, two words, finish, usage, [DONE]")
+	require.Equal(t, []int{0, 1}, observed, "each delta once it is flushed")
+	b.srv.OnDelta(nil)
+	var chunk struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage map[string]any `json:"usage"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(evs[2][1]), &chunk))
+	require.Equal(t, "chat.completion.chunk", chunk.Object)
+	require.Equal(t, " two", chunk.Choices[0].Delta.Content)
+	require.NoError(t, json.Unmarshal([]byte(evs[4][1]), &chunk))
+	require.Equal(t, map[string]any{"prompt_tokens": 5.0, "completion_tokens": 2.0, "total_tokens": 7.0,
+		"prompt_tokens_details": map[string]any{"cached_tokens": 2.0}}, chunk.Usage)
+	require.Equal(t, "[DONE]", evs[5][1])
+
+	evs = stream(messagesPath, `{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	var names []string
+	for _, ev := range evs {
+		names = append(names, ev[0])
+	}
+	require.Equal(t, []string{"message_start", "content_block_start", "content_block_delta", "content_block_delta",
+		"content_block_stop", "message_delta", "message_stop"}, names)
+	require.Contains(t, evs[0][1], `"input_tokens":3`, "input_tokens is the uncached part")
+	require.Contains(t, evs[0][1], `"cache_read_input_tokens":2`)
+	require.Contains(t, evs[3][1], `"text":" two"`)
+	calls := b.srv.Calls()
+	require.True(t, calls[0].Stream && calls[1].Stream)
+	require.Equal(t, 9, calls[1].MaxTokens)
+}
+
+// TestHoldAfterWithoutStream: a request that is not streamed is held by a
+// HoldAfter before it is answered, as by Hold.
+func TestHoldAfterWithoutStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	hold := b.srv.HoldAfter(nil, 3)
+	done := make(chan answer, 1)
+	go func() { done <- b.post(ctx, chatPath, "k", chatBody) }()
+	_, err := hold.Wait(ctx)
+	require.NoError(t, err)
+	select {
+	case a := <-done:
+		t.Fatalf("answered while held: %+v", a)
+	default:
+	}
+	hold.Release()
+	a := <-done
+	require.NoError(t, a.err)
+	require.Equal(t, http.StatusOK, a.status)
+}
+
+// TestStreamLeftMidway: a stream held midway is in flight; its client
+// going away there abandons it, and a stream written whole is answered.
+func TestStreamLeftMidway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	hold := b.srv.HoldAfter(providertest.ByKey("cut"), 1)
+	stream := func(ctx context.Context, key string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL()+chatPath,
+			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"one two three"}]}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := b.hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		return err
+	}
+	gone, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- stream(gone, "cut") }()
+	_, err := hold.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, b.srv.InFlight(), "held midway, still in flight")
+	cancel()
+	require.Error(t, <-done)
+	require.Eventually(t, func() bool { return len(b.srv.Abandoned()) == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, "cut", b.srv.Abandoned()[0].IdempotencyKey)
+	require.Empty(t, b.srv.Answered())
+	require.Eventually(t, func() bool { return b.srv.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, stream(ctx, "whole"))
+	require.Len(t, b.srv.Answered(), 1)
+	require.Equal(t, "whole", b.srv.Answered()[0].IdempotencyKey)
+	require.Len(t, b.srv.Abandoned(), 1)
+	require.Equal(t, 0, b.srv.InFlight(), "out of flight once its last event is written")
 }

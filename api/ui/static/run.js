@@ -1,6 +1,8 @@
 // A run's waterfall. The server computes it from the fold of the journal
 // (GET /v1/runs/{id}/waterfall); this page only draws it, and draws it
 // again on each event of the run's SSE feed while the run is in flight.
+// The feed also carries the text LLM steps stream (event: delta, ?deltas=1),
+// shown growing in the step's row and detail panel until the step ends.
 "use strict";
 
 (function () {
@@ -21,6 +23,37 @@
   let selected = "";
   let es = null;
   let lanesView = false; // one row per lane instead of one per step
+
+  // streamed is each step's text as its deltas tell it, by step id: the
+  // call it belongs to, the next index, and the text and thinking so far.
+  // The rule is event.Streamed's (Go): a later call starts the text again,
+  // an earlier or ended one is dropped, a delta is taken once, in order.
+  const streamed = new Map();
+  function takeDelta(d) {
+    let s = streamed.get(d.step_id);
+    if (!s) { s = { call: 0, next: 0, ended: 0, text: "", reasoning: "", attempt: 0 }; streamed.set(d.step_id, s); }
+    if (d.call < s.ended || d.call < s.call) return false;
+    if (d.call > s.call) {
+      if (d.index !== 0) return false;
+      Object.assign(s, { call: d.call, next: 0, text: "", reasoning: "" });
+    } else if (d.index !== s.next) return false;
+    s.next = d.index + 1;
+    s.attempt = d.attempt;
+    if (d.kind === "reasoning") s.reasoning += d.text; else s.text += d.text;
+    return true;
+  }
+  // endStep: the journal ended the step's call at seq; its text is the
+  // journal's now.
+  function endStep(stepID, seq) {
+    const s = streamed.get(stepID);
+    if (!s) { streamed.set(stepID, { call: 0, next: 0, ended: seq, text: "", reasoning: "", attempt: 0 }); return; }
+    if (seq <= s.ended) return;
+    if (s.call < seq) Object.assign(s, { call: 0, next: 0, text: "", reasoning: "" });
+    s.ended = seq;
+  }
+  const streamingText = key => { const s = streamed.get(key); return s && (s.text || s.reasoning) ? s : null; };
+  // tail is the end of a long text, as a row has room for it.
+  const tail = (t, n) => t.length > n ? "…" + t.slice(t.length - n) : t;
 
   // Rows with few children open by default; a 1,000-iteration loop stays
   // folded until asked.
@@ -88,6 +121,7 @@
     }
     name.appendChild(pal.el("span", "step-id", r.step_id));
     name.appendChild(pal.el("span", "node-type", r.node_type || ""));
+    if (r.model) name.appendChild(pal.el("span", "model", r.model));
     if (r.retries) name.appendChild(pal.el("span", "badge", r.retries + " retr" + (r.retries === 1 ? "y" : "ies")));
     if (r.child_run_id) {
       const a = pal.el("a", "child", "child run");
@@ -123,6 +157,8 @@
       }
       track.appendChild(seg);
     }
+    const st = v.run === runID && streamingText(r.step_id);
+    if (st) track.appendChild(pal.el("span", "stream", tail(st.text || st.reasoning, 160)));
     row.appendChild(track);
     return row;
   }
@@ -163,6 +199,26 @@
     }
     rows.forEach((row, i) => row.firstChild.appendChild(pal.el("span", "node-type", counts[i] + " step" + (counts[i] === 1 ? "" : "s"))));
     return rows;
+  }
+
+  // showStream updates a streaming step's row and detail panel in place:
+  // a delta redraws no more than its own text.
+  function showStream(stepID) {
+    const st = streamingText(stepID);
+    if (!st) return;
+    for (const row of rowsEl.querySelectorAll(".wf-row")) {
+      if (row.dataset.step !== stepID || row.dataset.run !== runID) continue;
+      const track = row.querySelector(".wf-track");
+      let span = track.querySelector(".stream");
+      if (!span) { span = pal.el("span", "stream"); track.appendChild(span); }
+      span.textContent = tail(st.text || st.reasoning, 160);
+    }
+    if (selected === stepID && !detail.hidden) {
+      const pre = detail.querySelector("pre.streaming");
+      if (pre) pre.textContent = st.text; else drawDetail();
+      const think = detail.querySelector("pre.thinking");
+      if (think) think.textContent = st.reasoning;
+    }
   }
 
   function drawMarkers(span) {
@@ -304,8 +360,14 @@
     kv(dl, "Node type", r.node_type);
     kv(dl, "Status", r.status + (r.wait_reason ? " (" + r.wait_reason + ")" : ""));
     kv(dl, "Idempotency key", r.idempotency_key);
+    kv(dl, "Model", r.model);
     if (r.usage) {
-      kv(dl, "Tokens", r.usage.input_tokens + " in, " + r.usage.output_tokens + " out, " + r.usage.total_tokens + " total");
+      let tokens = r.usage.input_tokens + " in, " + r.usage.output_tokens + " out, " + r.usage.total_tokens + " total";
+      if (r.usage.cache_read_tokens || r.usage.cache_write_tokens) {
+        tokens += "; cache " + (r.usage.cache_read_tokens || 0) + " read, " + (r.usage.cache_write_tokens || 0) + " written";
+      }
+      if (r.usage.reasoning_tokens) tokens += "; " + r.usage.reasoning_tokens + " reasoning";
+      kv(dl, "Tokens", tokens);
       kv(dl, "Cost", pal.cost(r.usage.cost_usd) || "$0");
     }
     kv(dl, "Delivery", r.delivery);
@@ -315,11 +377,12 @@
     kv(dl, "Error", r.error ? r.error + (r.class ? " [" + r.class + "]" : "") : "");
     const tbl = pal.el("table", "attempts");
     const head = pal.el("tr");
-    for (const c of ["Attempt", "Start", "Duration", "Waited", "Outcome", "Error"]) head.appendChild(pal.el("th", "", c));
+    for (const c of ["Attempt", "Model", "Start", "Duration", "Waited", "Outcome", "Error"]) head.appendChild(pal.el("th", "", c));
     tbl.appendChild(head);
     for (const s of r.segments) {
       const tr = pal.el("tr", "attempt");
       tr.appendChild(pal.el("td", "", s.attempt + (s.tries > 1 ? " ×" + s.tries : "")));
+      tr.appendChild(pal.el("td", "", s.model || ""));
       tr.appendChild(pal.el("td", "", "+" + pal.ms(s.start_ms)));
       tr.appendChild(pal.el("td", "", pal.ms(s.end_ms - s.start_ms) + (s.open ? " so far" : "")));
       tr.appendChild(pal.el("td", "", s.wait ? pal.ms(s.wait.end_ms - s.wait.start_ms) : ""));
@@ -328,6 +391,14 @@
       tbl.appendChild(tr);
     }
     const parts = [close, h, dl, pal.el("h3", "", "Attempts"), tbl];
+    const st = v.run === runID && streamingText(r.step_id);
+    if (st) {
+      // The answer as the model writes it (the journal has it once the
+      // step completes).
+      parts.push(pal.el("h3", "", "Streaming (attempt " + st.attempt + ")"));
+      if (st.reasoning) parts.push(pal.el("pre", "thinking", st.reasoning));
+      parts.push(pal.el("pre", "streaming", st.text));
+    }
     if (r.input !== undefined) parts.push(pal.el("h3", "", "Input (rendered)"), pal.el("pre", "input", json(r.input)));
     if (r.output !== undefined) parts.push(pal.el("h3", "", "Output"), pal.el("pre", "output", json(r.output)));
     detail.replaceChildren(...parts);
@@ -340,6 +411,9 @@
     clearTimeout(timer);
     try {
       wf = await pal.api("GET", "/v1/runs/" + encodeURIComponent(runID) + "/waterfall");
+      // A step that has ended has its answer in the journal: its deltas,
+      // which the feed may still hold, are over.
+      for (const r of wf.rows) if (r.status === "completed" || r.status === "failed") endStep(r.step_id, wf.last_seq);
       for (const id of [...children.keys()]) {
         children.set(id, await pal.api("GET", "/v1/runs/" + encodeURIComponent(id) + "/waterfall"));
       }
@@ -364,15 +438,25 @@
     "side_effect_claimed", "side_effect_delivered", "child_run_created", "anomaly_detected", "confidence_evaluated",
     "confidence_gate_bypassed", "approval_received", "signal_received", "substep_started", "substep_completed",
     "budget_warning", "budget_exceeded", "budget_raised", "run_succeeded", "run_failed", "run_cancelled"];
+  const ends = new Set(["step_completed", "step_failed", "step_retrying"]);
   function follow() {
     if (es) return;
-    es = new EventSource("/v1/runs/" + encodeURIComponent(runID) + "/events?after=" + wf.last_seq);
+    es = new EventSource("/v1/runs/" + encodeURIComponent(runID) + "/events?deltas=1&after=" + wf.last_seq);
     const on = ev => {
+      try {
+        const e = JSON.parse(ev.data);
+        if (ends.has(e.kind) && e.step_id) endStep(e.step_id, e.seq);
+      } catch (err) { /* not an envelope: redraw all the same */ }
       refresh();
       if (ev.type === "run_succeeded" || ev.type === "run_failed" || ev.type === "run_cancelled") { es.close(); es = null; }
     };
     for (const k of kinds) es.addEventListener(k, on);
     es.onmessage = on;
+    es.addEventListener("delta", ev => {
+      let d;
+      try { d = JSON.parse(ev.data); } catch (err) { return; }
+      if (takeDelta(d)) showStream(d.step_id);
+    });
   }
 
   rowsEl.addEventListener("click", async ev => {

@@ -572,17 +572,34 @@ func redactDSN(dsn string) string {
 	return u.String()
 }
 
+// envDevStreamPace names the pace of the fake provider's streamed answers.
+const envDevStreamPace = "PAL_DEV_STREAM_PACE"
+
+// defaultDevStreamPace spaces the fake provider's words so that a watcher
+// sees an answer being written.
+const defaultDevStreamPace = 30 * time.Millisecond
+
 // devProviders returns real providers when API keys are set, else the
-// built-in fake provider and the variables that point a worker at it.
+// built-in fake provider (streaming a word every PAL_DEV_STREAM_PACE) and
+// the variables that point a worker at it.
 func (e *env) devProviders() (provider.Registry, string, map[string]string, func(), error) {
 	if e.getenv("OPENAI_API_KEY") != "" || e.getenv("ANTHROPIC_API_KEY") != "" {
 		return e.providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
+	}
+	pace := defaultDevStreamPace
+	if v := e.getenv(envDevStreamPace); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Minute {
+			return nil, "", nil, nil, badInput("%s=%q: want a duration from 0 to 1m, like 30ms", envDevStreamPace, v)
+		}
+		pace = d
 	}
 	fake, err := providertest.Start("127.0.0.1:0")
 	if err != nil {
 		return nil, "", nil, nil, fmt.Errorf("starting the fake LLM provider: %w", err)
 	}
 	fake.Dedup(true)
+	fake.SetPace(pace)
 	vars := map[string]string{
 		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
 		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",

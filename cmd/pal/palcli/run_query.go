@@ -196,7 +196,7 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	}
 	fmt.Fprintf(tw, "Drives\t%d\n", v.Resumes)
 	u := v.Usage
-	fmt.Fprintf(tw, "Usage\t%d tokens (%d in, %d out), %s\n", u.TotalTokens, u.InputTokens, u.OutputTokens, fmtUSD(u.CostUSD, 6))
+	fmt.Fprintf(tw, "Usage\t%s, %s\n", usageLine(u), fmtUSD(u.CostUSD, 6))
 	if b := v.Budget; b != nil {
 		fmt.Fprintf(tw, "Budget\t%s\n", budgetLine(b, v.Spent, v.PausedOn))
 	}
@@ -236,6 +236,11 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			if s.Error != "" {
 				result = truncate(s.Error, 60)
 			}
+			if s.Model != "" {
+				// Which model answered (or is being asked): a fallback
+				// list may have called several.
+				result = s.Model + ": " + result
+			}
 			if s.Delivery != "" {
 				result = "delivery " + s.Delivery + " " + result
 			}
@@ -254,6 +259,11 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.StepID, dash(s.NodeType), s.Status, s.Attempt,
 				start, dur, wait, fmtTokens(tokens), cost, dash(result))
+			// Each model a fallback list called, with what it spent.
+			for _, m := range s.Models {
+				fmt.Fprintf(tw, "  └ %s\tmodel\t-\t%d\t-\t-\t-\t%s\t%s\t%s\n", m.Model, m.Attempts,
+					fmtTokens(m.Usage.TotalTokens), fmtUSD(m.Usage.CostUSD, 6), usageLine(m.Usage))
+			}
 			// A process step's own sub-steps, as its child reported them.
 			for _, sub := range s.Substeps {
 				fmt.Fprintf(tw, "  └ %s\tsubstep\t%s\t-\t-\t-\t-\t-\t-\t%s\n", sub.Name, sub.Status,
@@ -435,14 +445,21 @@ func flagsAgain(cmd *cobra.Command) string {
 func (e *env) runWatchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "watch RUN_ID [--json]",
-		Short: "Follow a run until it ends; the exit code says how it ended",
+		Short: "Follow a run until it ends, LLM steps' text as it is written; the exit code says how it ended",
 		Long: `pal run watch prints a run's progress (steps starting, completing, failing,
 retrying, waiting; the run's drives and its end) from its journal on NATS,
 then keeps following it until the run ends. A run that has already ended is
 shown and the command returns at once.
 
+The text of an LLM step is printed under the step as the model writes it
+(pal.deltas.<run_id>; thinking, where the provider streams it, with a
+dotted gutter). When a call starts again (a retry, or another worker
+resuming the step after a crash), a line says so and the text starts
+again. A watch that begins in the middle of a step first prints its text
+so far.
+
 --json prints every event of the journal as one JSON line (the envelope, as
-in PAL_EVENTS).
+in PAL_EVENTS), and no streamed text.
 
 Exit codes: 0 the run succeeded, 1 it failed or was cancelled, 2 bad run
 id, 3 unknown run, 4 NATS unreachable, 130 Ctrl-C stopped the watch (the
@@ -479,11 +496,13 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 		return withCode(ExitUnavailable, err)
 	}
 	var created time.Time
+	text := newTextPrinter(e.stdout)
 	show := func(ev event.Event) {
 		if asJSON {
 			_ = printJSON(e.stdout, ev)
 			return
 		}
+		text.event(ev)
 		switch ev.Kind {
 		case event.RunCreated:
 			created = ev.TS
@@ -504,14 +523,22 @@ func (e *env) runWatch(cmd *cobra.Command, args []string, s *settings) error {
 		}
 	}
 	if final == nil {
-		err = store.Watch(ctx, runID, head, func(ev event.Event) error {
+		onEvent := func(ev event.Event) error {
 			show(ev)
 			if ev.Kind.Terminal() {
 				final = &ev
 				return eventstore.ErrStopWatch
 			}
 			return nil
-		})
+		}
+		if asJSON {
+			err = store.Watch(ctx, runID, head, onEvent)
+		} else {
+			err = store.WatchWithDeltas(ctx, runID, head, onEvent, func(d event.Delta) error {
+				text.delta(d)
+				return nil
+			})
+		}
 		if err != nil {
 			return followError(ctx, runID, err)
 		}
@@ -580,4 +607,17 @@ func budgetLine(b *event.Budget, sp engine.Spend, paused string) string {
 		tail += "; paused on " + paused
 	}
 	return strings.Join(parts, ", ") + " (" + tail + ")"
+}
+
+// usageLine is a usage's tokens: in and out, and the parts of them read
+// from and written to a prompt cache and spent thinking, when there are.
+func usageLine(u event.Usage) string {
+	line := fmt.Sprintf("%d tokens (%d in, %d out", u.TotalTokens, u.InputTokens, u.OutputTokens)
+	if u.CacheReadTokens > 0 || u.CacheWriteTokens > 0 {
+		line += fmt.Sprintf("; cache %d read, %d written", u.CacheReadTokens, u.CacheWriteTokens)
+	}
+	if u.ReasoningTokens > 0 {
+		line += fmt.Sprintf("; %d reasoning", u.ReasoningTokens)
+	}
+	return line + ")"
 }

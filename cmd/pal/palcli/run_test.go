@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )
 
@@ -50,7 +52,7 @@ func TestRunGetWatch(t *testing.T) {
 	for _, re := range []string{`(?m)^Run\s+` + id + `$`, `(?m)^Status\s+succeeded$`, `(?m)^Workflow\s+seq-2$`,
 		`(?m)^Ended\s+.* took \S+$`, `(?m)^Usage\s+\d+ tokens \(\d+ in, \d+ out\), \$\d+\.\d{6}$`,
 		`(?m)^STEP\s+TYPE\s+STATUS\s+ATTEMPT\s+START\s+DURATION\s+WAIT\s+TOKENS\s+COST\s+RESULT$`,
-		`(?m)^s1\s+ai-step\s+completed\s+1\s+\+\S+\s+\S+\s+-\s+\d+\s+\$\d+\.\d{6}\s+echo: step 1: hello$`,
+		`(?m)^s1\s+ai-step\s+completed\s+1\s+\+\S+\s+\S+\s+-\s+\d+\s+\$\d+\.\d{6}\s+openai/gpt-4o-mini: echo: step 1: hello$`,
 		`(?m)^s2\s+ai-step\s+completed\s+1\s`, `\(read from its journal on NATS \(PAL_EVENTS\) up to seq \d+\)`} {
 		require.Regexp(t, re, r.stdout)
 	}
@@ -495,4 +497,45 @@ func runIDs(l runs.RunList) []string {
 		ids = append(ids, r.RunID)
 	}
 	return ids
+}
+
+// TestRunWatchPrintsTheTextAsItStreams: pal run watch prints an LLM
+// step's text under it as the model writes it: started in the middle of
+// a held step it first prints the text so far, then the rest, all of it
+// before the step's step_completed line.
+func TestRunWatchPrintsTheTextAsItStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	words := make([]string, 30)
+	for i := range words {
+		words[i] = fmt.Sprintf("w%d", i)
+	}
+	answer := strings.Join(words, " ")
+	b.LLM.SetResponder(func(providertest.Call) providertest.Reply {
+		return providertest.Reply{Text: answer, Reasoning: "let me think"}
+	})
+	hold := b.LLM.HoldAfter(nil, 12)
+	id := b.start(t, seqWorkflow(1), `{"text":"stream"}`)
+	_, err := hold.Wait(ctxFor(t))
+	require.NoError(t, err)
+	watch := testenv.StartProcess(t, b.bin, []string{"run", "watch", id}, hermetic("PAL_NATS_URL="+b.NATS.URL()))
+	// The text so far, read from PAL_DELTAS: the watch is following.
+	require.NoError(t, watch.WaitForOutput(ctxFor(t), gutter("│")+"w0 w1"), watch.Output())
+	hold.Release()
+	require.NoError(t, watch.Wait(ctxFor(t)), watch.Output())
+	out := watch.Output()
+	require.Contains(t, out, gutter("┊")+"let me think\n", "thinking, apart")
+	require.Contains(t, out, gutter("│")+answer+"\n", "the whole text, in order, once, on its gutter")
+	text := strings.Index(out, gutter("│")+answer)
+	completed := regexp.MustCompile(`(?m)^\s+\d+\s+\S+\s+step_completed\s+s1\s`).FindStringIndex(out)
+	require.NotNil(t, completed, out)
+	require.Less(t, text, completed[0], "the text before the step's end")
+}
+
+func gutter(g string) string { return "      " + g + " " }
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

@@ -169,7 +169,8 @@ func axis(bar int, total time.Duration) string {
 }
 
 // waterfallRight is what follows a step's bar: its status, duration and
-// wait.
+// wait, and the model an LLM step's latest attempt called (which
+// answered, once it completed).
 func waterfallRight(s runs.StepView, now time.Time) string {
 	out := string(s.Status)
 	switch {
@@ -183,6 +184,9 @@ func waterfallRight(s runs.StepView, now time.Time) string {
 	}
 	if s.Attempts > 1 {
 		out += fmt.Sprintf(" %d attempts", s.Attempts)
+	}
+	if s.Model != "" {
+		out += " " + s.Model
 	}
 	return out
 }
