@@ -77,7 +77,9 @@ start and removed on stop; in a shell, '. .pal/dev.env' sets the same
 variables.
 
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
-built-in fake provider that answers "echo: <prompt>".`,
+built-in fake provider that answers "echo: <prompt>" and, offered tools,
+first calls each of them once (arguments made from its schema), then
+answers with their results.`,
 		Args: cobra.NoArgs,
 		RunE: e.withSettings(e.runDev),
 	}
@@ -600,6 +602,9 @@ func (e *env) devProviders() (provider.Registry, string, map[string]string, func
 	}
 	fake.Dedup(true)
 	fake.SetPace(pace)
+	// An agent on the fake calls the tools it is offered, so the tour
+	// shows a tool loop with no key.
+	fake.SetResponder(providertest.ToolUser)
 	vars := map[string]string{
 		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
 		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/stretchr/testify/require"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/paltest/testenv"
@@ -92,13 +93,32 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	require.Contains(t, r.stderr, "run_resumed", "progress goes to stderr")
 	require.Contains(t, r.stderr, "worker=w2")
 
+	// The tour's agent, on pal dev's fake: the model calls the echo tool
+	// (a journaled step), then answers with its result.
+	agent, err := filepath.Abs("../../../examples/agent.json")
+	require.NoError(t, err)
+	r = runPalIn(t, bin, dir, nil, "run", "start", "--workflow", agent, "--input", `{"question":"What is PAL?"}`, "--wait", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	agentRun, _ := decodeJSON[map[string]any](t, r.stdout)["run_id"].(string)
+	r = runPalIn(t, bin, dir, nil, "run", "events", agentRun, "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	var toolDone bool
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		ev := decodeJSON[event.Event](t, line)
+		toolDone = toolDone || (ev.Kind == event.StepCompleted && ev.StepID == "ask.turn[0].tool[0]")
+	}
+	require.True(t, toolDone, "the agent called its tool: %s", r.stdout)
+	r = runPalIn(t, bin, dir, nil, "run", "get", agentRun, "--json", "--journal")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, `echo returned {\"text\":\"What is PAL?\"}`, "the answer uses the tool's result")
+
 	require.Eventually(t, func() bool {
 		r = runPalIn(t, bin, dir, nil, "run", "list", "--json")
 		if r.code != 0 {
 			return false
 		}
 		list := decodeJSON[runs.RunList](t, r.stdout)
-		return len(list.Runs) == 1 && list.Runs[0].RunID == id && list.Runs[0].Status == "succeeded"
+		return len(list.Runs) == 2 && list.Runs[1].RunID == id && list.Runs[1].Status == "succeeded"
 	}, 30*time.Second, 100*time.Millisecond, "pal run list in the directory: %s", r)
 
 	// pal dev made a signing key under .pal/ and gave it to the worker
