@@ -79,7 +79,9 @@
 //     slows the others down. With ?deltas=1 it also sends the text LLM
 //     steps stream (event: delta, no id, from a watch of the run's
 //     deltas of its own), so the run page shows an answer as it is
-//     written and Last-Event-ID still resumes the journal exactly.
+//     written and Last-Event-ID still resumes the journal exactly; gRPC's
+//     StreamRunEvents does the same with include_deltas (events of kind
+//     delta, seq 0).
 //   - Every token is held to limits (internal/limit): the runs it starts,
 //     its commands, the event streams it opens and holds open. Over one,
 //     a request is answered 429 rate_limited with Retry-After (gRPC

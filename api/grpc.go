@@ -174,7 +174,8 @@ func (g *grpcRuns) GetRun(ctx context.Context, req *palv1.GetRunRequest) (*palv1
 // client's pace, then the run's shared feed; a corrupt journal ends after
 // its sound events). A stream asked to start at or after a finished run's
 // end ends at once with no events. A token over its streams' rate or
-// with too many open is refused RESOURCE_EXHAUSTED.
+// with too many open is refused RESOURCE_EXHAUSTED. With include_deltas
+// it interleaves the run's deltas (withDeltas, deltaProto).
 func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream palv1.RunService_StreamRunEventsServer) error {
 	id := req.GetRunId()
 	if err := validRunID(id); err != nil {
@@ -194,7 +195,13 @@ func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream pal
 		return g.grpcError(id, err)
 	}
 	defer st.close()
-	err = st.run(ctx, sink{send: func(ev event.Event) error { return stream.Send(eventProto(ev)) }})
+	out := sink{send: func(ev event.Event) error { return stream.Send(eventProto(ev)) }}
+	if req.GetIncludeDeltas() {
+		var stop func()
+		out, stop = g.h.withDeltas(ctx, id, out, func(d event.Delta) error { return stream.Send(deltaProto(id, d)) })
+		defer stop()
+	}
+	err = st.run(ctx, out)
 	var gap *gapError
 	var fe *feedError
 	switch {
@@ -214,6 +221,16 @@ func (g *grpcRuns) StreamRunEvents(req *palv1.StreamRunEventsRequest, stream pal
 	}
 	return g.grpcError(id, err)
 }
+
+// deltaProto is d as an Event of kind "delta" (seq 0, data the delta's
+// JSON), as StreamRunEvents sends it with include_deltas.
+func deltaProto(runID string, d event.Delta) *palv1.Event {
+	data, _ := json.Marshal(d) // a Delta always marshals
+	return &palv1.Event{V: event.Version, RunId: runID, Kind: deltaKind, StepId: d.StepID, Attempt: int32(d.Attempt), Data: data}
+}
+
+// deltaKind is the kind of a delta among a stream's events.
+const deltaKind = "delta"
 
 // eventProto is ev as the protobuf envelope.
 func eventProto(ev event.Event) *palv1.Event {

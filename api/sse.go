@@ -96,7 +96,7 @@ func (h *handler) streamEvents(w http.ResponseWriter, r *http.Request) {
 	out := sink{send: s.event, flush: s.flush, keepAlive: func() error { return s.write([]byte(": keep-alive\n\n")) }}
 	if deltas {
 		var stop func()
-		out, stop = h.sseDeltas(ctx, id, s, out)
+		out, stop = h.withDeltas(ctx, id, out, func(d event.Delta) error { return sseDelta(s, d) })
 		defer stop()
 	}
 	err = st.run(ctx, out)
@@ -145,22 +145,20 @@ func streamQuery(r *http.Request) (after uint64, deltas bool, err error) {
 	return n, deltas, nil
 }
 
-// sseDeltas sends the run's deltas on s beside the journal's events: a
-// watch of its own (eventstore.Store.WatchDeltas: the text PAL_DELTAS
-// holds, then live) writes each as
-//
-//	event: delta
-//	data: <event.Delta as one line of JSON>
-//
-// with no id line, so an EventSource's last id stays the journal's. It
-// returns out with its writes taken in turn with the deltas', and stop,
-// which ends the watch and waits for it. A delta can come after the
-// step_completed that ends its call: a client drops it by event.Streamed's
-// rule (the call is over). A watch that fails costs the stream its
-// deltas, not its events.
-func (h *handler) sseDeltas(ctx context.Context, id string, s *sseStream, out sink) (sink, func()) {
-	var mu sync.Mutex // one writer at a time on the response
+// withDeltas sends the run's deltas beside the journal's events, for an
+// event stream that asked for them (SSE ?deltas=1, gRPC include_deltas):
+// a watch of its own (eventstore.Store.WatchDeltas: the text PAL_DELTAS
+// holds, then live) hands each to write. It returns out with its writes
+// taken in turn with the deltas', and stop, which ends the watch and
+// waits for it. A delta can come after the step_completed that ends its
+// call: a client drops it by event.Streamed's rule (the call is over). A
+// watch that fails costs the stream its deltas, not its events.
+func (h *handler) withDeltas(ctx context.Context, id string, out sink, write func(event.Delta) error) (sink, func()) {
+	var mu sync.Mutex // one writer at a time on the stream
 	locked := func(fn func() error) func() error {
+		if fn == nil {
+			return nil
+		}
 		return func() error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -178,16 +176,9 @@ func (h *handler) sseDeltas(ctx context.Context, id string, s *sseStream, out si
 	go func() {
 		defer close(done)
 		err := h.cfg.Store.WatchDeltas(dctx, id, func(d event.Delta) error {
-			data, err := json.Marshal(d)
-			if err != nil {
-				return err
-			}
 			mu.Lock()
 			defer mu.Unlock()
-			if err := s.write([]byte("event: delta\ndata: "), data, []byte("\n\n")); err != nil {
-				return err
-			}
-			return s.flush()
+			return write(d)
 		})
 		if err != nil && dctx.Err() == nil {
 			h.log.Debug("an event stream's deltas ended", "run_id", id, "err", err)
@@ -197,6 +188,23 @@ func (h *handler) sseDeltas(ctx context.Context, id string, s *sseStream, out si
 		cancel()
 		<-done
 	}
+}
+
+// sseDelta writes d on s as
+//
+//	event: delta
+//	data: <event.Delta as one line of JSON>
+//
+// with no id line, so an EventSource's last id stays the journal's.
+func sseDelta(s *sseStream, d event.Delta) error {
+	data, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if err := s.write([]byte("event: delta\ndata: "), data, []byte("\n\n")); err != nil {
+		return err
+	}
+	return s.flush()
 }
 
 // sseStream writes server-sent events.

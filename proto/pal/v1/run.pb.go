@@ -27,9 +27,14 @@ const (
 )
 
 type StreamRunEventsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	AfterSeq      uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RunId    string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	AfterSeq uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// include_deltas interleaves the text LLM steps stream (docs/architecture.md
+	// §5.4) with the events: each as an Event of kind "delta" with seq 0 and
+	// no prev, step_id and attempt its step's, data an event.Delta as JSON.
+	// A client resumes from the last seq of an event that is not a delta.
+	IncludeDeltas bool `protobuf:"varint,3,opt,name=include_deltas,json=includeDeltas,proto3" json:"include_deltas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -76,6 +81,13 @@ func (x *StreamRunEventsRequest) GetAfterSeq() uint64 {
 		return x.AfterSeq
 	}
 	return 0
+}
+
+func (x *StreamRunEventsRequest) GetIncludeDeltas() bool {
+	if x != nil {
+		return x.IncludeDeltas
+	}
+	return false
 }
 
 // Event is the journal envelope (docs/architecture.md §6).
@@ -332,10 +344,11 @@ var File_pal_v1_run_proto protoreflect.FileDescriptor
 
 const file_pal_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x10pal/v1/run.proto\x12\x06pal.v1\"L\n" +
+	"\x10pal/v1/run.proto\x12\x06pal.v1\"s\n" +
 	"\x16StreamRunEventsRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"\xf5\x01\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12%\n" +
+	"\x0einclude_deltas\x18\x03 \x01(\bR\rincludeDeltas\"\xf5\x01\n" +
 	"\x05Event\x12\f\n" +
 	"\x01v\x18\x01 \x01(\x05R\x01v\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x10\n" +
