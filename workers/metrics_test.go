@@ -23,18 +23,24 @@ var metricsURL = regexp.MustCompile(`http://127\.0\.0\.1:\d+/metrics`)
 // (PAL_METRICS_ADDR) that took a run over from a worker killed with
 // kill -9 in the middle of step s3, finished it, and then refused a
 // durable cancel of the finished run. Every value counts only what that
-// process did.
+// process did; the run's start is counted by w1, which drove it first.
 func TestMetricsOfATakeover(t *testing.T) {
 	t.Parallel()
 	p := setupProc(t, time.Second)
 	runID := event.NewRunID()
 	hold := p.LLM.Hold(providertest.ByKey(key(runID, "s3", 1)))
-	w1 := p.palWorker(t, "w1")
+	w1 := p.palWorker(t, "w1", "PAL_METRICS_ADDR=127.0.0.1:0")
 	_, err := runs.New(p.Store).Start(context.Background(), runs.StartCommand{Rights: runs.AllRights,
 		RunID: runID, Workflow: json.RawMessage(seqWorkflow(4, "openai")), Input: json.RawMessage(`{"topic":"metrics"}`)})
 	require.NoError(t, err)
 	_, err = hold.Wait(ctxFor(t, 30*time.Second))
 	require.NoError(t, err, w1.Output())
+	// w1 drove the run first: it counts its start, though this test
+	// process, not w1, created it.
+	w1URL := metricsURL.FindString(w1.Output())
+	require.NotEmpty(t, w1URL, "w1 logged no metrics address:\n%s", w1.Output())
+	started, _ := testenv.Scrape(t, w1URL, nil).Value("pal_runs_started_total")
+	require.Equal(t, 1.0, started, "the worker that first drives a run counts its start")
 	w1.Kill()
 	w2 := p.palWorker(t, "w2", "PAL_METRICS_ADDR=127.0.0.1:0")
 	url := metricsURL.FindString(w2.Output())
@@ -68,7 +74,7 @@ func TestMetricsOfATakeover(t *testing.T) {
 		return v
 	}
 	require.Equal(t, 1.0, val("pal_runs_finished_total", "status=succeeded"))
-	require.Equal(t, 0.0, val("pal_runs_started_total"), "the test process, not w2, created the run")
+	require.Equal(t, 0.0, val("pal_runs_started_total"), "w1, not w2, drove the run first")
 	require.Equal(t, 1.0, val("pal_lease_takeovers_total"))
 	require.Equal(t, 1.0, val("pal_resume_after_interruption_seconds"))
 	gap, _ := m.Sum("pal_resume_after_interruption_seconds")

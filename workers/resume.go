@@ -45,12 +45,16 @@ func (d *drive) resume() {
 		d.ctx, d.token.trace = telemetry.StartDrive(d.ctx, info)
 	}
 	lastEvent := d.st.UpdatedAt
+	first := d.st.Resumes == 0
 	d.emit(event.RunResumed, "", 0, event.RunResumedData{
 		Worker: d.w.cfg.ID, ResumeCount: d.st.Resumes + 1, Crashed: crashed, CrashesAtStep: crashes})
 	dctx := d.ctx // the resume span is the drive's, not the step's that lands it
 	d.token.landed = func() {
 		d.token.resumed = true
 		d.token.trace.Resumed(dctx, info)
+		if first {
+			telemetry.RunStarted()
+		}
 		if crashed {
 			telemetry.Takeover(d.w.now().Sub(lastEvent))
 			d.log.Info("resuming run after an interrupted drive", "resume", d.st.Resumes, "seq", d.head.Seq)

@@ -23,7 +23,7 @@ var durations = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10
 
 var (
 	runsStarted = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "pal_runs_started_total", Help: "Runs created (run_created appended by this process)."})
+		Name: "pal_runs_started_total", Help: "Runs started: each run once, by the worker process that drives it first, whichever process created it."})
 	runsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pal_runs_finished_total", Help: "Runs ended (terminal event appended by this process), by status."}, []string{"status"})
 	appendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -82,8 +82,9 @@ func Handler() http.Handler {
 }
 
 // Appended records one append to the journal: how long it took, and, when
-// it landed, the runs it started and ended. kinds are the appended events'
-// kinds as the journal spells them.
+// it landed, the runs it ended. kinds are the appended events' kinds as
+// the journal spells them. A start is counted by RunStarted: the process
+// that appends run_created may be a one-shot pal command nothing scrapes.
 func Appended(took time.Duration, result string, kinds []string) {
 	appendSeconds.WithLabelValues(result).Observe(took.Seconds())
 	if result != "ok" {
@@ -91,8 +92,6 @@ func Appended(took time.Duration, result string, kinds []string) {
 	}
 	for _, k := range kinds {
 		switch k {
-		case "run_created":
-			runsStarted.Inc()
 		case "run_succeeded":
 			runsFinished.WithLabelValues("succeeded").Inc()
 		case "run_failed":
@@ -102,6 +101,10 @@ func Appended(took time.Duration, result string, kinds []string) {
 		}
 	}
 }
+
+// RunStarted counts a run's first drive landing, on the worker that made
+// it: every run is counted once, wherever it was started.
+func RunStarted() { runsStarted.Inc() }
 
 // GroupWritten counts one atomic batch of n appends, committed or not.
 func GroupWritten(n int, committed bool) {
