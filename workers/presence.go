@@ -112,7 +112,7 @@ func (p *presence) watch(ctx context.Context) {
 			if e.Token == p.token {
 				if e.Owner == "" {
 					if _, err := p.w.leases.Announce(ctx, p.w.owner); err != nil && ctx.Err() == nil {
-						p.w.log.Warn("announcing presence again", "err", err)
+						p.w.log.Warn("announcing this worker's presence again failed; peers take its runs over by lease expiry until it succeeds", "err", err)
 					}
 				}
 				return

@@ -106,12 +106,12 @@ func (s *Sweeper) Start(ctx context.Context) error {
 			n, err := s.SweepOnce(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil:
-				s.log.Warn("recovery sweep failed", "err", err)
+				s.log.Warn("the recovery sweep failed; it runs again at its next interval", "err", err)
 			case n > 0:
 				s.log.Info("recovery sweep re-enqueued orphaned runs", "runs", n)
 			}
 			if n, err := s.SignMissing(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("recovery sweep: signing receipts failed", "err", err)
+				s.log.Warn("the recovery sweep could not sign missing receipts; it tries again at its next interval", "err", err)
 			} else if n > 0 {
 				s.log.Info("recovery sweep signed missing run receipts", "runs", n)
 			}

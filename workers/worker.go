@@ -327,7 +327,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 // waits unattended while its ack wait runs.
 func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
 	slots := make(chan struct{}, w.cfg.Concurrency)
-	warn := retry.OnRetry(func(err error, _ int, _ time.Duration) { w.log.Warn("fetching work", "err", err) })
+	warn := retry.OnRetry(func(err error, _ int, wait time.Duration) {
+		// While a JetStream cluster elects its leaders (a few seconds
+		// after its nodes start) a fetch times out: say so in full.
+		w.log.Warn("fetching work from "+eventstore.WorkStream+" failed; trying again (normal for a few seconds while a NATS cluster elects its leaders)",
+			"err", err, "retry_in", wait.Round(time.Millisecond))
+	})
 	for ctx.Err() == nil {
 		// A fetch that fails is retried with backoff; one that succeeds
 		// starts the backoff afresh.
