@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -97,8 +98,12 @@ func ok(id string, err error) (answer, error) {
 // refused, and a reply_to refused; then act carries it out and returns the
 // answer. Every error is answered as fail classifies it; nothing is
 // written before act.
-func commandRoute[C command](rule bodyRule, act func(ctx context.Context, h *handler, r *http.Request, c *C) (answer, error)) func(*handler, http.ResponseWriter, *http.Request) {
-	return func(h *handler, w http.ResponseWriter, r *http.Request) {
+func commandRoute[C command](rule bodyRule, act func(ctx context.Context, h *handler, r *http.Request, c *C) (answer, error)) handling {
+	var body reflect.Type
+	if rule != bodyPayload {
+		body = reflect.TypeFor[C]()
+	}
+	return handling{body: body, serve: func(h *handler, w http.ResponseWriter, r *http.Request) {
 		c, err := readCommand[C](w, r, rule)
 		if err != nil {
 			h.fail(w, r, err)
@@ -115,7 +120,7 @@ func commandRoute[C command](rule bodyRule, act func(ctx context.Context, h *han
 			w.Header().Set("Location", "/v1/runs/"+a.made)
 		}
 		writeJSON(w, a.status, a.body)
-	}
+	}}
 }
 
 // readCommand reads a command route's request into a C.

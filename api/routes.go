@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/palrun/pal/internal/telemetry"
@@ -16,6 +17,12 @@ type Route struct {
 	Scope Scopes
 	// Does says what the route does, in a few words.
 	Does string
+	// Statuses are the HTTP statuses the route answers, success first:
+	// api/openapi.json documents exactly these for it (a test holds it
+	// to them), as every request that reaches the route may be answered
+	// 405 for a wrong method and 431 for oversized headers, which no
+	// route lists.
+	Statuses []int
 }
 
 // Pattern is the route as http.ServeMux takes it: "GET /v1/runs".
@@ -24,36 +31,63 @@ func (r Route) Pattern() string { return r.Method + " " + r.Path }
 // route is a Route and how it is served.
 type route struct {
 	Route
-	serve func(h *handler, w http.ResponseWriter, r *http.Request)
+	handling
 	// openable: HandlerConfig.MetricsOpen serves it without a token.
 	openable bool
+}
+
+// handling is how a route is served: its handler and, for a route whose
+// body is a JSON object decoded into a Go type (commandRoute), that type,
+// whose JSON fields api/openapi.json's request schema must name.
+type handling struct {
+	serve func(h *handler, w http.ResponseWriter, r *http.Request)
+	// body is the type the request body decodes into; nil for none, or a
+	// body that is not an object of fields (a signal's payload, a
+	// workflow definition).
+	body reflect.Type
+}
+
+// plain is the handling of a route that decodes no JSON object.
+func plain(serve func(h *handler, w http.ResponseWriter, r *http.Request)) handling {
+	return handling{serve: serve}
 }
 
 // routes is the REST API: NewHandler serves exactly these (and the web UI's
 // pages, browser.go), pal server --help prints them (Routes), and a test
 // holds api/doc.go's list to them. A route is added here, or nowhere.
 var routes = []route{
-	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key"}, serve: startRoute},
-	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)"}, serve: (*handler).listRuns},
-	{Route: Route{"GET", "/v1/runs/{id}", ScopeRead, "a run, folded from its journal (runs.RunView)"}, serve: (*handler).getRun},
-	{Route: Route{"GET", "/v1/runs/{id}/events", ScopeRead, "the journal as server-sent events"}, serve: (*handler).streamEvents},
-	{Route: Route{"GET", "/v1/runs/{id}/waterfall", ScopeRead, "a run's timeline, for the web UI"}, serve: (*handler).getWaterfall},
-	{Route: Route{"GET", "/v1/runs/{id}/receipt", ScopeRead, "the run's signed receipt (PAL_RECEIPTS)"}, serve: (*handler).getReceipt},
-	{Route: Route{"GET", "/v1/keys", ScopeRead, "the receipt signing public keys"}, serve: (*handler).listKeys},
-	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged"}, serve: (*handler).deployWorkflow},
-	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version"}, serve: (*handler).listWorkflows},
-	{Route: Route{"GET", "/v1/workflows/{name}", ScopeRead, "a deployed workflow (?version=N) and its versions"}, serve: (*handler).getWorkflow},
-	{Route: Route{"POST", "/v1/runs/{id}/approve", ScopeApprove, "decide an approval step"}, serve: approveRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/budget", ScopeApprove, "raise a run's budget"}, serve: budgetRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/signals/{name}", ScopeApprove, "send a signal; the body is its payload"}, serve: signalRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/cancel", ScopeCancel, "cancel a run"}, serve: cancelRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/resume", ScopeStart, "drive a run now (force: scope admin)"}, serve: resumeRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/fork", ScopeStart, "a new run from a step of this one"}, serve: forkRoute},
-	{Route: Route{"POST", "/v1/runs/{id}/retry", ScopeStart, "a new run from its first failed step"}, serve: retryRoute},
-	{Route: Route{"GET", "/metrics", ScopeRead, "Prometheus metrics (no token with PAL_METRICS_OPEN)"}, openable: true,
-		serve: func(_ *handler, w http.ResponseWriter, r *http.Request) { telemetry.Handler().ServeHTTP(w, r) }},
-	{Route: Route{"GET", "/healthz", 0, "the process is up"}, serve: (*handler).healthz},
-	{Route: Route{"GET", "/readyz", 0, "NATS (and Postgres, when configured) reachable"}, serve: (*handler).readyz},
+	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key", commandStatuses(201, 200)}, handling: startRoute},
+	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)", readStatuses(400, 500, 503)}, handling: plain((*handler).listRuns)},
+	{Route: Route{"GET", "/v1/runs/{id}", ScopeRead, "a run, folded from its journal (runs.RunView)", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getRun)},
+	{Route: Route{"GET", "/v1/runs/{id}/events", ScopeRead, "the journal as server-sent events", readStatuses(204, 400, 404, 410, 429, 500, 503)}, handling: plain((*handler).streamEvents)},
+	{Route: Route{"GET", "/v1/runs/{id}/waterfall", ScopeRead, "a run's timeline, for the web UI", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getWaterfall)},
+	{Route: Route{"GET", "/v1/runs/{id}/receipt", ScopeRead, "the run's signed receipt (PAL_RECEIPTS)", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getReceipt)},
+	{Route: Route{"GET", "/v1/keys", ScopeRead, "the receipt signing public keys", readStatuses()}, handling: plain((*handler).listKeys)},
+	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged", []int{201, 200, 400, 401, 403, 409, 413, 500, 503}}, handling: plain((*handler).deployWorkflow)},
+	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version", readStatuses(500, 503)}, handling: plain((*handler).listWorkflows)},
+	{Route: Route{"GET", "/v1/workflows/{name}", ScopeRead, "a deployed workflow (?version=N) and its versions", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getWorkflow)},
+	{Route: Route{"POST", "/v1/runs/{id}/approve", ScopeApprove, "decide an approval step", commandStatuses(200, 404)}, handling: approveRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/budget", ScopeApprove, "raise a run's budget", commandStatuses(200, 404)}, handling: budgetRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/signals/{name}", ScopeApprove, "send a signal; the body is its payload", commandStatuses(200, 404)}, handling: signalRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/cancel", ScopeCancel, "cancel a run", commandStatuses(200, 404)}, handling: cancelRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/resume", ScopeStart, "drive a run now (force: scope admin)", commandStatuses(200, 404)}, handling: resumeRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/fork", ScopeStart, "a new run from a step of this one", commandStatuses(201, 404)}, handling: forkRoute},
+	{Route: Route{"POST", "/v1/runs/{id}/retry", ScopeStart, "a new run from its first failed step", commandStatuses(201, 404)}, handling: retryRoute},
+	{Route: Route{"GET", "/metrics", ScopeRead, "Prometheus metrics (no token with PAL_METRICS_OPEN)", readStatuses()}, openable: true,
+		handling: plain(func(_ *handler, w http.ResponseWriter, r *http.Request) { telemetry.Handler().ServeHTTP(w, r) })},
+	{Route: Route{"GET", "/healthz", 0, "the process is up", []int{200}}, handling: plain((*handler).healthz)},
+	{Route: Route{"GET", "/readyz", 0, "NATS (and Postgres, when configured) reachable", []int{200, 503}}, handling: plain((*handler).readyz)},
+}
+
+// readStatuses are the statuses of a route that reads: 200, the token's
+// 401 and 403, and more.
+func readStatuses(more ...int) []int { return append([]int{200, 401, 403}, more...) }
+
+// commandStatuses are the statuses of a command route (commandRoute):
+// its success and those of its own, then those readCommand and fail may
+// answer any command.
+func commandStatuses(own ...int) []int {
+	return append(own, 400, 401, 403, 409, 413, 429, 500, 503)
 }
 
 // Routes returns the REST API's routes: every /v1 route, /metrics and the

@@ -60,6 +60,7 @@ func TestRoutesServeTheirScope(t *testing.T) {
 		require.NotEqual(t, http.StatusForbidden, res.status, "%s: %s", r.Pattern(), res.body)
 		require.NotEqual(t, http.StatusUnauthorized, res.status, "%s: %s", r.Pattern(), res.body)
 		require.NotContains(t, string(res.body), "no such endpoint", r.Pattern())
+		require.Contains(t, r.Statuses, res.status, "%s answered %d, which its Statuses (and api/openapi.json) do not list: %s", r.Pattern(), res.status, res.body)
 	}
 	for _, r := range api.Routes() {
 		p := path.Replace(r.Path)
@@ -73,6 +74,7 @@ func TestRoutesServeTheirScope(t *testing.T) {
 				routed(r, res)
 				continue
 			}
+			require.Contains(t, r.Statuses, http.StatusForbidden, r.Pattern())
 			m := requireError(t, res, http.StatusForbidden, "forbidden")
 			require.Equal(t, "token "+name+" lacks scope "+r.Scope.String(), m["detail"], r.Pattern())
 		}
