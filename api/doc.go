@@ -26,9 +26,22 @@
 //	POST /v1/runs/{id}/resume          start    drive a run now (force: scope admin)
 //	POST /v1/runs/{id}/fork            start    a new run from a step of this one
 //	POST /v1/runs/{id}/retry           start    a new run from its first failed step
+//	GET  /v1/openapi.json              read     this API as an OpenAPI 3.1 document (api/openapi.json)
 //	GET  /metrics                      read     Prometheus metrics (no token with PAL_METRICS_OPEN)
 //	GET  /healthz                      none     the process is up
 //	GET  /readyz                       none     NATS (and Postgres, when configured) reachable
+//
+// The contract is api/openapi.json (OpenAPI 3.1, embedded and served at
+// GET /v1/openapi.json, behind a read token like every /v1 route: one
+// rule for /v1, and a client that may call the API may read its shape).
+// It is written by hand, and each fact it states has one source that a
+// test (TestOpenAPIMatchesRoutes) holds it to: the paths and methods are
+// the routes table's; a route's request fields are the JSON fields of the
+// Go type its body decodes into (the runs command of commandRoute, but
+// reply_to); its statuses are the route's Statuses, which
+// TestRoutesServeTheirScope also holds the handlers to; its security is
+// the route's scope. Every error answer is one schema, {"error",
+// "detail", "field"?}.
 //
 // The body-carrying routes decode straight into the runs command structs
 // (one generic route, commandRoute): the run id is the path's, reply_to is

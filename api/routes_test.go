@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"regexp"
@@ -81,6 +82,30 @@ func TestRoutesServeTheirScope(t *testing.T) {
 		routed(r, b.do(t, r.Method, p, strings.NewReader(`{}`), bearerOf(adminToken)...))
 	}
 	require.Equal(t, before, b.journalState(t), "a refused request changed the journal")
+}
+
+// TestOpenAPIServed: GET /v1/openapi.json answers a read token the
+// document committed as api/openapi.json (the one api.OpenAPI embeds),
+// OpenAPI 3.1 JSON; without a token it is 401 like every /v1 route.
+func TestOpenAPIServed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withTokens([]api.Token{{Name: "r", Secret: "tok-r", Scopes: api.ScopeRead}}, false))
+	res := b.get(t, "/v1/openapi.json", bearerOf("tok-r")...)
+	require.Equal(t, http.StatusOK, res.status, string(res.body))
+	require.Equal(t, "application/json", res.header.Get("Content-Type"))
+	committed, err := os.ReadFile("openapi.json")
+	require.NoError(t, err)
+	require.Equal(t, committed, res.body, "GET /v1/openapi.json is not api/openapi.json")
+	require.Equal(t, committed, api.OpenAPI())
+	var doc struct {
+		OpenAPI string         `json:"openapi"`
+		Paths   map[string]any `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(res.body, &doc))
+	require.Equal(t, "3.1.0", doc.OpenAPI)
+	require.Contains(t, doc.Paths, "/v1/openapi.json")
+
+	requireError(t, b.get(t, "/v1/openapi.json", "Authorization", ""), http.StatusUnauthorized, "unauthorized")
 }
 
 // TestCommandRoutesRefuseReplyTo: a REST command's answer is its HTTP
