@@ -56,16 +56,16 @@ func plain(serve func(h *handler, w http.ResponseWriter, r *http.Request)) handl
 // pages, browser.go), pal server --help prints them (Routes), and a test
 // holds api/doc.go's list to them. A route is added here, or nowhere.
 var routes = []route{
-	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key", commandStatuses(201, 200)}, handling: startRoute},
-	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)", readStatuses(400, 500, 503)}, handling: plain((*handler).listRuns)},
+	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key", commandStatuses(201, 200, 404)}, handling: startRoute},
+	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)", readStatuses(400, 503)}, handling: plain((*handler).listRuns)},
 	{Route: Route{"GET", "/v1/runs/{id}", ScopeRead, "a run, folded from its journal (runs.RunView)", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getRun)},
 	{Route: Route{"GET", "/v1/runs/{id}/events", ScopeRead, "the journal as server-sent events", readStatuses(204, 400, 404, 410, 429, 500, 503)}, handling: plain((*handler).streamEvents)},
 	{Route: Route{"GET", "/v1/runs/{id}/waterfall", ScopeRead, "a run's timeline, for the web UI", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getWaterfall)},
 	{Route: Route{"GET", "/v1/runs/{id}/receipt", ScopeRead, "the run's signed receipt (PAL_RECEIPTS)", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getReceipt)},
 	{Route: Route{"GET", "/v1/keys", ScopeRead, "the receipt signing public keys", readStatuses()}, handling: plain((*handler).listKeys)},
-	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged", []int{201, 200, 400, 401, 403, 409, 413, 500, 503}}, handling: plain((*handler).deployWorkflow)},
-	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version", readStatuses(500, 503)}, handling: plain((*handler).listWorkflows)},
-	{Route: Route{"GET", "/v1/workflows/{name}", ScopeRead, "a deployed workflow (?version=N) and its versions", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getWorkflow)},
+	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged", []int{201, 200, 400, 401, 403, 413, 503}}, handling: plain((*handler).deployWorkflow)},
+	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version", readStatuses(503)}, handling: plain((*handler).listWorkflows)},
+	{Route: Route{"GET", "/v1/workflows/{name}", ScopeRead, "a deployed workflow (?version=N) and its versions", readStatuses(400, 404, 503)}, handling: plain((*handler).getWorkflow)},
 	{Route: Route{"POST", "/v1/runs/{id}/approve", ScopeApprove, "decide an approval step", commandStatuses(200, 404)}, handling: approveRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/budget", ScopeApprove, "raise a run's budget", commandStatuses(200, 404)}, handling: budgetRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/signals/{name}", ScopeApprove, "send a signal; the body is its payload", commandStatuses(200, 404)}, handling: signalRoute},
