@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/palrun/pal/internal/telemetry"
@@ -18,10 +19,11 @@ type Route struct {
 	// Does says what the route does, in a few words.
 	Does string
 	// Statuses are the HTTP statuses the route answers, success first:
-	// api/openapi.json documents exactly these for it (a test holds it
-	// to them), as every request that reaches the route may be answered
-	// 405 for a wrong method and 431 for oversized headers, which no
-	// route lists.
+	// api/openapi.json documents exactly these (TestOpenAPIMatchesRoutes),
+	// and TestRoutesServeTheirScope fails on one the route answers
+	// outside them. Any request may also be answered 405 (a wrong method)
+	// or 431 (oversized headers) before it reaches a route; no route
+	// lists those.
 	Statuses []int
 }
 
@@ -53,8 +55,9 @@ func plain(serve func(h *handler, w http.ResponseWriter, r *http.Request)) handl
 }
 
 // routes is the REST API: NewHandler serves exactly these (and the web UI's
-// pages, browser.go), pal server --help prints them (Routes), and a test
-// holds api/doc.go's list to them. A route is added here, or nowhere.
+// pages, browser.go), pal server --help prints them (Routes), and tests
+// hold api/doc.go's list and api/openapi.json to them. A route is added
+// here, or nowhere.
 var routes = []route{
 	{Route: Route{"POST", "/v1/runs", ScopeStart, "start a run: 201 created, 200 for a duplicate idempotency key", commandStatuses(201, 200, 404)}, handling: startRoute},
 	{Route: Route{"GET", "/v1/runs", ScopeRead, "list runs, newest first, by label, status, workflow, time, error (the Postgres projection)", readStatuses(400, 503)}, handling: plain((*handler).listRuns)},
@@ -98,6 +101,7 @@ func Routes() []Route {
 	out := make([]Route, len(routes))
 	for i, rt := range routes {
 		out[i] = rt.Route
+		out[i].Statuses = slices.Clone(rt.Statuses)
 	}
 	return out
 }
