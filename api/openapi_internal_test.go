@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/palrun/pal/runs"
 )
 
 // TestOpenAPIMatchesRoutes holds api/openapi.json to the routes table,
@@ -92,6 +94,26 @@ func TestOpenAPIIsWellFormed(t *testing.T) {
 	require.NoError(t, err)
 	for _, m := range regexp.MustCompile(`"\$ref":"([^"]*)"`).FindAllStringSubmatch(string(raw), -1) {
 		require.NotNil(t, resolve(doc, m[1]), "$ref %s resolves to nothing", m[1])
+	}
+}
+
+// TestOpenAPISchemasAreTheAnswers holds the document's shared schemas to
+// the Go types the handlers write: each schema's properties are the
+// type's JSON fields.
+func TestOpenAPISchemasAreTheAnswers(t *testing.T) {
+	t.Parallel()
+	schemas := dig(openAPIDoc(t), "components", "schemas")
+	for name, ty := range map[string]reflect.Type{
+		"Error":        reflect.TypeFor[errorBody](),
+		"StartAnswer":  reflect.TypeFor[StartAnswer](),
+		"OKAnswer":     reflect.TypeFor[OKAnswer](),
+		"ResumeAnswer": reflect.TypeFor[ResumeAnswer](),
+		"ForkResult":   reflect.TypeFor[runs.ForkResult](),
+		"Deployed":     reflect.TypeFor[runs.DeployResult](),
+	} {
+		props := dig(schemas, name, "properties")
+		require.Equal(t, jsonFieldsOf(ty), slices.Sorted(maps.Keys(props)),
+			"api/openapi.json's schema %s is not %s's JSON fields", name, ty)
 	}
 }
 
