@@ -41,7 +41,8 @@
 // reply_to); its statuses are the route's Statuses, which
 // TestRoutesServeTheirScope also holds the handlers to; its security is
 // the route's scope. Every error answer is one schema, {"error",
-// "detail", "field"?}.
+// "detail", "field"?}; it and the success answers' schemas are held to
+// the Go types written (TestOpenAPISchemasAreTheAnswers).
 //
 // The body-carrying routes decode straight into the runs command structs
 // (one generic route, commandRoute): the run id is the path's, reply_to is
