@@ -38,9 +38,13 @@ const bigWF = `{"name":"big","nodes":[{"id":"start","type":"trigger"},
 // in a real pal worker, kills it with kill -9 after that step completed, and
 // has another worker resume the run: the later step sees the output through
 // a template, and GET /v1/runs/{id} shows it whole.
+//
+// The lease TTL is 5 s, not the 1 s of the other kill tests: writing 5 MiB
+// on a loaded machine can hold back a renewal past 1 s, and the takeover
+// does not wait for the TTL (presence tells w2 that w1 is gone).
 func TestBigOutputSurvivesKill9(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *bundleCfg) { c.stack = append(c.stack, paltest.LeaseTTL(time.Second)) })
+	b := setup(t, func(c *bundleCfg) { c.stack = append(c.stack, paltest.LeaseTTL(5*time.Second)) })
 	b.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
 		if c.LastUser() == "big" {
 			return providertest.Reply{Text: bigText}
@@ -49,7 +53,7 @@ func TestBigOutputSurvivesKill9(t *testing.T) {
 	})
 	bin := testenv.PalBinary(t)
 	worker := func(id string) *testenv.Process {
-		env := append([]string{"PAL_NATS_URL=" + b.NATS.URL(), "PAL_WORKER_ID=" + id, "PAL_LEASE_TTL=1s"}, b.LLM.Env()...)
+		env := append([]string{"PAL_NATS_URL=" + b.NATS.URL(), "PAL_WORKER_ID=" + id, "PAL_LEASE_TTL=5s"}, b.LLM.Env()...)
 		p := testenv.StartProcess(t, bin, []string{"worker"}, env)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
