@@ -3,6 +3,7 @@
 // again on each event of the run's SSE feed while the run is in flight.
 // The feed also carries the text LLM steps stream (event: delta, ?deltas=1),
 // shown growing in the step's row and detail panel until the step ends.
+// The Journal tab beside it lists the journal's events (journal.js).
 "use strict";
 
 (function () {
@@ -23,6 +24,7 @@
   let selected = "";
   let es = null;
   let lanesView = false; // one row per lane instead of one per step
+  let tab = "waterfall"; // or "journal"
 
   // streamed is each step's text as its deltas tell it, by step id: the
   // call it belongs to, the next index, and the text and thinking so far.
@@ -349,6 +351,7 @@
   }
 
   function drawDetail() {
+    if (tab !== "waterfall") { detail.hidden = true; return; }
     const v = findSelected();
     if (!v) { detail.hidden = true; return; }
     const r = v.r;
@@ -489,6 +492,25 @@
     selected = row.dataset.key;
     draw();
   });
+
+  // The tabs: the waterfall, or the journal's events (#journal in the
+  // address opens the journal).
+  const journal = pal.journal(runID, kinds);
+  function showTab(name) {
+    tab = name;
+    document.body.dataset.tab = name;
+    document.getElementById("view-waterfall").hidden = name !== "waterfall";
+    document.getElementById("journal").hidden = name !== "journal";
+    for (const b of document.querySelectorAll(".tabs .tab")) b.setAttribute("aria-selected", b.id === "tab-" + name ? "true" : "false");
+    if (name === "journal") { detail.hidden = true; journal.show(); }
+    else if (wf) draw();
+    history.replaceState(null, "", name === "journal" ? "#journal" : location.pathname + location.search);
+  }
+  document.getElementById("tab-waterfall").addEventListener("click", () => showTab("waterfall"));
+  document.getElementById("tab-journal").addEventListener("click", () => showTab("journal"));
+  const tabOfAddress = () => location.hash === "#journal" ? "journal" : "waterfall";
+  window.addEventListener("hashchange", () => showTab(tabOfAddress()));
+  showTab(tabOfAddress());
 
   lanesBtn.addEventListener("click", () => {
     lanesView = !lanesView;
