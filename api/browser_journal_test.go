@@ -18,7 +18,8 @@ import (
 
 // TestBrowserJournal: a run that one worker drove until it stopped in the
 // middle of a step, and another took over and finished. Its page's
-// Journal tab lists every event of the journal in seq order with its
+// Journal tab, opened in the middle of the step, follows the run to its
+// end and lists every event of the journal in seq order with its
 // kind, step, writer and prev; each run_resumed (both drives) is marked,
 // the second as a takeover; a payload is folded until a click opens it,
 // and a nested object in it folds on its own; a payload holding markup is
@@ -35,6 +36,19 @@ func TestBrowserJournal(t *testing.T) {
 	defer cancel()
 	_, err = hold.Wait(ctx)
 	require.NoError(t, err)
+
+	// The tab opened while w1 is in the middle of step 2 lists the
+	// journal so far.
+	br := newBrowser(t)
+	br.loginAt(b, "/runs/"+id, testToken)
+	br.waitJS("the waterfall", `document.body.dataset.status === "running"`)
+	br.do(chromedp.Click(chromedp.CSS(`#tab-journal`)))
+	br.waitJS("the journal tab", `document.body.dataset.tab === "journal" && !document.querySelector('#journal').hidden && document.querySelector('#view-waterfall').hidden`)
+	sofar := b.Events(t, id)
+	br.waitJS("the journal so far", fmt.Sprintf(`+document.querySelector('#journal-rows').dataset.lastSeq >= %d`, sofar[len(sofar)-1].Seq))
+	require.Equal(t, "false", eval[string](br, `document.querySelector('#journal-rows').dataset.ended`))
+	eval[chromedp.Void](br, `window.__samePage = true`)
+
 	// w1 stops in the middle of step 2 and hands the run on; w2 takes it.
 	require.NoError(t, w1.Stop(ctx))
 	hold.Release()
@@ -53,12 +67,9 @@ func TestBrowserJournal(t *testing.T) {
 	require.Equal(t, "w2", second.Worker)
 	require.True(t, second.Crashed, "w2 took over a drive that did not finish")
 
-	br := newBrowser(t)
-	br.loginAt(b, "/runs/"+id, testToken)
-	br.waitJS("the waterfall", `document.body.dataset.status === "succeeded"`)
-	br.do(chromedp.Click(chromedp.CSS(`#tab-journal`)))
-	br.waitJS("the journal tab", `document.body.dataset.tab === "journal" && !document.querySelector('#journal').hidden && document.querySelector('#view-waterfall').hidden`)
+	// The rest comes live, the takeover among it, without a reload.
 	br.waitJS("every event listed", fmt.Sprintf(`document.querySelector('#journal-rows').dataset.ended === "true" && document.querySelectorAll('#journal-rows .jr-event').length === %d`, len(evs)))
+	require.True(t, eval[bool](br, `window.__samePage === true`), "the tab followed the run without a reload")
 
 	// Every event, in seq order, as the journal has it.
 	type listed struct {
