@@ -24,7 +24,7 @@ import (
 // The web UI (api/ui) is served on the REST API's address:
 //
 //	GET  /                 the runs list                      session
-//	GET  /runs/{id}        a run's waterfall                  session
+//	GET  /runs/{id}        a run's waterfall and journal      session
 //	GET  /login            the login form                     none
 //	POST /login            trade an API token for a session   none (body ≤ MaxLoginBytes; same origin; failures bounded)
 //	POST /logout           end the session                    session + CSRF (same origin)

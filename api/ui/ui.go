@@ -8,7 +8,9 @@
 // versions from GET /v1/workflows and GET /v1/workflows/{name}, and a
 // run's waterfall from GET
 // /v1/runs/{id}/waterfall (the fold of its journal), refreshed while the
-// run is in flight on each event of GET /v1/runs/{id}/events. The scripts
+// run is in flight on each event of GET /v1/runs/{id}/events. The run
+// page's Journal tab lists that feed's events as they come, from the
+// first, each envelope as sent (journal.js). The scripts
 // never fold events themselves, and they write every value from a run
 // into the page as text (textContent), never as markup: step inputs and
 // outputs are whatever a model or a tool returned. The server's
