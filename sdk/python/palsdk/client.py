@@ -308,9 +308,10 @@ class Client:
         wait the server asks for (``retry:``, 1 s), doubled at each
         failure in a row, at most 30 s. After ``retries`` failures in a
         row with no event between them, the last error is raised. The
-        first connection is not retried: its failure, and any error
-        answer (NotFound for an unknown run, RateLimited for a token over
-        its stream limits), raises at once, at the first ``next``.
+        first connection is not retried, nor an error answer but a
+        reconnect's 503: they raise at once (the first at the first
+        ``next``), e.g. NotFound for an unknown run, RateLimited for a
+        token over its stream limits.
         """
         return self._events(run_id, after, retries, None)
 
@@ -388,7 +389,7 @@ class Client:
     def signal(self, run_id, name, payload=None):
         """Send signal ``name`` with ``payload`` (any JSON value) to the
         run's wait node: POST /v1/runs/{id}/signals/{name}. Returns ``{"ok",
-        "run_id"}``; Conflict when the run waits for no such signal."""
+        "run_id"}``; Conflict when its workflow has no wait node for it."""
         return self._call("POST", "/v1/runs/%s/signals/%s" % (_seg(run_id), _seg(name)), body=payload)
 
     def cancel(self, run_id, reason=None, *, by=None):
@@ -398,7 +399,8 @@ class Client:
 
     def raise_budget(self, run_id, *, add_usd=None, add_tokens=None, add_steps=None, add_ms=None, by=None):
         """Raise the run's budget: POST /v1/runs/{id}/budget. Returns
-        ``{"ok", "run_id"}``; Conflict if it has ended."""
+        ``{"ok", "run_id"}``; BadRequest for an add to a limit the run does
+        not have, Conflict if it has ended."""
         body = _put({}, add_usd=add_usd, add_tokens=add_tokens, add_steps=add_steps, add_ms=add_ms, by=by)
         return self._call("POST", "/v1/runs/%s/budget" % _seg(run_id), body=body)
 
