@@ -61,6 +61,7 @@ DEFAULT_MAX_EVENT_BYTES = 16 << 20
 # event before it gives up and raises the last error.
 DEFAULT_STREAM_RETRIES = 10
 _MAX_BACKOFF = 30.0
+_READ_PIECE = 1 << 16
 _UNSET = object()
 
 
@@ -229,10 +230,20 @@ class Client:
             raise
 
     def _read(self, resp, limit):
-        data = resp.read(limit + 1)
-        if len(data) > limit:
-            raise ProtocolError("%s: the answer is over %d bytes" % (resp.status, limit))
-        return data
+        """resp's body, refused past limit bytes. It is read in pieces:
+        before Python 3.10 or so, read(n) allocates n bytes up front."""
+        too_big = ProtocolError("%d: the answer is over %d bytes" % (resp.status, limit))
+        if resp.length is not None and resp.length > limit:
+            raise too_big
+        parts, size = [], 0
+        while True:
+            b = resp.read(min(_READ_PIECE, limit + 1 - size))
+            if not b:
+                return b"".join(parts)
+            parts.append(b)
+            size += len(b)
+            if size > limit:
+                raise too_big
 
     def _error(self, resp):
         """The APIError of an error answer (its first 64 KiB)."""

@@ -225,6 +225,18 @@ class _Response:
         return self._f.readline(limit)
 
 
+class _Answer:
+    """What Client._read reads: a response's status, length and read."""
+
+    def __init__(self, data, length):
+        self._f = io.BytesIO(data)
+        self.status = 200
+        self.length = length
+
+    def read(self, n):
+        return self._f.read(n)
+
+
 class _Conn:
     sock = None
 
@@ -237,8 +249,9 @@ def _sse(seq, kind="step_started"):
     return "id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind, json.dumps({"seq": seq, "kind": kind}))
 
 
-class SSEParsingTest(unittest.TestCase):
-    """The event stream's parsing, without a server."""
+class WithoutServerTest(unittest.TestCase):
+    """The event stream's parsing and the bounds on reads, without a
+    server."""
 
     def test_fields(self):
         r = _reader(b"retry: 1500\r\n\r\n: keep-alive\n\nid: 1\r\nevent: run_created\r\ndata: {\"seq\":\r\n"
@@ -261,6 +274,16 @@ class SSEParsingTest(unittest.TestCase):
         self.assertEqual(r.next()[0], "1")
         with self.assertRaises(palsdk.ProtocolError):
             r.next()
+
+    def test_an_answer_over_the_bound(self):
+        c = palsdk.Client("http://127.0.0.1:1", "t", max_response_bytes=100 << 10)
+        body = b"x" * (100 << 10)
+        self.assertEqual(c._read(_Answer(body, None), c.max_response_bytes), body, "chunked, at the bound")
+        self.assertEqual(c._read(_Answer(body, len(body)), c.max_response_bytes), body)
+        with self.assertRaises(palsdk.ProtocolError):
+            c._read(_Answer(body + b"x", None), c.max_response_bytes)
+        with self.assertRaises(palsdk.ProtocolError):
+            c._read(_Answer(b"", len(body) + 1), c.max_response_bytes)
 
     def test_envelopes_come_once_in_order(self):
         ev = lambda seq: (str(seq), "step_started", json.dumps({"seq": seq}))
