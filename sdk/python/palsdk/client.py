@@ -15,8 +15,10 @@ the status (:class:`BadRequest` 400, :class:`Unauthorized` 401,
 (``"error"``), ``message`` (``"detail"``) and ``field``. An answer the
 client cannot read (not JSON, or over its size bound) raises
 :class:`ProtocolError`; a network failure raises the ``OSError`` it is
-(``TimeoutError`` past the timeout). Nothing is retried but an event
-stream's connection.
+(``socket.timeout``, ``TimeoutError`` from Python 3.10, past the
+timeout), an answer cut short ``http.client.HTTPException``. Only a
+dropped event stream is opened again (:meth:`Client.events`,
+:meth:`Client.wait`).
 
 Every request has a timeout, and every read from the network a bound:
 ``max_response_bytes`` for an answer, ``max_event_bytes`` for one
