@@ -10,6 +10,8 @@ own, with PYTHONPATH at sdk/python and:
   PAL_READ_TOKEN   a token with scope read only
   PAL_LIMITED_URL  the same PAL's API, where a token may open one event
                    stream an hour
+
+WithoutServerTest needs none of them.
 """
 
 import datetime
@@ -57,8 +59,9 @@ class ClientTest(unittest.TestCase):
         self.fail("run %s ended without %s" % (rid, kind))
 
     def listed(self, want, **filters):
-        """The run ids list(**filters) finds once the projection has
-        every run of want (a dict run id -> status) at its status."""
+        """The runs (run id -> status) list(**filters) finds once the
+        projection has every run of want (the same form) at its status,
+        or after PATIENCE seconds."""
         deadline = time.monotonic() + PATIENCE
         while True:
             runs = {r["run_id"]: r["status"] for r in self.pal.list(**filters)["runs"]}
