@@ -20,7 +20,7 @@ run: build ## Run PAL locally: pal dev (NATS, Postgres, worker, projector, API; 
 	./$(BIN) dev
 
 .PHONY: test
-test: ## Run the whole test suite with the race detector (needs PostgreSQL binaries or DATABASE_URL, bubblewrap, python3, and Chromium, which the browser tests install when missing)
+test: ## Run the whole test suite with the race detector (needs PostgreSQL binaries or DATABASE_URL, bubblewrap, python3 with pip, and Chromium, which the browser tests install when missing)
 	$(GO) vet $(PKGS)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi

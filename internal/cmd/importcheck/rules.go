@@ -18,8 +18,10 @@ var layers = [][]string{
 	// The vocabulary and ground-floor machinery.
 	{"event", "schemas", "proto/...", "internal/pgcluster", "internal/retry", "internal/service", "internal/registry", "internal/egress", "internal/redact", "internal/telemetry", "internal/natsraft", "internal/sandbox", "internal/limit", "api/ui"},
 	// sdk is linked into the programs PAL runs as process steps: it
-	// imports nothing of PAL.
-	{"sdk"},
+	// imports nothing of PAL. sdk/python is the Python SDK, whose Go
+	// package only holds its test (in test files, which may import
+	// anything).
+	{"sdk/..."},
 }
 
 // testOnly packages set up tests. Only test files, and other test-only

@@ -12,14 +12,14 @@ import tarfile
 import zipfile
 
 NAME = "palsdk"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = "py3-none-any"
 
 METADATA = """Metadata-Version: 2.1
 Name: {name}
 Version: {version}
-Summary: Durable sub-steps for programs PAL runs as process steps
+Summary: PAL's Python SDK: a client of its REST API, and durable sub-steps for process steps
 Requires-Python: >=3.8
 """.format(name=NAME, version=VERSION)
 

@@ -10,6 +10,9 @@ again.
 
 Standard library only. Outside PAL (no ``PAL_REPORT_SOCKET``) :func:`step`
 just calls ``fn``.
+
+:class:`Client` (module :mod:`palsdk.client`) is a client of PAL's REST
+API: it starts, follows and decides runs from outside PAL.
 """
 
 import http.client
@@ -18,7 +21,37 @@ import os
 import socket
 import threading
 
-__all__ = ["step", "resumed", "idempotency_key", "PalError"]
+from .client import (
+    TERMINAL_KINDS,
+    TERMINAL_STATUSES,
+    APIError,
+    BadRequest,
+    Client,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ProtocolError,
+    RateLimited,
+    Unauthorized,
+)
+
+__all__ = [
+    "step",
+    "resumed",
+    "idempotency_key",
+    "PalError",
+    "Client",
+    "APIError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "RateLimited",
+    "ProtocolError",
+    "TERMINAL_STATUSES",
+    "TERMINAL_KINDS",
+]
 
 _TIMEOUT = 30
 
