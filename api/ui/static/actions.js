@@ -4,7 +4,8 @@
 // REST route the CLI's command is (POST with the session's CSRF token,
 // pal.api), so the server checks the session's scopes and the run's state
 // again; the page only leaves out what the session may not do (the
-// template renders no button without the scope). run.js hands over each
+// template renders no button without its scope, and a signal's send
+// button is drawn only with scope approve). run.js hands over each
 // waterfall it draws (the pal:waterfall event).
 "use strict";
 
@@ -52,7 +53,7 @@
     if ($("force-wrap")) $("force-wrap").hidden = ended;
     if ($("budget-open")) $("budget-open").hidden = ended;
     if (ended && $("budget")) $("budget").hidden = true;
-    $("verify").hidden = !ended;
+    if ($("verify")) $("verify").hidden = !ended;
     const fork = $("fork-from");
     if (fork) {
       // The steps the run started, at the top level: a fork runs the one
@@ -134,7 +135,7 @@
       });
     });
   }
-  $("verify").addEventListener("click", ev => act(ev.target, async () => {
+  if ($("verify")) $("verify").addEventListener("click", ev => act(ev.target, async () => {
     // The server serves a receipt only when its signature verifies
     // against its keys and it is this run's (else an error saying why).
     let r;
