@@ -139,7 +139,7 @@ func TestBrowserActions(t *testing.T) {
 		br.waitJS("the workflow listed", `!!document.querySelector('tr.workflow[data-name="greet"] a')`)
 		br.do(chromedp.Click(chromedp.CSS(`tr.workflow[data-name="greet"] a`)), chromedp.Click(chromedp.CSS(`#start summary`)))
 		br.waitJS("the form, greet picked", `document.querySelector('#start').open && document.querySelector('#start-workflow').value === "greet"`)
-		// A bad input is the API's error, not a run.
+		// An input that is not JSON is refused in the form; no run starts.
 		br.do(chromedp.SetValue(chromedp.CSS(`#start-input`), `{"who":`), chromedp.Click(chromedp.CSS(`#start-submit`)))
 		br.waitJS("the input refused", `!document.querySelector('#start-error').hidden && document.querySelector('#start-error').textContent.includes("not JSON")`)
 		br.do(chromedp.SetValue(chromedp.CSS(`#start-input`), `{"who":"<b>ann</b>"}`))
