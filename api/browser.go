@@ -18,6 +18,7 @@ import (
 
 	"github.com/palrun/pal/api/ui"
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore/natsauth"
 	"github.com/palrun/pal/internal/limit"
 )
 
@@ -250,6 +251,17 @@ type pageData struct {
 	Error   string
 	Next    string
 	NoLogin bool
+	// scopes are the session's: May leaves out of a page what it may
+	// not do.
+	scopes Scopes
+}
+
+// May reports whether the page's session has the scope written word
+// (admin has every scope): the templates render an action only for a
+// session that may take it, and the route checks it again.
+func (d pageData) May(word string) bool {
+	s, ok := natsauth.ScopeOf(word)
+	return ok && d.scopes.Has(s)
 }
 
 // page serves a page template to a logged-in browser; others are sent to
@@ -266,9 +278,9 @@ func (h *handler) page(name string, withRun bool) http.HandlerFunc {
 		}
 		switch sess, ok := h.sessions.get(r); {
 		case ok:
-			d.User, d.Scopes, d.CSRF = sess.who.name, sess.who.scopes.String(), sess.csrf
+			d.User, d.Scopes, d.CSRF, d.scopes = sess.who.name, sess.who.scopes.String(), sess.csrf, sess.who.scopes
 		case len(h.auth.digests) == 0 && h.cfg.Insecure:
-			d.User, d.Scopes, d.NoLogin = insecurePrincipal.name, insecurePrincipal.scopes.String(), true
+			d.User, d.Scopes, d.NoLogin, d.scopes = insecurePrincipal.name, insecurePrincipal.scopes.String(), true, insecurePrincipal.scopes
 		default:
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
 			return

@@ -10,7 +10,11 @@
 // /v1/runs/{id}/waterfall (the fold of its journal), refreshed while the
 // run is in flight on each event of GET /v1/runs/{id}/events. The run
 // page's Journal tab lists that feed's events as they come, from the
-// first, each envelope as sent (journal.js). The scripts
+// first, each envelope as sent (journal.js). The pages operate runs
+// through the REST routes with the session's CSRF token: start.js starts
+// a deployed workflow, actions.js retries, forks, resumes, signals,
+// raises a budget and verifies a receipt; a page shows an action only to
+// a session with its scope. The scripts
 // never fold events themselves, and they write every value from a run
 // into the page as text (textContent), never as markup: step inputs and
 // outputs are whatever a model or a tool returned. The server's

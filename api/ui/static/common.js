@@ -21,7 +21,7 @@ const pal = {
     if (method !== "GET") {
       opts.headers["X-CSRF-Token"] = pal.meta("pal-csrf");
       opts.headers["Content-Type"] = "application/json";
-      opts.body = JSON.stringify(body || {});
+      opts.body = JSON.stringify(body === undefined ? {} : body);
     }
     const res = await fetch(path, opts);
     if (res.status === 401) {

@@ -280,6 +280,8 @@
     drawApprovals();
     cancelBtn.hidden = terminal.has(wf.status) || !pal.may("cancel");
     if (selected) drawDetail();
+    // The run's actions (actions.js) follow its status and steps.
+    document.dispatchEvent(new CustomEvent("pal:waterfall", { detail: wf }));
     // How long drawing took, for the benchmark and the curious.
     document.body.dataset.drawMs = (performance.now() - t0).toFixed(1);
     document.body.dataset.drawnAt = performance.now().toFixed(1);

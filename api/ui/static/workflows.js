@@ -35,6 +35,8 @@
         wf.name + "@" + wf.version + " · sha256 " + wf.sha256 + (wf.by ? " · deployed by " + wf.by : "");
       document.getElementById("definition").textContent = JSON.stringify(wf.workflow, null, 2);
       detail.hidden = false;
+      // The start form (start.js), when there is one, starts this one.
+      document.dispatchEvent(new CustomEvent("pal:workflow", { detail: wf.name }));
       pal.showError(null);
     } catch (e) {
       pal.showError(e);
