@@ -17,7 +17,7 @@ import (
 // so a kill -9 is noticed within this and its runs resumed straight after.
 // 25 ms, not 50: over 100 kills at random phases the takeover's p99 was
 // 102-108 ms at 50 ms and 84-89 ms at 25 ms; a probe is two small messages
-// (the probe and its empty answer), 80 a second per pair of workers.
+// (the probe and its empty answer), 80 a second from each worker to each peer.
 const presenceProbeEvery = 25 * time.Millisecond
 
 // A probe is a publish with a reply subject, not a request: nothing waits
