@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/retry"
 )
 
 // WorkflowBucket is the registry of deployed workflows
@@ -222,6 +223,41 @@ func (s *Store) latestWorkflow(ctx context.Context, kv jetstream.KeyValue, name 
 	return l, e.Revision(), nil
 }
 
+// replicaLag bounds how long a read of the registry waits for a deploy
+// it does not see yet. On a cluster every replica of the bucket answers
+// Direct Get, and a follower may not have applied a deploy that its
+// leader acknowledged: a start right after a deploy could find the
+// workflow "not deployed" (seen on R3 in TestBenchCluster).
+const replicaLag = 500 * time.Millisecond
+
+// latestAtLeast reads name's latest version, again for up to replicaLag
+// while it is not deployed or below v (v 0: any version). A name or
+// version that is truly not deployed is refused after that wait.
+func (s *Store) latestAtLeast(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (latestValue, error) {
+	rctx, cancel := context.WithTimeout(ctx, replicaLag)
+	defer cancel()
+	var latest latestValue
+	var readErr error
+	// The wait's own end is not an error: the last read stands, and the
+	// caller refuses what it does not name.
+	_ = retry.Do(rctx, jsRetry, func() error {
+		l, _, err := s.latestWorkflow(ctx, kv, name)
+		if err != nil {
+			readErr = err
+			return retry.Permanent(err)
+		}
+		latest, readErr = l, nil
+		if l.Version == 0 || v > l.Version {
+			return ErrWorkflowNotFound
+		}
+		return nil
+	})
+	if readErr != nil {
+		return latestValue{}, readErr
+	}
+	return latest, nil
+}
+
 // workflowVersion reads one version's key, checking its definition
 // against its sha256.
 func (s *Store) workflowVersion(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (DeployedWorkflow, error) {
@@ -257,7 +293,7 @@ func (s *Store) DeployedWorkflow(ctx context.Context, name string, v uint64) (De
 	if err != nil {
 		return DeployedWorkflow{}, err
 	}
-	latest, _, err := s.latestWorkflow(ctx, kv, name)
+	latest, err := s.latestAtLeast(ctx, kv, name, v)
 	if err != nil {
 		return DeployedWorkflow{}, err
 	}
