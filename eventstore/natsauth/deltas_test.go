@@ -103,6 +103,12 @@ func TestDeltasUnderRoles(t *testing.T) {
 	require.NoError(t, worker.PublishDelta(runID, delta(3)))
 	require.Equal(t, delta(3), <-got)
 	require.NoError(t, <-done)
+	// A delta is a core publish: the watch can take it live before
+	// PAL_DELTAS has stored it.
+	require.Eventually(t, func() bool {
+		info, err := worker.JetStream().Stream(ctx, eventstore.DeltasStream)
+		return err == nil && info.CachedInfo().State.Msgs == 4
+	}, 10*time.Second, 5*time.Millisecond, "PAL_DELTAS stored the fourth delta")
 
 	// A client cannot publish a delta: not live, not into PAL_DELTAS.
 	require.NoError(t, client.Publish(subj, []byte(`{"step_id":"ask","call":99,"index":0,"text":"forged","reset":true}`)))
