@@ -460,6 +460,9 @@ func TestBrowserApprove(t *testing.T) {
 	br.screenshot(t, "approved")
 }
 
+// TestBrowserCancel cancels a run from the page while its step is in
+// flight: the run ends cancelled, with a marker, and the step is drawn
+// interrupted.
 func TestBrowserCancel(t *testing.T) {
 	b := setup(t)
 	never := make(chan struct{})
@@ -483,6 +486,21 @@ func TestBrowserCancel(t *testing.T) {
 	require.Equal(t, "ci", d.By)
 	require.Equal(t, "cancelled from the web UI", d.Reason)
 	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('.marker.kind-run_cancelled').length`))
+	// The gate was in flight when the run ended: interrupted, its bar
+	// ending at the run's end, not running.
+	br.waitJS("the interrupted gate", `!!document.querySelector('.wf-row.status-interrupted[data-step="g"] .seg.interrupted')`)
+	type bar struct {
+		Outcome string  `json:"outcome"`
+		Open    bool    `json:"open"`
+		End     float64 `json:"end"`
+	}
+	g := eval[bar](br, `(s => ({outcome: s.dataset.outcome, open: s.classList.contains('open'),
+	  end: parseFloat(s.style.left) + parseFloat(s.style.width)}))(document.querySelector('.wf-row[data-step="g"] .seg'))`)
+	require.Equal(t, "interrupted", g.Outcome)
+	require.False(t, g.Open)
+	require.InDelta(t, 100, g.End, 0.01, "the bar ends at the run's end")
+	require.Zero(t, eval[int](br, `document.querySelectorAll('.seg.running, .wf-row.status-running').length`))
+	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('.legend .sw.interrupted').length`))
 	br.screenshot(t, "cancelled")
 }
 

@@ -15,7 +15,7 @@ import (
 // from the journaled turns: the system prompt, the user's prompt, the
 // model's tool call, the tool's result and the final answer, once each
 // and in order; a turn's panel shows the conversation up to it. Markup in
-// the prompt is text.
+// the prompt is text. The tool call's row is labelled by its tool.
 func TestBrowserConversation(t *testing.T) {
 	b := setup(t, withWorker())
 	b.LLM.SetResponder(providertest.ToolUser)
@@ -30,6 +30,11 @@ func TestBrowserConversation(t *testing.T) {
 	br := newBrowser(t)
 	br.loginAt(b, "/runs/"+id, testToken)
 	br.waitJS("the agent's turns", `document.body.dataset.status === "succeeded" && !!document.querySelector('.wf-row[data-step="ask.turn[1]"]')`)
+	// A tool call is labelled by its tool; the agent and its turns by
+	// their node type.
+	labels := eval[map[string]string](br, `Object.fromEntries([...document.querySelectorAll('.wf-row')].map(r =>
+	  [r.dataset.step, r.querySelector('.node-type').textContent]))`)
+	require.Equal(t, map[string]string{"ask": "agent", "ask.turn[0]": "agent", "ask.turn[0].tool[0]": "echo", "ask.turn[1]": "agent"}, labels)
 	br.do(chromedp.Click(chromedp.CSS(`.wf-row[data-step="ask"] .step-id`)))
 	br.waitJS("the conversation", `!!document.querySelector('#detail .conversation')`)
 	type msg struct {

@@ -58,8 +58,14 @@ type WaterfallRow struct {
 	// once are in lanes of their own (readmodel.Lanes), over the step's
 	// whole time, its first attempt's start to its last one's end; -1
 	// for a step that has no segment.
-	Lane     int               `json:"lane"`
-	NodeType string            `json:"node_type,omitempty"`
+	Lane     int    `json:"lane"`
+	NodeType string `json:"node_type,omitempty"`
+	// Tool is the tool a tool call of an agent called (its node type
+	// is the agent's): the UI labels the row by it.
+	Tool string `json:"tool,omitempty"`
+	// Status is the latest attempt's (running, waiting, retrying,
+	// completed, failed), or interrupted: the step was in flight
+	// (running, waiting or retrying) when the run ended.
 	Status   engine.StepStatus `json:"status"`
 	Retries  int               `json:"retries"`
 	Segments []Segment         `json:"segments"`
@@ -87,8 +93,9 @@ type WaterfallRow struct {
 }
 
 // Segment is one attempt of a step: a bar from its start to its end,
-// coloured by Outcome (running, waiting, completed, failed, or retried:
-// failed and followed by a journaled retry). The gap before the next
+// coloured by Outcome (running, waiting, completed, failed, retried:
+// failed and followed by a journaled retry, or interrupted: not ended
+// when the run ended, so it ends at the run's end). The gap before the next
 // segment is the retry's backoff. An attempt retried with its outcome
 // unknown keeps its number (and key), so one segment may span several
 // Tries.
@@ -143,6 +150,11 @@ type Mark struct {
 	StepID string          `json:"step_id,omitempty"`
 	Data   json.RawMessage `json:"data,omitempty"`
 }
+
+// StepInterrupted is the status of a step, and the outcome of an
+// attempt, that was in flight when its run ended (cancelled, failed):
+// only the waterfall says it, the journal has no event for it.
+const StepInterrupted engine.StepStatus = "interrupted"
 
 // markKinds are the kinds drawn as marks. The budget kinds are named by
 // their journal names so they show as soon as workers write them.
@@ -216,6 +228,7 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		}
 	}
 	var walk func(id string, depth int)
+	runEnded := !st.EndedAt.IsZero()
 	walk = func(id string, depth int) {
 		s := st.Steps[id]
 		row := WaterfallRow{StepID: id, Parent: parents[id], Depth: depth, Children: len(children[id]),
@@ -225,12 +238,28 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		if s.Status != engine.StepWaiting {
 			row.WaitReason = ""
 		}
+		if sid, err := engine.ParseStepID(id); err == nil && sid.Kind == engine.StepOfToolCall {
+			var in engine.ToolInput
+			if json.Unmarshal(s.Input, &in) == nil {
+				row.Tool = in.Tool
+			}
+		}
+		if runEnded && inFlight(row.Status) {
+			row.Status, row.WaitReason = StepInterrupted, ""
+		}
 		var usage event.Usage
 		for _, a := range s.Attempts {
 			if a.Usage != nil {
 				usage.Add(*a.Usage)
 			}
-			row.Segments = append(row.Segments, segmentOf(a, reasons[stepAttempt{id, a.Attempt}], ms, ms(end)))
+			seg := segmentOf(a, reasons[stepAttempt{id, a.Attempt}], ms, ms(end))
+			if runEnded && seg.Open {
+				seg.Outcome, seg.Open = string(StepInterrupted), false
+				if seg.Wait != nil {
+					seg.Wait.Open = false
+				}
+			}
+			row.Segments = append(row.Segments, seg)
 		}
 		if usage != (event.Usage{}) {
 			row.Usage = &usage
@@ -257,6 +286,11 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 	}
 	w.Lanes = laneRows(w.Rows)
 	return w
+}
+
+// inFlight reports whether a step of this status has not ended.
+func inFlight(s engine.StepStatus) bool {
+	return s == engine.StepRunning || s == engine.StepWaiting || s == engine.StepRetrying
 }
 
 // laneRows sets each row's Lane over its segments' whole span and

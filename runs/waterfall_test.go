@@ -35,7 +35,8 @@ func TestWaterfallOfNesting(t *testing.T) {
 	start(2, "ask", "agent")
 	start(3, "ask.turn[0]", "ai-step")
 	done(4, "ask.turn[0]")
-	start(5, "ask.turn[0].tool[1]", "tool")
+	add(5, event.StepStarted, "ask.turn[0].tool[1]", 1, event.StepStartedData{NodeID: "ask", NodeType: "agent", IdempotencyKey: "k-tool",
+		Input: json.RawMessage(`{"tool":"echo","input":{"n":1},"tool_call_id":"c1"}`)})
 	done(6, "ask.turn[0].tool[1]")
 	start(7, "ask.turn[1]", "ai-step")
 	done(8, "ask.turn[1]")
@@ -73,6 +74,55 @@ func TestWaterfallOfNesting(t *testing.T) {
 	require.Equal(t, runs.Segment{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 3, EndMs: 4}, w.Rows[1].Segments[0])
 	require.Equal(t, []runs.Drive{{Seq: 2, AtMs: 1, Worker: "w1", Count: 1}}, w.Drives)
 	require.Equal(t, "k-ask", w.Rows[0].Key)
+	require.Equal(t, "echo", w.Rows[2].Tool, "a tool call is labelled by its tool")
+	require.Equal(t, "agent", w.Rows[2].NodeType)
+	require.Empty(t, w.Rows[0].Tool)
+	require.Equal(t, engine.StepRunning, w.Rows[6].Status, "in flight while the run is")
+}
+
+// TestWaterfallInterrupted: a run cancelled while one step ran, one
+// waited and one was in backoff draws those steps interrupted, their
+// last bars ending at the run's end and not open; a step that ended
+// keeps its status.
+func TestWaterfallInterrupted(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var evs []event.Event
+	add := func(ms int, k event.Kind, step string, attempt int, data any) {
+		ev := event.MustNew(k, step, attempt, data)
+		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
+		evs = append(evs, ev)
+	}
+	start := func(ms int, step string, attempt int) {
+		add(ms, event.StepStarted, step, attempt, event.StepStartedData{NodeID: step, NodeType: "tool", IdempotencyKey: "k-" + step})
+	}
+	add(0, event.RunCreated, "", 0, event.RunCreatedData{Input: json.RawMessage(`{}`)})
+	add(1, event.RunResumed, "", 0, event.RunResumedData{Worker: "w1", ResumeCount: 1})
+	start(2, "done", 1)
+	add(3, event.StepCompleted, "done", 1, event.StepCompletedData{Output: json.RawMessage(`{}`)})
+	start(4, "run", 1)
+	start(5, "wait", 1)
+	add(6, event.StepWaiting, "wait", 1, event.StepWaitingData{Reason: "signal"})
+	start(7, "retry", 1)
+	add(8, event.StepRetrying, "retry", 1, event.StepRetryingData{Attempt: 2, Of: 3, Error: "no", Class: "tool", DelayMs: 1000})
+	add(10, event.RunCancelled, "", 0, event.RunCancelledData{Reason: "enough"})
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+
+	w := runs.WaterfallOf(evs, st, t0.Add(time.Hour))
+	require.Equal(t, 10.0, w.SpanMs, "the axis ends at the run's end")
+	status := map[string]engine.StepStatus{}
+	for _, r := range w.Rows {
+		status[r.StepID] = r.Status
+	}
+	require.Equal(t, map[string]engine.StepStatus{"done": engine.StepCompleted, "run": runs.StepInterrupted,
+		"wait": runs.StepInterrupted, "retry": runs.StepInterrupted}, status)
+	require.Equal(t, runs.Segment{Attempt: 1, Tries: 1, Outcome: "interrupted", StartMs: 4, EndMs: 10}, w.Rows[1].Segments[0])
+	wait := w.Rows[2]
+	require.Equal(t, "interrupted", wait.Segments[0].Outcome)
+	require.Equal(t, &runs.Wait{Reason: "signal", StartMs: 6, EndMs: 10}, wait.Segments[0].Wait)
+	require.Empty(t, wait.WaitReason, "no longer waiting")
+	require.Equal(t, []string{"retried"}, []string{w.Rows[3].Segments[0].Outcome}, "the retried attempt ended; the step is interrupted in backoff")
 }
 
 // TestWaterfallLanes: steps in flight at once are in lanes of their own,

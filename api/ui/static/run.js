@@ -122,7 +122,8 @@
       name.appendChild(pal.el("span", "toggle-space"));
     }
     name.appendChild(pal.el("span", "step-id", r.step_id));
-    name.appendChild(pal.el("span", "node-type", r.node_type || ""));
+    // A tool call of an agent is labelled by its tool, not "agent".
+    name.appendChild(pal.el("span", "node-type", r.tool || r.node_type || ""));
     if (r.model) name.appendChild(pal.el("span", "model", r.model));
     if (r.retries) name.appendChild(pal.el("span", "badge", r.retries + " retr" + (r.retries === 1 ? "y" : "ies")));
     if (r.child_run_id) {
