@@ -291,7 +291,7 @@ func TestBrowserFinishedWaterfall(t *testing.T) {
 // TestBrowserRetriesAndDrives opens a hand-made journal: a step retried
 // 50 times, a drive that took over from an interrupted one, and an
 // anomaly. (Real backoff grows too fast for a test to wait out 50
-// retries.)
+// retries.) Tick and marker labels do not overlap, at 800 px either.
 func TestBrowserRetriesAndDrives(t *testing.T) {
 	b := setup(t)
 	id := event.NewRunID()
@@ -311,11 +311,12 @@ func TestBrowserRetriesAndDrives(t *testing.T) {
 	for n := 1; n <= 50; n++ {
 		evs = append(evs, mk(ms, event.StepStarted, "r", n, event.StepStartedData{NodeID: "r", NodeType: "tool", IdempotencyKey: key(n)}),
 			mk(ms+10, event.StepRetrying, "r", n, event.StepRetryingData{Attempt: n + 1, Of: 51, Error: "not yet", Class: "tool", DelayMs: 10}))
-		ms += 20
+		ms += 300 // a 15 s axis: ticks every 2 s, as many as fit
 		if n == 25 {
 			evs = append(evs, mk(ms, event.RunResumed, "", 0, event.RunResumedData{Worker: "w2", ResumeCount: 2, Crashed: true, CrashesAtStep: 1}),
-				mk(ms+1, event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Type: "retry_storm", Observed: 25, Threshold: 20, Action: "record", StepID: "r"}))
-			ms += 2
+				mk(ms+1, event.AnomalyDetected, "", 0, event.AnomalyDetectedData{Type: "retry_storm", Observed: 25, Threshold: 20, Action: "record", StepID: "r"}),
+				mk(ms+2, event.BudgetWarning, "", 0, event.BudgetWarningData{Limit: "max_cost_usd", Spent: 0.8, Max: 1}))
+			ms += 3
 		}
 	}
 	evs = append(evs, mk(ms, event.StepStarted, "r", 51, event.StepStartedData{NodeID: "r", NodeType: "tool", IdempotencyKey: key(51)}),
@@ -336,8 +337,31 @@ func TestBrowserRetriesAndDrives(t *testing.T) {
 	require.Equal(t, []string{"drive 1 · w1", "drive 2 · w2 · previous drive interrupted"}, drives)
 	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('.marker.interrupted').length`))
 	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('.marker.mark[data-kind="anomaly_detected"]').length`))
+	// The second drive, the anomaly and the budget warning are a
+	// millisecond apart: their labels take lines of their own. No two tick labels overlap either,
+	// at 1,400 px nor at 800 px.
+	require.Zero(t, eval[int](br, overlapsJS+`overlaps('.marker .label')`), "marker labels overlap")
+	require.Zero(t, eval[int](br, overlapsJS+`overlaps('#axis .tick')`), "tick labels overlap")
 	br.screenshot(t, "retries-and-drives")
+	br.do(chromedp.EmulateViewport(800, 900))
+	br.waitJS("the axis drawn at 800 px", `document.documentElement.clientWidth === 800 &&
+	  document.body.dataset.axisWidth === String(document.querySelector('#axis').clientWidth)`)
+	require.Greater(t, eval[int](br, `document.querySelectorAll('#axis .tick').length`), 1)
+	require.Zero(t, eval[int](br, overlapsJS+`overlaps('#axis .tick')`), "tick labels overlap at 800 px")
+	require.Zero(t, eval[int](br, overlapsJS+`overlaps('.marker .label')`), "marker labels overlap at 800 px")
+	br.screenshot(t, "retries-and-drives-800")
 }
+
+// overlapsJS defines overlaps(selector): how many pairs of the elements
+// it selects have bounding boxes that overlap.
+const overlapsJS = `var overlaps = sel => {
+  const b = [...document.querySelectorAll(sel)].map(e => e.getBoundingClientRect());
+  let n = 0;
+  for (let i = 0; i < b.length; i++) for (let j = i + 1; j < b.length; j++)
+    if (b[i].left < b[j].right && b[j].left < b[i].right && b[i].top < b[j].bottom && b[j].top < b[i].bottom) n++;
+  return n;
+};
+`
 
 // TestBrowserChildRun folds a child run's steps out under the step that
 // waits for it.

@@ -64,9 +64,9 @@
 
   function pct(ms, span) { return span > 0 ? Math.max(0, Math.min(100, (ms / span) * 100)) : 0; }
 
-  // niceStep picks a tick interval giving about 8 ticks.
-  function niceStep(span) {
-    const raw = span / 8;
+  // niceStep picks a tick interval giving at most n ticks after 0.
+  function niceStep(span, n) {
+    const raw = span / n;
     const p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 0.001))));
     for (const m of [1, 2, 5, 10]) if (raw <= m * p) return m * p;
     return 10 * p;
@@ -74,13 +74,16 @@
 
   function drawAxis(span) {
     const frag = document.createDocumentFragment();
-    const step = niceStep(span || 1);
+    // A tick label every 90 px at least, so labels such as "0.00 ms"
+    // and "2.00 s" never run together on a narrow window.
+    const step = niceStep(span || 1, Math.max(1, Math.min(8, Math.floor(axis.clientWidth / 90))));
     for (let t = 0; t <= span + 1e-9; t += step) {
       const tick = pal.el("span", "tick", pal.ms(t));
       tick.style.left = pct(t, span) + "%";
       frag.appendChild(tick);
     }
     axis.replaceChildren(frag);
+    document.body.dataset.axisWidth = axis.clientWidth; // the width the ticks were laid out for
   }
 
   // visibleRows flattens the tree as it is folded: a run's rows, and the
@@ -244,6 +247,26 @@
       frag.appendChild(m);
     }
     overlay.replaceChildren(frag);
+    staggerLabels();
+  }
+
+  // staggerLabels puts each marker's label on the first line where it
+  // overlaps no label to its left, so markers close together (a drive
+  // and the anomaly it found) keep readable labels.
+  function staggerLabels() {
+    const labels = [...overlay.querySelectorAll(".marker .label")];
+    const boxes = labels.map(l => l.getBoundingClientRect());
+    if (boxes.every(b => b.width === 0)) return; // not shown: laid out when it is
+    const order = labels.map((_, i) => i).sort((a, b) => boxes[a].left - boxes[b].left);
+    const ends = []; // each line's rightmost label edge so far
+    for (const i of order) {
+      let line = 0;
+      while (line < ends.length && boxes[i].left < ends[line] + 4) line++;
+      ends[line] = boxes[i].right;
+      labels[i].style.top = (line * 15 - 1) + "px";
+    }
+    // Room above the first row for every line of labels.
+    rowsEl.style.paddingTop = Math.max(28, ends.length * 15 + 2) + "px";
   }
 
   function draw() {
@@ -578,6 +601,14 @@
   const tabOfAddress = () => location.hash === "#journal" ? "journal" : "waterfall";
   window.addEventListener("hashchange", () => showTab(tabOfAddress()));
   showTab(tabOfAddress());
+
+  // The axis's ticks and the markers' labels follow the window's width.
+  let resizing = false;
+  window.addEventListener("resize", () => {
+    if (resizing || !wf || tab !== "waterfall") return;
+    resizing = true;
+    requestAnimationFrame(() => { resizing = false; drawAxis(wf.span_ms); drawMarkers(wf.span_ms); });
+  });
 
   lanesBtn.addEventListener("click", () => {
     lanesView = !lanesView;
