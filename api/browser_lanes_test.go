@@ -81,6 +81,54 @@ func TestBrowserLanes(t *testing.T) {
 
 	br.do(chromedp.Click(chromedp.CSS(`.wf-row.lane .seg[data-step="join"]`)))
 	br.waitJS("the join's detail", `!!document.querySelector('#detail h2') && document.querySelector('#detail h2').textContent === "join"`)
+	// The detail panel covers the page's right side: close it first.
+	br.do(chromedp.Click(chromedp.CSS(`#detail .close`)))
+	br.waitJS("the detail closed", `document.querySelector('#detail').hidden`)
 	br.do(chromedp.Click(chromedp.CSS(`#lanes-view`)))
 	br.waitJS("the step view again", `document.body.dataset.view === "steps" && document.querySelectorAll('.wf-row[data-step]').length === 5`)
+}
+
+// TestBrowserLoopSpan: a loop journals its own step when it ends, yet
+// while its first iteration runs its row is there, above the iteration's
+// step and running, and once it ended its bar spans its iterations.
+func TestBrowserLoopSpan(t *testing.T) {
+	b := setup(t)
+	release := make(chan struct{})
+	b.Worker(t, "w1", paltest.Tools(map[string]workers.Tool{"gate": gateTool(release)}))
+	wf := `{"name":"loopspan","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"each","type":"loop","data":{"over":"{{input.items}}","body":{"name":"one","nodes":[{"id":"start","type":"trigger"},
+	    {"id":"t","type":"tool","data":{"tool":"gate","input":{"i":"{{input.item}}"}}}],"edges":[{"from":"start","to":"t"}]}}}],
+	  "edges":[{"from":"start","to":"each"}]}`
+	id := b.Start(t, wf, `{"items":[1,2]}`)
+	b.WaitFor(t, id, "the first iteration", func(ev event.Event) bool { return ev.Kind == event.StepStarted && ev.StepID == "each[0].t" })
+
+	type row struct {
+		Step    string  `json:"step"`
+		Type    string  `json:"type"`
+		Outcome string  `json:"outcome"`
+		Left    float64 `json:"left"`
+		Right   float64 `json:"right"`
+	}
+	read := `[...document.querySelectorAll('.wf-row')].map(r => { const s = r.querySelector('.seg');
+	  return {step: r.dataset.step, type: r.querySelector('.node-type').textContent, outcome: s ? s.dataset.outcome : "",
+	    left: s ? parseFloat(s.style.left) : -1, right: s ? parseFloat(s.style.left) + parseFloat(s.style.width) : -1}; })`
+	br := newBrowser(t)
+	br.loginAt(b, "/runs/"+id, testToken)
+	br.waitJS("the loop's row", `!!document.querySelector('.wf-row[data-step="each"] .seg.running') && !!document.querySelector('.wf-row[data-step="each[0].t"]')`)
+	rows := eval[[]row](br, read)
+	require.Len(t, rows, 2)
+	require.Equal(t, []string{"each", "each[0].t"}, []string{rows[0].Step, rows[1].Step}, "the loop above its step")
+	require.Equal(t, "loop", rows[0].Type)
+	require.InDelta(t, rows[1].Left, rows[0].Left, 0.01, "the loop's bar starts with its first step")
+	br.screenshot(t, "loop-running")
+
+	close(release)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, id).Kind)
+	br.waitJS("the finished loop", `document.body.dataset.status === "succeeded" && document.querySelectorAll('.wf-row').length === 3`)
+	rows = eval[[]row](br, read)
+	require.Equal(t, []string{"each", "each[0].t", "each[1].t"}, []string{rows[0].Step, rows[1].Step, rows[2].Step})
+	require.Equal(t, "completed", rows[0].Outcome)
+	require.InDelta(t, rows[1].Left, rows[0].Left, 0.01, "the loop's bar starts with its first step")
+	require.GreaterOrEqual(t, rows[0].Right, rows[2].Right, "and ends after its last")
+	br.screenshot(t, "loop-ended")
 }
