@@ -37,7 +37,8 @@ type Waterfall struct {
 	SpanMs float64 `json:"span_ms"`
 	// Rows are the steps in tree order: each step is followed by the
 	// steps nested in it (loop iterations, agent turns and tool calls),
-	// and siblings keep journal order.
+	// and siblings keep journal order (a loop or an agent, journaled when
+	// it ends, takes the place of its first nested step).
 	Rows   []WaterfallRow `json:"rows"`
 	Drives []Drive        `json:"drives"`
 	Marks  []Mark         `json:"marks"`
@@ -215,11 +216,35 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 
 	// Nesting: a step's parent is the nearest step above it in its id
 	// (ask.turn[2].tool[0] → ask.turn[2] → ask; each[3].fetch → each).
+	// A loop or an agent journals its own step only when it ends: it
+	// takes its place just before its first nested step, and until it is
+	// journaled a row stands for it (pending, by its node type).
+	pending := map[string]string{}
+	has := func(id string) bool { return st.Steps[id] != nil || pending[id] != "" }
+	order := make([]string, 0, len(st.Order))
+	placed := map[string]bool{}
+	for _, id := range st.Order {
+		var above []string
+		for p, typ := aboveStep(id); p != "" && !placed[p]; p, typ = aboveStep(p) {
+			placed[p] = true
+			if st.Steps[p] == nil {
+				pending[p] = typ
+			}
+			above = append(above, p)
+		}
+		for i := len(above) - 1; i >= 0; i-- {
+			order = append(order, above[i])
+		}
+		if !placed[id] {
+			placed[id] = true
+			order = append(order, id)
+		}
+	}
 	children := map[string][]string{}
 	parents := map[string]string{}
 	var top []string
-	for _, id := range st.Order {
-		p := parentStep(id, st.Steps)
+	for _, id := range order {
+		p := parentStep(id, has)
 		parents[id] = p
 		if p == "" {
 			top = append(top, id)
@@ -231,6 +256,14 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 	runEnded := !st.EndedAt.IsZero()
 	walk = func(id string, depth int) {
 		s := st.Steps[id]
+		if s == nil { // a loop or agent not journaled yet: spanRows draws it
+			w.Rows = append(w.Rows, WaterfallRow{StepID: id, Parent: parents[id], Depth: depth, Children: len(children[id]),
+				NodeType: pending[id], Status: engine.StepRunning, Segments: []Segment{}})
+			for _, c := range children[id] {
+				walk(c, depth+1)
+			}
+			return
+		}
 		row := WaterfallRow{StepID: id, Parent: parents[id], Depth: depth, Children: len(children[id]),
 			NodeType: s.NodeType, Status: stepStatus(s.Status), Retries: s.Retries, Key: s.Key,
 			Input: s.Input, Output: s.Output, Error: s.Error, Class: s.Class, Delivery: s.Delivery,
@@ -285,7 +318,41 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		walk(id, 0)
 	}
 	w.Lanes = laneRows(w.Rows)
+	spanRows(w.Rows, runEnded, ms(end))
 	return w
+}
+
+// spanRows makes each loop's and agent's row span the steps nested in
+// it: its bar starts no later than the first of them (its own
+// step_started is journaled when it ends), and a row standing for one
+// not journaled yet gets a bar from there to endMs (attempt 0), running,
+// or interrupted once the run ended. Lanes are laid out before, over the
+// steps' own attempts.
+func spanRows(rows []WaterfallRow, runEnded bool, endMs float64) {
+	for i := range rows {
+		r := &rows[i]
+		if r.Children == 0 || (r.NodeType != workflow.TypeLoop && r.NodeType != workflow.TypeAgent) {
+			continue
+		}
+		first := math.Inf(1)
+		for j := i + 1; j < len(rows) && rows[j].Depth > r.Depth; j++ {
+			if segs := rows[j].Segments; len(segs) > 0 {
+				first = min(first, segs[0].StartMs)
+			}
+		}
+		if math.IsInf(first, 1) {
+			continue
+		}
+		if len(r.Segments) == 0 {
+			seg := Segment{Outcome: string(engine.StepRunning), StartMs: first, EndMs: endMs, Open: !runEnded}
+			if runEnded {
+				seg.Outcome, r.Status = string(StepInterrupted), StepInterrupted
+			}
+			r.Segments = append(r.Segments, seg)
+		} else if first < r.Segments[0].StartMs {
+			r.Segments[0].StartMs = first
+		}
+	}
 }
 
 // inFlight reports whether a step of this status has not ended.
@@ -333,28 +400,36 @@ func segmentOf(a *engine.Attempt, reason string, ms func(time.Time) float64, end
 	return seg
 }
 
-// parentStep returns the nearest step above id that the run has, or "".
-func parentStep(id string, steps map[string]*engine.Step) string {
-	sid, err := engine.ParseStepID(id)
-	if err != nil {
-		return ""
-	}
-	for {
-		switch {
-		case sid.Kind == engine.StepOfToolCall:
-			sid.Kind = engine.StepOfTurn
-		case sid.Kind == engine.StepOfTurn:
-			sid.Kind = engine.StepOfNode
-		case len(sid.Loops) > 0:
-			last := sid.Loops[len(sid.Loops)-1]
-			sid = engine.StepID{Loops: sid.Loops[:len(sid.Loops)-1], Node: last.Loop}
-		default:
-			return ""
-		}
-		if p := sid.String(); steps[p] != nil {
+// parentStep returns the nearest step above id that has, or "".
+func parentStep(id string, has func(string) bool) string {
+	for p, _ := aboveStep(id); p != ""; p, _ = aboveStep(p) {
+		if has(p) {
 			return p
 		}
 	}
+	return ""
+}
+
+// aboveStep returns the step id one level above id and its node type: a
+// tool call's turn, a turn's agent, a loop iteration's step's loop; ""
+// at the top level.
+func aboveStep(id string) (string, string) {
+	sid, err := engine.ParseStepID(id)
+	if err != nil {
+		return "", ""
+	}
+	switch {
+	case sid.Kind == engine.StepOfToolCall:
+		sid.Kind = engine.StepOfTurn
+		return sid.String(), workflow.TypeAgent
+	case sid.Kind == engine.StepOfTurn:
+		sid.Kind = engine.StepOfNode
+		return sid.String(), workflow.TypeAgent
+	case len(sid.Loops) > 0:
+		last := sid.Loops[len(sid.Loops)-1]
+		return engine.StepID{Loops: sid.Loops[:len(sid.Loops)-1], Node: last.Loop}.String(), workflow.TypeLoop
+	}
+	return "", ""
 }
 
 // Waterfall reads and folds a run and computes its waterfall. Errors:

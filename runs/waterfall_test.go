@@ -14,7 +14,8 @@ import (
 
 // TestWaterfallOfNesting folds a hand-made journal of an agent with turns
 // and tool calls, a loop and a step of a loop whose loop step is not in
-// the journal, and checks the tree, the open segments and the axis.
+// the journal (a row stands for it), and checks the tree, the open
+// segments and the axis.
 func TestWaterfallOfNesting(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -66,9 +67,14 @@ func TestWaterfallOfNesting(t *testing.T) {
 		{"each", "", 0, 2},
 		{"each[0].t", "each", 1, 0},
 		{"each[1].t", "each", 1, 0},
-		{"orphan[4].t", "", 0, 0},
+		{"orphan", "", 0, 1},
+		{"orphan[4].t", "orphan", 1, 0},
 	}, got)
 	require.Equal(t, 20.0, w.SpanMs, "a run in flight: the axis ends now")
+	require.Equal(t, []runs.Segment{{Outcome: "running", StartMs: 13, EndMs: 20, Open: true}}, w.Rows[7].Segments,
+		"a loop not journaled yet is a row spanning its steps")
+	require.Equal(t, "loop", w.Rows[7].NodeType)
+	require.Equal(t, -1, w.Rows[7].Lane)
 	last := w.Rows[6].Segments[0]
 	require.Equal(t, runs.Segment{Attempt: 1, Tries: 1, Outcome: "running", StartMs: 14, EndMs: 20, Open: true}, last)
 	require.Equal(t, runs.Segment{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 3, EndMs: 4}, w.Rows[1].Segments[0])
@@ -167,4 +173,88 @@ func TestWaterfallLanes(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"a": 0, "b": 1, "c": 2, "d": 1, "join": 0}, lanes)
 	require.Equal(t, 3, w.Lanes, "three at once at most")
+}
+
+// TestWaterfallParentsSpan: as the engine journals them, a loop's and an
+// agent's own steps come when they end. While they run, rows stand for
+// them, above their nested steps and spanning them; once journaled, their
+// bars start where their first nested step started; a run that failed
+// mid-loop draws the loop interrupted.
+func TestWaterfallParentsSpan(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var evs []event.Event
+	add := func(ms int, k event.Kind, step string, data any) {
+		attempt := 1
+		if step == "" {
+			attempt = 0
+		}
+		ev := event.MustNew(k, step, attempt, data)
+		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
+		evs = append(evs, ev)
+	}
+	start := func(ms int, step, typ string) {
+		add(ms, event.StepStarted, step, event.StepStartedData{NodeID: step, NodeType: typ, IdempotencyKey: "k-" + step})
+	}
+	done := func(ms int, step string) {
+		add(ms, event.StepCompleted, step, event.StepCompletedData{Output: json.RawMessage(`{}`)})
+	}
+	add(0, event.RunCreated, "", event.RunCreatedData{Input: json.RawMessage(`{}`)})
+	add(1, event.RunResumed, "", event.RunResumedData{Worker: "w1", ResumeCount: 1})
+	start(2, "each[0].ask.turn[0]", "agent")
+	start(3, "each[1].t", "tool")
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+
+	type row struct {
+		ID, Type string
+		Depth    int
+		Status   engine.StepStatus
+		Segs     []runs.Segment
+	}
+	rowsOf := func(w *runs.Waterfall) []row {
+		var got []row
+		for _, r := range w.Rows {
+			got = append(got, row{r.StepID, r.NodeType, r.Depth, r.Status, r.Segments})
+		}
+		return got
+	}
+	w := runs.WaterfallOf(evs, st, t0.Add(10*time.Millisecond))
+	require.Equal(t, []row{
+		{"each", "loop", 0, "running", []runs.Segment{{Outcome: "running", StartMs: 2, EndMs: 10, Open: true}}},
+		{"each[0].ask", "agent", 1, "running", []runs.Segment{{Outcome: "running", StartMs: 2, EndMs: 10, Open: true}}},
+		{"each[0].ask.turn[0]", "agent", 2, "running", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "running", StartMs: 2, EndMs: 10, Open: true}}},
+		{"each[1].t", "tool", 1, "running", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "running", StartMs: 3, EndMs: 10, Open: true}}},
+	}, rowsOf(w), "rows stand for the loop and the agent while they run")
+
+	// The run fails mid-loop: the loop and the agent are interrupted.
+	failed := append([]event.Event(nil), evs...)
+	ev := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Error: "no"})
+	ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(failed)+1), t0.Add(12*time.Millisecond)
+	failed = append(failed, ev)
+	fst, err := engine.Fold(failed)
+	require.NoError(t, err)
+	for _, r := range runs.WaterfallOf(failed, fst, t0.Add(time.Hour)).Rows {
+		require.Equal(t, runs.StepInterrupted, r.Status, r.StepID)
+		require.Equal(t, "interrupted", r.Segments[0].Outcome, r.StepID)
+		require.Equal(t, 12.0, r.Segments[0].EndMs, r.StepID)
+	}
+
+	// Everything ends; the agent and the loop journal their steps last.
+	done(5, "each[0].ask.turn[0]")
+	start(6, "each[0].ask", "agent")
+	done(6, "each[0].ask")
+	done(7, "each[1].t")
+	start(8, "each", "loop")
+	done(8, "each")
+	add(9, event.RunSucceeded, "", event.RunSucceededData{Output: json.RawMessage(`{}`)})
+	st, err = engine.Fold(evs)
+	require.NoError(t, err)
+	w = runs.WaterfallOf(evs, st, t0.Add(time.Hour))
+	require.Equal(t, []row{
+		{"each", "loop", 0, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 2, EndMs: 8}}},
+		{"each[0].ask", "agent", 1, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 2, EndMs: 6}}},
+		{"each[0].ask.turn[0]", "agent", 2, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 2, EndMs: 5}}},
+		{"each[1].t", "tool", 1, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 3, EndMs: 7}}},
+	}, rowsOf(w), "a loop's and an agent's bars span their nested steps")
 }

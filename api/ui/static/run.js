@@ -149,7 +149,9 @@
       seg.style.width = (pct(end, span) - pct(start, span)) + "%";
       seg.dataset.attempt = s.attempt;
       seg.dataset.outcome = s.outcome;
-      seg.title = "attempt " + s.attempt + (s.tries > 1 ? " (" + s.tries + " tries)" : "") + ": " + s.outcome +
+      // Attempt 0 stands for a loop or an agent not journaled yet: its
+      // nested steps' span.
+      seg.title = (s.attempt ? "attempt " + s.attempt : "its nested steps") + (s.tries > 1 ? " (" + s.tries + " tries)" : "") + ": " + s.outcome +
         ", " + pal.ms(s.end_ms - s.start_ms) + (s.error ? " — " + s.error : "");
       if (s.wait) {
         const ws = s.wait.start_ms + v.shift;
@@ -471,6 +473,7 @@
     for (const c of ["Attempt", "Model", "Start", "Duration", "Waited", "Outcome", "Error"]) head.appendChild(pal.el("th", "", c));
     tbl.appendChild(head);
     for (const s of r.segments) {
+      if (!s.attempt) continue; // a loop's or agent's span, not an attempt
       const tr = pal.el("tr", "attempt");
       tr.appendChild(pal.el("td", "", s.attempt + (s.tries > 1 ? " ×" + s.tries : "")));
       tr.appendChild(pal.el("td", "", s.model || ""));
