@@ -66,7 +66,9 @@ type WaterfallRow struct {
 	Tool string `json:"tool,omitempty"`
 	// Status is the latest attempt's (running, waiting, retrying,
 	// completed, failed), or interrupted: the step was in flight
-	// (running, waiting or retrying) when the run ended.
+	// (running, waiting or retrying) when the run ended. A row standing
+	// for a loop or an agent not journaled yet is running (interrupted
+	// once the run ended).
 	Status   engine.StepStatus `json:"status"`
 	Retries  int               `json:"retries"`
 	Segments []Segment         `json:"segments"`
@@ -99,7 +101,8 @@ type WaterfallRow struct {
 // when the run ended, so it ends at the run's end). The gap before the next
 // segment is the retry's backoff. An attempt retried with its outcome
 // unknown keeps its number (and key), so one segment may span several
-// Tries.
+// Tries. Attempt 0 is no attempt: the span of the steps nested in a
+// loop or an agent not journaled yet (spanRows).
 type Segment struct {
 	Attempt int     `json:"attempt"`
 	Tries   int     `json:"tries"`
