@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/workflow"
 )
 
@@ -269,33 +270,14 @@ func parseSecretHost(entry string) (SecretHost, error) {
 	} else {
 		h.Host = strings.TrimSuffix(strings.TrimPrefix(entry, "["), "]")
 	}
-	h.Host = strings.TrimSuffix(strings.ToLower(h.Host), ".")
+	h.Host = egress.NormalHost(h.Host)
 	if _, err := netip.ParseAddr(h.Host); err == nil {
 		return h, nil
 	}
-	if !hostName(h.Host) {
+	if !egress.ValidHost(h.Host) {
 		return SecretHost{}, errNotAHost
 	}
 	return h, nil
-}
-
-// hostName reports whether s is a DNS name: labels of letters, digits,
-// '-' and '_', none empty.
-func hostName(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 {
-			return false
-		}
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // CheckSecretHosts parses every PAL_SECRET_<NAME>_HOSTS of environ (as

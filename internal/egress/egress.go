@@ -125,8 +125,8 @@ func Parse(spec string) (*Policy, error) {
 			p.prefixes = append(p.prefixes, netip.PrefixFrom(a.Unmap().WithZone(""), a.Unmap().BitLen()))
 			continue
 		}
-		host := normalHost(item)
-		if !validHost(host) {
+		host := NormalHost(item)
+		if !ValidHost(host) {
 			return nil, fmt.Errorf("%s: %q is neither a CIDR, an address nor a host name", EnvAllow, item)
 		}
 		p.hosts = append(p.hosts, host)
@@ -197,7 +197,7 @@ func (p *Policy) allows(host string, a netip.Addr) bool {
 			return true
 		}
 	}
-	return host != "" && slices.Contains(p.hosts, normalHost(host))
+	return host != "" && slices.Contains(p.hosts, NormalHost(host))
 }
 
 // DialFunc is the shape of net.Dialer.DialContext.
@@ -313,11 +313,14 @@ func CheckRedirect(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-func normalHost(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
+// NormalHost is h as the policy compares host names: lower case, without
+// a trailing dot.
+func NormalHost(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
 
-// validHost reports whether h looks like a DNS name: letters, digits,
-// hyphens and dots, no empty label.
-func validHost(h string) bool {
+// ValidHost reports whether h (normalized) looks like a DNS name: labels
+// of letters, digits, '-' and '_', none empty, as the policy's and a
+// secret's host lists take them.
+func ValidHost(h string) bool {
 	if h == "" || len(h) > 253 {
 		return false
 	}
