@@ -80,36 +80,13 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	ctx = context.WithoutCancel(ctx)
 	g := svc.AddGroup("pal.api.runs")
 	do := func(kind string) micro.Handler {
-		return micro.HandlerFunc(func(req micro.Request) {
-			if !replyAllowed(client, req, log) {
-				return
-			}
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
-			if err != nil {
-				respondError(req, err, log)
-				return
-			}
-			ans, _, err := client.Do(rctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), caller)
-			if err != nil {
-				respondError(req, err, log)
-				return
-			}
-			_ = req.RespondJSON(ans)
+		return handle(ctx, client, log, func(ctx context.Context, caller runs.Caller, req micro.Request) {
+			ans, _, err := client.Do(ctx, kind, req.Data(), req.Headers().Get("Nats-Msg-Id"), caller)
+			respondAnswer(req, ans, err, log)
 		})
 	}
-	get := micro.HandlerFunc(func(req micro.Request) {
-		if !replyAllowed(client, req, log) {
-			return
-		}
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
-		if err == nil {
-			err = caller.Reads("pal.api.runs.get")
-		}
-		if err != nil {
+	get := handle(ctx, client, log, func(rctx context.Context, caller runs.Caller, req micro.Request) {
+		if err := caller.Reads("pal.api.runs.get"); err != nil {
 			respondError(req, err, log)
 			return
 		}
@@ -184,23 +161,9 @@ type workflowGetRequest struct {
 // lets only client users with scope deploy request it at all.
 func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.Client, log *slog.Logger) error {
 	serve := func(f func(ctx context.Context, caller runs.Caller, body []byte) (any, error)) micro.Handler {
-		return micro.HandlerFunc(func(req micro.Request) {
-			if !replyAllowed(client, req, log) {
-				return
-			}
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
-			if err != nil {
-				respondError(req, err, log)
-				return
-			}
-			ans, err := f(rctx, caller, req.Data())
-			if err != nil {
-				respondError(req, err, log)
-				return
-			}
-			_ = req.RespondJSON(ans)
+		return handle(ctx, client, log, func(ctx context.Context, caller runs.Caller, req micro.Request) {
+			ans, err := f(ctx, caller, req.Data())
+			respondAnswer(req, ans, err, log)
 		})
 	}
 	deploy := serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
@@ -238,6 +201,35 @@ func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.C
 		}
 	}
 	return nil
+}
+
+// handle makes a service endpoint's handler: it answers only a reply
+// PAL may publish on (replyAllowed), and gives f a deadline of 30 s and
+// the caller the server names; a caller it cannot name is answered with
+// the error.
+func handle(ctx context.Context, client *runs.Client, log *slog.Logger, f func(ctx context.Context, caller runs.Caller, req micro.Request)) micro.Handler {
+	return micro.HandlerFunc(func(req micro.Request) {
+		if !replyAllowed(client, req, log) {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		caller, err := client.Requester(nats.Header(req.Headers()), "pal.api")
+		if err != nil {
+			respondError(req, err, log)
+			return
+		}
+		f(rctx, caller, req)
+	})
+}
+
+// respondAnswer responds ans as JSON, or err as the service's error answer.
+func respondAnswer(req micro.Request, ans any, err error, log *slog.Logger) {
+	if err != nil {
+		respondError(req, err, log)
+		return
+	}
+	_ = req.RespondJSON(ans)
 }
 
 // workflowGroup is the NATS service's group of the workflow registry;
