@@ -119,19 +119,13 @@ func parseScopes(list string) (Scopes, error) {
 	if strings.TrimSpace(list) == "" {
 		return 0, fmt.Errorf("no scopes after ':' (want %s; leave out the ':' for the default scopes)", want)
 	}
-	words := strings.Split(list, "+")
-	var ss Scopes
-	for i, w := range words {
-		w = strings.TrimSpace(w)
-		s, ok := natsauth.ScopeOf(w)
-		if !ok {
-			return 0, fmt.Errorf("scope %d of %d after the last ':' is not one of %s "+
-				"(a token that contains ':' must be followed by ':' and its scopes)", i+1, len(words), want)
-		}
-		if ss&s != 0 {
-			return 0, fmt.Errorf("scope %s is listed twice", w)
-		}
-		ss |= s
+	ss, bad, n, twice := natsauth.ScopeList(list)
+	switch {
+	case bad > 0:
+		return 0, fmt.Errorf("scope %d of %d after the last ':' is not one of %s "+
+			"(a token that contains ':' must be followed by ':' and its scopes)", bad, n, want)
+	case twice != "":
+		return 0, fmt.Errorf("scope %s is listed twice", twice)
 	}
 	return ss, nil
 }

@@ -67,24 +67,38 @@ func ScopeOf(word string) (s Scopes, ok bool) {
 	return 0, false
 }
 
+// ScopeList reads the words of a list such as "read+start", each trimmed:
+// their scopes; or bad, the position (from 1) of the first word that names
+// no scope, of n words; or twice, a word listed again. The callers word
+// their own refusals (ParseScopes, and REST's token list).
+func ScopeList(list string) (ss Scopes, bad, n int, twice string) {
+	words := strings.Split(list, "+")
+	for i, w := range words {
+		w = strings.TrimSpace(w)
+		s, ok := ScopeOf(w)
+		if !ok {
+			return 0, i + 1, len(words), ""
+		}
+		if ss&s != 0 {
+			return 0, 0, len(words), w
+		}
+		ss |= s
+	}
+	return ss, 0, len(words), ""
+}
+
 // ParseScopes reads "read+start". An unknown word is named by position.
 func ParseScopes(list string) (Scopes, error) {
 	const want = ScopeWords
 	if strings.TrimSpace(list) == "" {
 		return 0, fmt.Errorf("no scopes (want %s)", want)
 	}
-	words := strings.Split(list, "+")
-	var ss Scopes
-	for i, w := range words {
-		w = strings.TrimSpace(w)
-		s, ok := ScopeOf(w)
-		if !ok {
-			return 0, fmt.Errorf("scope %d of %d is not one of %s", i+1, len(words), want)
-		}
-		if ss&s != 0 {
-			return 0, fmt.Errorf("scope %s is listed twice", w)
-		}
-		ss |= s
+	ss, bad, n, twice := ScopeList(list)
+	switch {
+	case bad > 0:
+		return 0, fmt.Errorf("scope %d of %d is not one of %s", bad, n, want)
+	case twice != "":
+		return 0, fmt.Errorf("scope %s is listed twice", twice)
 	}
 	return ss, nil
 }
