@@ -105,6 +105,14 @@ func (l *lazy[T]) get(open func() (T, error)) (T, error) {
 // Option configures a Store.
 type Option func(*Store)
 
+// packFrom is the fewest events an Append carries in one message without
+// packing: a flush of several concurrent steps' events (a fan-out) is one
+// round trip, where one message per event would be as many, one after
+// the other, each fenced on the ack of the one before (§12). A step
+// boundary of a run going one step at a time (a completion and the next
+// start) stays one message per event.
+const packFrom = 4
+
 // WithPacking makes Append carry all the events of one call in one message
 // (a JSON array), so a step boundary costs one append. PAL uses it in
 // strict durability mode, where every append is an fsync.
@@ -241,7 +249,7 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 		return head, err
 	}
 	groups := [][]event.Event{stored}
-	if !s.pack {
+	if !s.pack && len(stored) < packFrom {
 		groups = make([][]event.Event, len(stored))
 		for i := range stored {
 			groups[i] = stored[i : i+1]
