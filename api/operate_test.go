@@ -76,7 +76,7 @@ func TestResumeOverREST(t *testing.T) {
 	// It still waits for its signal: the worker looks, lets go and acks.
 	require.Eventually(t, func() bool {
 		h, err := b.Leases.Holder(ctx, id)
-		p, perr := b.Store.WorkPending(ctx, id)
+		p, perr := b.Store.WorkPending(ctx, "", id)
 		return err == nil && perr == nil && h == "" && !p
 	}, 10*time.Second, 10*time.Millisecond)
 

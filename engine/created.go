@@ -69,10 +69,12 @@ func RunCreated(c Creation) (event.Event, error) {
 // one run and its children are priced alike. The subagent node is part of
 // the parent's deployed workflow, so the child carries the parent's
 // deployed reference; it carries the parent's labels too, so a search for
-// them finds the child. It fails only when input is not JSON.
-func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, input json.RawMessage,
+// them finds the child. Its queue is queue (the subagent node's), else
+// wf's: a child does not inherit its parent's. It fails only when input
+// is not JSON.
+func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, input json.RawMessage, queue string,
 	anomalies map[string]event.AnomalyRule, by string, now time.Time) (event.Event, error) {
-	return created(wf, event.RunCreatedData{Input: input, ParentRunID: parent.RunID, ParentStepID: stepID,
+	return created(wf, event.RunCreatedData{Input: input, ParentRunID: parent.RunID, ParentStepID: stepID, Queue: queue,
 		Depth: parent.Created.Depth + 1, TriggerMeta: ChildTriggerMeta(parent, stepID),
 		Budget: ChildBudget(parent, wf, now), Deployed: parent.Created.Deployed, Labels: parent.Created.Labels}, anomalies, parent.Prices(), by)
 }
@@ -82,6 +84,12 @@ func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, inp
 // and the prices of its models.
 func created(wf *workflow.Workflow, d event.RunCreatedData, anomalies map[string]event.AnomalyRule, prices event.Prices, by string) (event.Event, error) {
 	d.Workflow, d.WorkflowHash, d.WorkflowName = wf.Raw(), wf.Hash(), wf.Name
+	if d.Queue == "" {
+		d.Queue = wf.Queue
+	}
+	if d.Queue == event.DefaultQueue {
+		d.Queue = "" // journaled only when not the default
+	}
 	d.Anomalies = EffectiveAnomalies(anomalies, wf)
 	d.Prices = PricesFor(prices, wf)
 	ev, err := event.New(event.RunCreated, "", 0, d)

@@ -25,6 +25,10 @@ type RunCreatedData struct {
 	// Labels are the start's labels (CheckLabels bounds them); a fork or
 	// a retry carries its source's, a child run its parent's. Absent: none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Queue is the work queue whose workers drive the run (ValidateQueue):
+	// the workflow's queue, or for a child run its subagent node's. Absent:
+	// DefaultQueue.
+	Queue string `json:"queue,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
 	// parent had left. Absent: no budget.

@@ -7,20 +7,24 @@
 // TestDocLayoutIsSetup compares this table with what Setup made):
 //
 //	PAL_EVENTS     stream    pal.events.<run_id>            the journal, one subject per run
-//	PAL_WORK       stream    pal.work.<run_id> pal.workpin  work queue, at most one pending per run; the pin (work.go)
+//	PAL_WORK       stream    pal.work.<run_id> pal.work.<queue>.<run_id> pal.workpin
+//	                                                        work queues (the default queue's, another's), at most one
+//	                                                        pending per run; the pin (work.go)
 //	PAL_CMDS       stream    pal.cmd.runs.>                 durable commands
 //	PAL_TIMERS     stream    pal.timer.>                    scheduled wake-ups (approval and wait timeouts)
 //	PAL_DEAD       stream    pal.dead.<source>              dead letters: messages whose handling kept failing
 //	PAL_BLOB_REFS  stream    pal.blobref.<sha256>.<run_id> pal.blobreclaim.<sha256>
 //	                                                        which runs name which PAL_BLOBS object; a release's mark
 //	PAL_DELTAS     stream    pal.deltas.<run_id>            LLM steps' text as it streams, memory, 10 min (deltas.go)
-//	PAL_LEASES     KV        <run_id> → owner               lease with a TTL; w.<token>: a worker's presence
+//	PAL_LEASES     KV        <run_id> → owner               lease with a TTL; w.<token>: a worker's presence (capabilities)
 //	PAL_RECEIPTS   KV        <run_id> → receipt             signed run receipts, written once
-//	PAL_INFLIGHT   KV        <run_id>                       the runs not yet ended, for the sweep
+//	PAL_INFLIGHT   KV        <run_id> → queue               the runs not yet ended, for the sweep
 //	PAL_WORKFLOWS  KV        <name> <name>.<version>        deployed workflows: the latest version; each version, written once
 //	PAL_BLOBS      objects   <sha256>                       big step values, put once, content-addressed
 //	PAL_SNAPSHOTS  objects   <run_id>                       folded run states at a journal head: a cache
-//	pal-workers    consumer  PAL_WORK                       workers take runs to drive
+//	pal-workers    consumer  PAL_WORK                       workers take runs of the default queue to drive
+//	                                                        (pal-workers-<queue>: another queue's, made by Setup
+//	                                                        for the queues of its Config)
 //	pal-timers     consumer  PAL_TIMERS                     workers take fired timers (pal.timer.fire.<run_id>)
 //	pal-commands   consumer  PAL_CMDS                       workers carry out durable commands
 //

@@ -26,7 +26,10 @@ const (
 
 // Inflight is one entry of the index.
 type Inflight struct {
-	RunID    string
+	RunID string
+	// Queue is the run's work queue (the entry's value; DefaultQueue for
+	// an entry written before queues, whose value is empty).
+	Queue    string
 	Revision uint64
 	Created  time.Time
 }
@@ -37,11 +40,17 @@ type Inflight struct {
 // overlap. No run, top-level or child, then exists that the index does not
 // name, unless the wait reports an error; an entry whose run_created never
 // landed is removed by the sweep.
-func (s *Store) MarkInflight(runID string) func(context.Context) error {
-	if err := checkRunID(runID); err != nil {
+//
+// The entry's value is the run's queue q (empty for the default queue), so
+// the sweep looks for the run's work where it is.
+func (s *Store) MarkInflight(q, runID string) func(context.Context) error {
+	if err := checkWork(q, runID); err != nil {
 		return func(context.Context) error { return fmt.Errorf("indexing: %w", err) }
 	}
 	msg := &nats.Msg{Subject: inflightPrefix + runID}
+	if q != event.DefaultQueue {
+		msg.Data = []byte(q)
+	}
 	ack, err := s.js.PublishMsgAsync(msg, jetstream.WithExpectStream(inflightStream))
 	return func(ctx context.Context) error {
 		if err == nil {
@@ -83,13 +92,13 @@ func (s *Store) UnmarkInflight(ctx context.Context, runID string) error {
 }
 
 // InflightRuns lists the index, oldest entry first: one pass over the
-// runs in flight (metadata only).
+// runs in flight (their queues are the only values).
 func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
 	kv, err := s.inflight.get(func() (jetstream.KeyValue, error) { return s.js.KeyValue(ctx, InflightBucket) })
 	if err != nil {
 		return nil, fmt.Errorf("listing runs in flight: %w", err)
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("listing runs in flight: %w", err)
 	}
@@ -107,7 +116,11 @@ func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
 				slices.SortFunc(out, func(a, b Inflight) int { return int(a.Revision) - int(b.Revision) })
 				return out, nil
 			}
-			out = append(out, Inflight{RunID: e.Key(), Revision: e.Revision(), Created: e.Created()})
+			q := string(e.Value())
+			if event.ValidateQueue(q) != nil {
+				q = event.DefaultQueue // written before queues, or not by PAL
+			}
+			out = append(out, Inflight{RunID: e.Key(), Queue: q, Revision: e.Revision(), Created: e.Created()})
 		}
 	}
 }

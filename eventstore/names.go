@@ -68,8 +68,24 @@ func checkRunID(runID string) error { return event.ValidateRunID(runID) }
 // EventsSubject is the journal subject of a run.
 func EventsSubject(runID string) string { return EventsPrefix + runID }
 
-// WorkSubject is the work-queue subject of a run.
-func WorkSubject(runID string) string { return WorkPrefix + runID }
+// WorkSubject is the work subject of a run on queue q: pal.work.<run_id>
+// on the default queue (and for q empty), pal.work.<q>.<run_id> on
+// another (docs/architecture.md §5.1).
+func WorkSubject(q, runID string) string {
+	if q == "" || q == event.DefaultQueue {
+		return WorkPrefix + runID
+	}
+	return WorkPrefix + q + "." + runID
+}
+
+// WorkConsumerName is the durable consumer of queue q's work:
+// pal-workers for the default queue, pal-workers-<q> for another.
+func WorkConsumerName(q string) string {
+	if q == "" || q == event.DefaultQueue {
+		return WorkConsumer
+	}
+	return WorkConsumer + "-" + q
+}
 
 // RunIDFromEvents extracts the run id from a journal subject.
 func RunIDFromEvents(subject string) (string, bool) {

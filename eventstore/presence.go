@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -42,13 +43,46 @@ type Presence struct {
 	Token    string
 	Owner    string // "" when the entry was removed
 	Revision uint64
+	// Caps is what the worker announced it can do (nil for an entry
+	// written before capabilities: its value was the owner alone).
+	Caps *Capabilities
 }
 
-// Announce writes the owner's presence entry and returns its revision.
-func (l *Leases) Announce(ctx context.Context, owner string) (uint64, error) {
+// Capabilities is what a worker can do, announced in its presence entry
+// (a JSON object, §5.2) for pal workers and operators: the queues it takes
+// runs from, the Go tools registered on it, its MCP servers and the
+// programs its process steps may start (empty: any).
+type Capabilities struct {
+	Owner    string    `json:"owner"`
+	WorkerID string    `json:"worker_id"`
+	Queues   []string  `json:"queues"`
+	Tools    []string  `json:"tools"`
+	MCP      []string  `json:"mcp,omitempty"`
+	Programs []string  `json:"programs,omitempty"`
+	Started  time.Time `json:"started"`
+}
+
+// presenceOf decodes a presence entry's value: a Capabilities object, or
+// (written before them) the owner string.
+func presenceOf(v []byte) (owner string, caps *Capabilities) {
+	var c Capabilities
+	if len(v) > 0 && v[0] == '{' && json.Unmarshal(v, &c) == nil && c.Owner != "" {
+		return c.Owner, &c
+	}
+	return string(v), nil
+}
+
+// Announce writes the presence entry of caps.Owner and returns its
+// revision.
+func (l *Leases) Announce(ctx context.Context, caps Capabilities) (uint64, error) {
+	owner := caps.Owner
+	body, err := json.Marshal(caps)
+	if err != nil {
+		return 0, fmt.Errorf("announcing presence of %s: %w", owner, err)
+	}
 	// Expected-stream, so that no other stream takes a copy a push
 	// consumer delivers on this subject (docs/architecture.md §5.6).
-	msg := &nats.Msg{Subject: leasePrefix + presenceKeyPrefix + PresenceToken(owner), Data: []byte(owner)}
+	msg := &nats.Msg{Subject: leasePrefix + presenceKeyPrefix + PresenceToken(owner), Data: body}
 	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(leaseStream))
 	if err != nil {
 		return 0, fmt.Errorf("announcing presence of %s: %w", owner, err)
@@ -92,9 +126,37 @@ func (l *Leases) WatchPresence(ctx context.Context, fn func(Presence)) error {
 			}
 			p := Presence{Token: strings.TrimPrefix(e.Key(), presenceKeyPrefix), Revision: e.Revision()}
 			if e.Operation() == jetstream.KeyValuePut {
-				p.Owner = string(e.Value())
+				p.Owner, p.Caps = presenceOf(e.Value())
 			}
 			fn(p)
+		}
+	}
+}
+
+// Workers returns the presence entries there are now: the workers that
+// announced themselves and were not withdrawn (a worker killed a moment
+// ago may still be among them; PresenceSubject answers whether it lives).
+func (l *Leases) Workers(ctx context.Context) ([]Presence, error) {
+	w, err := l.kv.Watch(ctx, presenceKeyPrefix+"*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Presence
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("listing workers: the watch ended")
+			}
+			if e == nil {
+				return out, nil
+			}
+			p := Presence{Token: strings.TrimPrefix(e.Key(), presenceKeyPrefix), Revision: e.Revision()}
+			p.Owner, p.Caps = presenceOf(e.Value())
+			out = append(out, p)
 		}
 	}
 }

@@ -23,7 +23,7 @@ func TestInvalidRunID(t *testing.T) {
 	for _, run := range []string{"run_a", "run_b"} {
 		_, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))
 		require.NoError(t, err)
-		require.NoError(t, b.store.Enqueue(ctx, run, "start"))
+		require.NoError(t, b.store.Enqueue(ctx, "", run, "start"))
 		_, err = leases.Acquire(ctx, run, "w1")
 		require.NoError(t, err)
 	}
@@ -49,9 +49,9 @@ func TestInvalidRunID(t *testing.T) {
 		"Watch": func(id string) error {
 			return b.store.Watch(ctx, id, eventstore.Head{}, func(event.Event) error { return nil })
 		},
-		"Enqueue": func(id string) error { return b.store.Enqueue(ctx, id, "start") },
+		"Enqueue": func(id string) error { return b.store.Enqueue(ctx, "", id, "start") },
 		"WorkPending": func(id string) error {
-			_, err := b.store.WorkPending(ctx, id)
+			_, err := b.store.WorkPending(ctx, "", id)
 			return err
 		},
 		"Acquire": func(id string) error {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/palrun/pal/event"
 )
 
 // Config shapes the streams and the lease bucket.
@@ -19,6 +22,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// MaxEventBytes caps one event message; 0 means 1 MiB.
 	MaxEventBytes int32
+	// Queues are the work queues whose consumers Setup makes besides the
+	// default queue's (pal-workers): a worker's (--queues), so that it can
+	// consume them (§5.3).
+	Queues []string
 }
 
 // DefaultLeaseTTL is the lease TTL when none is configured.
@@ -78,7 +85,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		{
 			Name:                 WorkStream,
 			Description:          "PAL work queue: drive this run",
-			Subjects:             []string{WorkPrefix + "*", WorkPinSubject},
+			Subjects:             []string{WorkPrefix + "*", WorkPrefix + "*.*", WorkPinSubject},
 			Retention:            jetstream.WorkQueuePolicy,
 			Storage:              jetstream.FileStorage,
 			Replicas:             cfg.Replicas,
@@ -225,16 +232,28 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("setting up object store %s: %w", SnapshotBucket, err)
 	}
-	if ownsTTL {
-		_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
-	} else if _, err = js.Consumer(ctx, WorkStream, WorkConsumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
-		_, err = js.CreateConsumer(ctx, WorkStream, workConsumerConfig(cfg))
-		if errors.Is(err, jetstream.ErrConsumerExists) {
-			err = nil // created meanwhile by a worker
+	queues := []string{event.DefaultQueue}
+	for _, q := range cfg.Queues {
+		if err := event.ValidateQueue(q); err != nil {
+			return fmt.Errorf("setting up: %w", err)
+		}
+		if !slices.Contains(queues, q) {
+			queues = append(queues, q)
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("setting up consumer %s: %w", WorkConsumer, err)
+	for _, q := range queues {
+		name := WorkConsumerName(q)
+		if ownsTTL {
+			_, err = js.CreateOrUpdateConsumer(ctx, WorkStream, workConsumerConfig(cfg, q))
+		} else if _, err = js.Consumer(ctx, WorkStream, name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+			_, err = js.CreateConsumer(ctx, WorkStream, workConsumerConfig(cfg, q))
+			if errors.Is(err, jetstream.ErrConsumerExists) {
+				err = nil // created meanwhile by a worker
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("setting up consumer %s: %w", name, err)
+		}
 	}
 	_, err = js.CreateOrUpdateConsumer(ctx, TimersStream, jetstream.ConsumerConfig{
 		Durable:       TimerConsumer,
@@ -262,16 +281,18 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	return nil
 }
 
-func workConsumerConfig(cfg Config) jetstream.ConsumerConfig {
+// workConsumerConfig is the durable of queue q: its work subjects only,
+// so the consumers of a work-queue stream never overlap.
+func workConsumerConfig(cfg Config, q string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       WorkConsumer,
-		Description:   "PAL workers: drive runs",
+		Durable:       WorkConsumerName(q),
+		Description:   "PAL workers: drive the runs of queue " + q,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.LeaseTTL,
 		MaxDeliver:    -1,
 		MaxAckPending: 100_000,
 		MaxWaiting:    4096,
-		FilterSubject: WorkPrefix + "*",
+		FilterSubject: WorkSubject(q, "*"),
 	}
 }
 

@@ -68,7 +68,7 @@ func TestSetupLayout(t *testing.T) {
 	require.Equal(t, eventstore.WatchPrefix+"{{wildcard(1)}}", events.RePublish.Destination)
 
 	work := l.streams[eventstore.WorkStream]
-	require.Equal(t, []string{"pal.work.*", eventstore.WorkPinSubject}, work.Subjects)
+	require.Equal(t, []string{"pal.work.*", "pal.work.*.*", eventstore.WorkPinSubject}, work.Subjects)
 	require.Equal(t, jetstream.WorkQueuePolicy, work.Retention)
 	require.Equal(t, jetstream.FileStorage, work.Storage)
 	require.Equal(t, int64(1), work.MaxMsgsPerSubject, "at most one pending work message per run")

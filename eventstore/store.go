@@ -183,21 +183,21 @@ func (s *Store) Append(ctx context.Context, runID string, head Head, evs ...even
 const StartLag = 30 * time.Second
 
 // AppendStart appends a run's run_created, fenced on an empty subject as
-// Append with Head{} is, and publishes the run's work message (reason)
-// beside it: sent once the event is encoded, just before it is
+// Append with Head{} is, and publishes the run's work message (reason) on
+// its queue q beside it: sent once the event is encoded, just before it is
 // published, so that the start waits for both acks at once
 // (docs/architecture.md §8 step 3). queued waits for the work message's
 // ack; when the append took over a third of StartLag, or the work message
 // was not sent, it enqueues the run anew instead (a no-op while the first
 // work message is pending), as workers may have given up on the first.
 // queued is nil only with an error.
-func (s *Store) AppendStart(ctx context.Context, runID string, ev event.Event, reason string) (_ Head, queued func(context.Context) error, _ error) {
+func (s *Store) AppendStart(ctx context.Context, q, runID string, ev event.Event, reason string) (_ Head, queued func(context.Context) error, _ error) {
 	start := time.Now()
 	evs := []event.Event{ev}
-	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.enqueueAsync(runID, reason) })
+	h, err := s.append(ctx, runID, Head{}, "", evs, func() { queued = s.enqueueAsync(q, runID, reason) })
 	observeAppend(start, evs[:h.Seq], err)
 	if err == nil && (queued == nil || time.Since(start) > StartLag/3) {
-		queued = func(ctx context.Context) error { return s.Enqueue(ctx, runID, reason) }
+		queued = func(ctx context.Context) error { return s.Enqueue(ctx, q, runID, reason) }
 	}
 	return h, queued, err
 }

@@ -2,6 +2,7 @@ package eventstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,17 +11,20 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/internal/retry"
 )
 
-// Enqueue asks the workers to drive a run. At most one work message is
-// pending per run: if one is already pending, Enqueue does nothing.
+// Enqueue asks the workers of queue q (the run's: run_created.queue,
+// empty for the default queue) to drive a run. At most one work message
+// is pending per run: if one is already pending, Enqueue does nothing.
 // reason is recorded in a header for operators (start, sweep, approve …).
-func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
-	if err := checkRunID(runID); err != nil {
+// A caller that does not know the run's queue asks QueueOf.
+func (s *Store) Enqueue(ctx context.Context, q, runID, reason string) error {
+	if err := checkWork(q, runID); err != nil {
 		return fmt.Errorf("enqueueing: %w", err)
 	}
-	msg := workMsg(runID, reason)
+	msg := workMsg(q, runID, reason)
 	return retry.Do(ctx, jsRetry, func() error {
 		pctx, cancel := context.WithTimeout(ctx, s.timeout)
 		_, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(WorkStream))
@@ -40,11 +44,11 @@ func (s *Store) Enqueue(ctx context.Context, runID, reason string) error {
 // it returns the wait for its answer. A first try that failed, or had no
 // answer within the request timeout, is done again by Enqueue, with its
 // retries (a message that landed meanwhile makes it a no-op).
-func (s *Store) enqueueAsync(runID, reason string) func(context.Context) error {
-	if err := checkRunID(runID); err != nil {
+func (s *Store) enqueueAsync(q, runID, reason string) func(context.Context) error {
+	if err := checkWork(q, runID); err != nil {
 		return func(context.Context) error { return fmt.Errorf("enqueueing: %w", err) }
 	}
-	ack, err := s.js.PublishMsgAsync(workMsg(runID, reason), jetstream.WithExpectStream(WorkStream))
+	ack, err := s.js.PublishMsgAsync(workMsg(q, runID, reason), jetstream.WithExpectStream(WorkStream))
 	return func(ctx context.Context) error {
 		if err == nil {
 			err = awaitAck(ctx, ack, s.timeout)
@@ -58,7 +62,7 @@ func (s *Store) enqueueAsync(runID, reason string) func(context.Context) error {
 		if alreadyPending(err) {
 			return nil
 		}
-		return s.Enqueue(ctx, runID, reason)
+		return s.Enqueue(ctx, q, runID, reason)
 	}
 }
 
@@ -86,8 +90,37 @@ func awaitAck(ctx context.Context, ack jetstream.PubAckFuture, timeout time.Dura
 	}
 }
 
-func workMsg(runID, reason string) *nats.Msg {
-	msg := &nats.Msg{Subject: WorkSubject(runID), Header: nats.Header{}}
+// checkWork checks a work message's run id and queue (empty: default).
+func checkWork(q, runID string) error {
+	if err := checkRunID(runID); err != nil {
+		return err
+	}
+	if q != "" {
+		return event.ValidateQueue(q)
+	}
+	return nil
+}
+
+// QueueOf returns the queue of a run (its run_created's, DefaultQueue when
+// it names none), read with one Get: for the callers that wake a run they
+// know only by id (a fired timer, a takeover, a child's end waking its
+// parent). ErrRunNotFound when the run has no journal.
+func (s *Store) QueueOf(ctx context.Context, runID string) (string, error) {
+	ev, err := s.FirstEvent(ctx, runID)
+	if err != nil {
+		return "", err
+	}
+	var d struct {
+		Queue string `json:"queue"`
+	}
+	if ev.Kind != event.RunCreated || json.Unmarshal(ev.Data, &d) != nil {
+		return "", fmt.Errorf("reading the queue of run %s: its first event is no run_created", runID)
+	}
+	return event.QueueOr(d.Queue), nil
+}
+
+func workMsg(q, runID, reason string) *nats.Msg {
+	msg := &nats.Msg{Subject: WorkSubject(q, runID), Header: nats.Header{}}
 	msg.Header.Set(reasonHeader, reason)
 	return msg
 }
@@ -104,11 +137,11 @@ func WorkReason(msg jetstream.Msg) string { return msg.Headers().Get(reasonHeade
 // fencing token decide who drives. The presence watch calls it after
 // taking a departed worker's lease (Leases.Revoke); pal run resume calls it
 // for a run no live worker drives.
-func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
-	if err := checkRunID(runID); err != nil {
+func (s *Store) Requeue(ctx context.Context, q, runID, reason string) error {
+	if err := checkWork(q, runID); err != nil {
 		return fmt.Errorf("requeueing: %w", err)
 	}
-	m, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
+	m, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(q, runID))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
@@ -119,16 +152,16 @@ func (s *Store) Requeue(ctx context.Context, runID, reason string) error {
 			return fmt.Errorf("requeueing run %s: deleting its pending work: %w", runID, err)
 		}
 	}
-	return s.Enqueue(ctx, runID, reason)
+	return s.Enqueue(ctx, q, runID, reason)
 }
 
 // WorkPending reports whether a work message for the run is in PAL_WORK
-// (waiting or being worked on).
-func (s *Store) WorkPending(ctx context.Context, runID string) (bool, error) {
-	if err := checkRunID(runID); err != nil {
+// on queue q (waiting or being worked on).
+func (s *Store) WorkPending(ctx context.Context, q, runID string) (bool, error) {
+	if err := checkWork(q, runID); err != nil {
 		return false, fmt.Errorf("checking work: %w", err)
 	}
-	_, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(runID))
+	_, err := s.work.GetLastMsgForSubject(ctx, WorkSubject(q, runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}
@@ -138,19 +171,32 @@ func (s *Store) WorkPending(ctx context.Context, runID string) (bool, error) {
 	return true, nil
 }
 
-// WorkConsumer returns the durable pull consumer workers take work from.
-func (s *Store) WorkConsumer(ctx context.Context) (jetstream.Consumer, error) {
-	c, err := s.js.Consumer(ctx, WorkStream, WorkConsumer)
+// WorkConsumer returns the durable pull consumer workers take queue q's
+// work from (Setup makes it, for the queues of its Config).
+func (s *Store) WorkConsumer(ctx context.Context, q string) (jetstream.Consumer, error) {
+	c, err := s.js.Consumer(ctx, WorkStream, WorkConsumerName(q))
 	if err != nil {
-		return nil, fmt.Errorf("opening consumer %s: %w", WorkConsumer, err)
+		return nil, fmt.Errorf("opening consumer %s: %w", WorkConsumerName(q), err)
 	}
 	return c, nil
 }
 
-// RunIDFromWork extracts the run id from a work message subject.
-func RunIDFromWork(subject string) (string, bool) {
-	id, ok := strings.CutPrefix(subject, WorkPrefix)
-	return id, ok && id != "" && !strings.Contains(id, ".")
+// RunIDFromWork extracts the run id and queue from a work message
+// subject: pal.work.<run_id> (the default queue) or
+// pal.work.<queue>.<run_id>.
+func RunIDFromWork(subject string) (runID, queue string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, WorkPrefix)
+	if !ok {
+		return "", "", false
+	}
+	queue = event.DefaultQueue
+	if q, id, two := strings.Cut(rest, "."); two {
+		if event.ValidateQueue(q) != nil {
+			return "", "", false
+		}
+		queue, rest = q, id
+	}
+	return rest, queue, checkRunID(rest) == nil
 }
 
 // alreadyPending reports the per-subject discard-new refusal of a second

@@ -93,6 +93,19 @@ func examples() map[string]example {
 				require.Equal(t, 1, countCalls(s, providertest.Anthropic), "the child's step went to anthropic")
 			},
 		},
+		"queues.json": {
+			// The README starts a worker of the gpu queue for it: w1 takes
+			// the default queue only, so the run waits for "gpu".
+			setup: func(t *testing.T, s *paltest.Stack) { s.Worker(t, "gpu1", paltest.Queues("gpu")) },
+			check: func(t *testing.T, s *paltest.Stack, runID string, out map[string]any) {
+				require.Equal(t, map[string]any{"scene": "teapot", "queue": "gpu"}, out)
+				for _, ev := range s.Events(t, runID) {
+					if ev.Kind == event.RunResumed {
+						require.Equal(t, "gpu1", ev.WorkerID, "only a gpu worker drives a gpu run")
+					}
+				}
+			},
+		},
 		"agent.json": {
 			setup: func(_ *testing.T, s *paltest.Stack) {
 				// The model calls echo once, then answers with what it got back.

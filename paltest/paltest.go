@@ -143,6 +143,7 @@ type workerConfig struct {
 	secretHosts map[string]string
 	smtpURL     string
 	sandbox     *sandbox.Runner
+	queues      []string
 }
 
 // WorkerOption configures Stack.Worker.
@@ -187,6 +188,10 @@ func SecretHosts(m map[string]string) WorkerOption {
 	return func(c *workerConfig) { c.secretHosts = m }
 }
 
+// Queues makes the worker take runs from these work queues (default: the
+// default queue), setting up their consumers first.
+func Queues(qs ...string) WorkerOption { return func(c *workerConfig) { c.queues = qs } }
+
 // Sandbox sets what runs the worker's process steps (default: a sandbox
 // with no mounts, made at the first process step).
 func Sandbox(r *sandbox.Runner) WorkerOption { return func(c *workerConfig) { c.sandbox = r } }
@@ -209,7 +214,10 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	em := email.New(cfg.smtpURL, email.WithEgress(cfg.egress))
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
 	hosts := func(name string) (string, bool) { v, ok := cfg.secretHosts[name]; return v, ok }
-	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, RunConcurrency: cfg.runLimit, Logger: cfg.logger,
+	if len(cfg.queues) > 0 {
+		require.NoError(tb, eventstore.Setup(context.Background(), s.JS, eventstore.Config{LeaseTTL: s.TTL, Queues: cfg.queues}))
+	}
+	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, RunConcurrency: cfg.runLimit, Queues: cfg.queues, Logger: cfg.logger,
 		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {

@@ -118,7 +118,7 @@ func TestCorruptJournalFailsTheRun(t *testing.T) {
 			require.Zero(t, d.Run.CostUSD, "nothing of the bad message is folded")
 
 			// The worker that takes it seals it, once.
-			require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
+			require.NoError(t, b.Store.Enqueue(ctx, "", runID, "test"))
 			end := b.WaitEnd(t, runID)
 			require.Equal(t, event.RunFailed, end.Kind)
 			require.Equal(t, uint64(7), end.Seq)
@@ -140,7 +140,7 @@ func TestCorruptJournalFailsTheRun(t *testing.T) {
 			require.Equal(t, 8, msgs, "6 sound messages, the bad one, the seal")
 			require.Equal(t, 1, kinds[event.RunResumed], "one drive, before the corruption")
 			require.Equal(t, 1, kinds[event.RunFailed])
-			pending, err := b.Store.WorkPending(ctx, runID)
+			pending, err := b.Store.WorkPending(ctx, "", runID)
 			require.NoError(t, err)
 			require.False(t, pending)
 

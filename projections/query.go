@@ -46,7 +46,7 @@ const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(wor
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
 	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from,
-	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels`
+	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue`
 
 func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
@@ -62,7 +62,7 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
 		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom,
-		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels}, extra...)
+		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels, &r.Queue}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -124,6 +124,9 @@ func listQuery(f RunFilter) (string, []any, error) {
 	}
 	if f.Workflow != "" {
 		add("workflow_name = $%d", f.Workflow)
+	}
+	if f.Queue != "" {
+		add("queue = $%d", f.Queue)
 	}
 	if len(f.Labels) > 0 {
 		labels, err := json.Marshal(f.Labels)
@@ -260,4 +263,24 @@ func (q *Reader) Checkpoint(ctx context.Context, name string) (uint64, error) {
 		name = DefaultName
 	}
 	return readCheckpoint(ctx, q.pool, name)
+}
+
+// QueuedRuns counts the runs waiting for a worker (status queued) on each
+// work queue: pal_runs_queued. Queues with none are absent.
+func (q *Reader) QueuedRuns(ctx context.Context) (map[string]int64, error) {
+	rows, err := q.pool.Query(ctx, "SELECT queue, count(*) FROM runs WHERE status = 'queued' GROUP BY queue")
+	if err != nil {
+		return nil, fmt.Errorf("counting queued runs: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return nil, fmt.Errorf("counting queued runs: %w", err)
+		}
+		out[name] = n
+	}
+	return out, rows.Err()
 }

@@ -147,7 +147,7 @@ func TestRetentionRemovesOldFinishedJournals(t *testing.T) {
 
 	// The sweep does not re-drive it, even with a stray index entry and a
 	// work message for it: the worker drops work for a run with no journal.
-	require.NoError(t, b.Store.MarkInflight(old)(ctx))
+	require.NoError(t, b.Store.MarkInflight("", old)(ctx))
 	sweeper := workers.NewSweeper(b.Store, b.Leases, workers.Sources(reader, workers.NewInflightSource(b.Store)), time.Hour, paltest.Logger(t))
 	swept, err := sweeper.SweepOnce(ctx)
 	require.NoError(t, err)
@@ -155,9 +155,9 @@ func TestRetentionRemovesOldFinishedJournals(t *testing.T) {
 	unsigned, err := reader.Unsigned(ctx, 100)
 	require.NoError(t, err)
 	require.NotContains(t, unsigned, old, "the receipt sweep cannot sign a removed journal")
-	require.NoError(t, b.Store.Enqueue(ctx, old, "test"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", old, "test"))
 	require.Eventually(t, func() bool {
-		pending, err := b.Store.WorkPending(ctx, old)
+		pending, err := b.Store.WorkPending(ctx, "", old)
 		require.NoError(t, err)
 		return !pending
 	}, 30*time.Second, 10*time.Millisecond)

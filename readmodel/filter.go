@@ -21,6 +21,8 @@ type RunFilter struct {
 	Workflow string
 	// Labels keeps runs that carry every one of these labels.
 	Labels map[string]string
+	// Queue keeps runs on this work queue.
+	Queue string
 	// Since keeps runs created at or after it, Until runs created before
 	// it.
 	Since, Until time.Time

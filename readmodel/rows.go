@@ -64,6 +64,9 @@ type RunRow struct {
 	ForkedFrom json.RawMessage
 	// Labels are run_created's labels; empty for none.
 	Labels map[string]string
+	// Queue is the run's work queue (event.DefaultQueue unless its
+	// run_created names another).
+	Queue string
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -176,6 +179,7 @@ func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		LastSeq:          st.LastSeq,
 		StepsSpent:       st.StepsStarted,
 		Labels:           st.Created.Labels,
+		Queue:            event.QueueOr(st.Created.Queue),
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)

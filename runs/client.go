@@ -246,7 +246,7 @@ func (c *Client) Approve(ctx context.Context, cmd ApproveCommand) (err error) {
 		return err
 	}
 	if st.Status == engine.StatusWaiting {
-		return c.store.Enqueue(ctx, cmd.RunID, "approve")
+		return c.store.Enqueue(ctx, st.Created.Queue, cmd.RunID, "approve")
 	}
 	return nil
 }
@@ -293,7 +293,7 @@ func (c *Client) RaiseBudget(ctx context.Context, cmd BudgetCommand) (err error)
 		return err
 	}
 	if st.Status == engine.StatusWaiting {
-		return c.store.Enqueue(ctx, cmd.RunID, "budget")
+		return c.store.Enqueue(ctx, st.Created.Queue, cmd.RunID, "budget")
 	}
 	return nil
 }
@@ -338,7 +338,7 @@ func (c *Client) Signal(ctx context.Context, cmd SignalCommand) (err error) {
 		return err
 	}
 	if st.Status == engine.StatusWaiting {
-		return c.store.Enqueue(ctx, cmd.RunID, "signal")
+		return c.store.Enqueue(ctx, st.Created.Queue, cmd.RunID, "signal")
 	}
 	return nil
 }

@@ -33,7 +33,7 @@ func TestCancelStopsTheInFlightCallAndEndsTheRunOnce(t *testing.T) {
 	logs.Wait(t, "run ended by another writer")
 	require.Eventually(t, func() bool {
 		h, err := b.Leases.Holder(ctx, runID)
-		p, perr := b.Store.WorkPending(ctx, runID)
+		p, perr := b.Store.WorkPending(ctx, "", runID)
 		return err == nil && perr == nil && h == "" && !p
 	}, 10*time.Second, 10*time.Millisecond, "lease released and work acked")
 	hold.Release()
@@ -62,10 +62,10 @@ func TestCancelQueuedRun(t *testing.T) {
 	ctx := context.Background()
 	runID := createOrphan(t, b, echoChain(2))
 	require.NoError(t, runs.New(b.Store, runs.WithConn(b.NC)).Cancel(ctx, runs.CancelCommand{RunID: runID}))
-	require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", runID, "test"))
 	b.worker(t, "w1", nil)
 	require.Eventually(t, func() bool {
-		p, err := b.Store.WorkPending(ctx, runID)
+		p, err := b.Store.WorkPending(ctx, "", runID)
 		return err == nil && !p
 	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, []event.Kind{event.RunCreated, event.RunCancelled}, kindsOf(b.Events(t, runID)))

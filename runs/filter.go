@@ -17,14 +17,14 @@ import (
 
 // ListParams are the query parameters of a listing (GET /v1/runs; pal run
 // list builds the same from its flags), in the order the docs give them.
-var ListParams = []string{"status", "workflow", "label", "since", "until", "error_code", "q", "limit", "before"}
+var ListParams = []string{"status", "workflow", "queue", "label", "since", "until", "error_code", "q", "limit", "before"}
 
 // MaxSearchBytes bounds a listing's free text (q).
 const MaxSearchBytes = 200
 
 var errorCode = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
-// ParseRunFilter reads a listing's query: status, workflow, label (KEY=VALUE,
+// ParseRunFilter reads a listing's query: status, workflow, queue, label (KEY=VALUE,
 // repeatable: every label must match), since and until (RFC 3339, on the
 // creation time: since ≤ created_at < until), error_code, q (text the
 // error message contains, ignoring case; at most MaxSearchBytes), limit
@@ -78,6 +78,11 @@ func setFilter(f *readmodel.RunFilter, k, v string) error {
 	case "workflow":
 		f.Workflow = v
 		return checkLen("workflow", v, MaxNameBytes)
+	case "queue":
+		if err := event.ValidateQueue(v); err != nil {
+			return &InputError{Field: k, Msg: err.Error()}
+		}
+		f.Queue = v
 	case "label":
 		return addLabel(f, v)
 	case "since", "until":

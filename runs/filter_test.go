@@ -40,10 +40,12 @@ func TestParseRunFilter(t *testing.T) {
 		field string
 		msg   string
 	}{
-		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, label, since, until, error_code, q, limit, before)"},
+		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, queue, label, since, until, error_code, q, limit, before)"},
 		{url.Values{"status": {"done"}}, "status", "want one of"},
 		{url.Values{"status": {"failed", "queued"}}, "status", "given more than once"},
 		{url.Values{"workflow": {strings.Repeat("w", 257)}}, "workflow", "the limit is 256"},
+		{url.Values{"queue": {"GPU"}}, "queue", "invalid queue name"},
+		{url.Values{"queue": {strings.Repeat("q", 33)}}, "queue", "longer than 32"},
 		{url.Values{"label": {"customer"}}, "label", "want KEY=VALUE"},
 		{url.Values{"label": {"=acme"}}, "label", `label key ""`},
 		{url.Values{"label": {"Customer=acme"}}, "label", `label key "Customer"`},

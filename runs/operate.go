@@ -107,7 +107,7 @@ func (c *Client) Resume(ctx context.Context, cmd ResumeCommand) (_ ResumeResult,
 	// the message is replaced again, until a live worker has it.
 	for try := 0; try < resumeTries && res.TakenBy == ""; try++ {
 		wctx, cancel := context.WithTimeout(ctx, resumeTryWait)
-		res.TakenBy, err = leases.AfterTaken(wctx, cmd.RunID, func() error { return c.store.Requeue(ctx, cmd.RunID, "resume") })
+		res.TakenBy, err = leases.AfterTaken(wctx, cmd.RunID, func() error { return c.store.Requeue(ctx, st.Created.Queue, cmd.RunID, "resume") })
 		cancel()
 		if err != nil {
 			return ResumeResult{}, err

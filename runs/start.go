@@ -149,11 +149,12 @@ func (c *Client) create(ctx context.Context, cmd StartCommand, wf *workflow.Work
 	if err != nil {
 		return StartResult{}, budgetInputError(err)
 	}
-	indexed := c.store.MarkInflight(runID) // before run_created (eventstore.InflightBucket)
+	q := event.QueueOr(wf.Queue)
+	indexed := c.store.MarkInflight(q, runID) // before run_created (eventstore.InflightBucket)
 	// The work message goes out beside run_created, not after its ack: a
 	// worker that takes it before the journal shows run_created waits
 	// for it (docs/architecture.md §8 step 3).
-	_, queued, err := c.store.AppendStart(ctx, runID, ev, "start")
+	_, queued, err := c.store.AppendStart(ctx, q, runID, ev, "start")
 	if ierr := indexed(ctx); ierr != nil && err == nil {
 		// The Postgres sweep still finds the run; a retried start indexes it.
 		return StartResult{RunID: runID, Created: true}, fmt.Errorf("run %s created but not indexed: %w", runID, ierr)
@@ -167,7 +168,7 @@ func (c *Client) create(ctx context.Context, cmd StartCommand, wf *workflow.Work
 			if same {
 				// The same start again: make sure it is queued and
 				// answer with the existing run.
-				return StartResult{RunID: runID}, enqueueIfLive(ctx, c.store, runID)
+				return StartResult{RunID: runID}, enqueueIfLive(ctx, c.store, q, runID)
 			}
 		}
 		return StartResult{}, fmt.Errorf("starting run %s: %w", runID, ErrRunExists)
@@ -205,13 +206,13 @@ func (c *Client) startedWith(ctx context.Context, runID, key string) (bool, erro
 // enqueueIfLive enqueues a run that exists but has not started driving: a
 // duplicate start may follow a start that crashed between run_created and
 // its work message.
-func enqueueIfLive(ctx context.Context, store *eventstore.Store, runID string) error {
+func enqueueIfLive(ctx context.Context, store *eventstore.Store, q, runID string) error {
 	head, err := store.LastHead(ctx, runID)
 	if err != nil {
 		return err
 	}
 	if head.Seq == 1 {
-		return store.Enqueue(ctx, runID, "start")
+		return store.Enqueue(ctx, q, runID, "start")
 	}
 	return nil
 }

@@ -51,7 +51,10 @@ type RunView struct {
 	ForkedFrom *ForkPoint `json:"forked_from,omitempty"`
 	// Labels are the start's labels (a fork's source's); absent for none.
 	Labels map[string]string `json:"labels,omitempty"`
-	Steps  []StepView        `json:"steps"`
+	// Queue is the work queue whose workers drive the run: a queued run
+	// waits for one of them (pal worker --queues).
+	Queue string     `json:"queue"`
+	Steps []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -145,7 +148,7 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 			ReasoningTokens: r.ReasoningTokens},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
-		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
+		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Queue: event.QueueOr(r.Queue), Steps: []StepView{}}
 	if len(r.Labels) > 0 {
 		v.Labels = r.Labels
 	}

@@ -44,7 +44,7 @@ func (b *bundle) settled(t *testing.T, runID string) {
 	ctx := context.Background()
 	require.Eventually(t, func() bool {
 		h, err := b.Leases.Holder(ctx, runID)
-		p, perr := b.Store.WorkPending(ctx, runID)
+		p, perr := b.Store.WorkPending(ctx, "", runID)
 		return err == nil && perr == nil && h == "" && !p
 	}, 30*time.Second, 10*time.Millisecond, "run %s still leased or queued", runID)
 }

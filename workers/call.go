@@ -86,7 +86,8 @@ func (c *call) execTool() (stepResult, error) {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		return stepResult{}, permanent("step %s: tool %q is not registered on worker %s (registered: %v)", p.StepID, in.Tool, w.cfg.ID, names)
+		return stepResult{}, permanent("step %s: configuration error: tool %q is not registered on worker %s (queues %s; registered: %v): run the workflow on a queue whose workers register it (pal workers lists them)",
+			p.StepID, in.Tool, w.cfg.ID, strings.Join(w.cfg.Queues, ","), names)
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, timeoutOf(p.TimeoutMs, defaultToolTimeout))
 	defer cancel()

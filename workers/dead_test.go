@@ -69,7 +69,7 @@ func TestDrivePanicBeforeResumeIsDeadLettered(t *testing.T) {
 	})
 	ctx := context.Background()
 	// A run nothing created: its work message alone reaches the drive.
-	require.NoError(t, b.Store.Enqueue(ctx, bad, "test"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", bad, "test"))
 	good := b.Start(t, echoChain(2), `{}`)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, good).Kind)
 
@@ -80,7 +80,7 @@ func TestDrivePanicBeforeResumeIsDeadLettered(t *testing.T) {
 	m, err := dead.GetLastMsgForSubject(ctx, eventstore.DeadSubject(eventstore.DeadWork))
 	require.NoError(t, err)
 	require.Equal(t, eventstore.WorkStream, m.Header.Get(eventstore.DeadStreamHeader))
-	require.Equal(t, eventstore.WorkSubject(bad), m.Header.Get(eventstore.DeadSubjectHeader))
+	require.Equal(t, eventstore.WorkSubject("", bad), m.Header.Get(eventstore.DeadSubjectHeader))
 	require.Equal(t, strconv.Itoa(eventstore.MaxDeliveries), m.Header.Get(eventstore.DeadDeliveredHeader))
 	require.Equal(t, "panic: fold bug", m.Header.Get(eventstore.DeadReasonHeader))
 	seq := m.Header.Get(eventstore.DeadSeqHeader)
@@ -88,7 +88,7 @@ func TestDrivePanicBeforeResumeIsDeadLettered(t *testing.T) {
 
 	work, err := b.JS.Stream(ctx, eventstore.WorkStream)
 	require.NoError(t, err)
-	_, err = work.GetLastMsgForSubject(ctx, eventstore.WorkSubject(bad))
+	_, err = work.GetLastMsgForSubject(ctx, eventstore.WorkSubject("", bad))
 	require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "the work message left PAL_WORK")
 	after := b.Start(t, echoChain(1), `{}`)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, after).Kind, "the worker goes on")
@@ -133,7 +133,7 @@ func TestUnfoldableJournalWorkIsDeadLettered(t *testing.T) {
 	runID := createOrphan(t, b, echoChain(2))
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(echoChain(1)), Input: json.RawMessage(`{}`)})
 	appendRaw(t, b, runID, ev)
-	require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", runID, "test"))
 	_, err := b.JS.Publish(ctx, "pal.work.bad%id", nil)
 	require.NoError(t, err)
 	b.worker(t, "w1", nil)
@@ -148,6 +148,6 @@ func TestUnfoldableJournalWorkIsDeadLettered(t *testing.T) {
 		require.Equal(t, "1", m.Header.Get(eventstore.DeadDeliveredHeader), "no retry for what fails for good")
 		reasons[m.Header.Get(eventstore.DeadSubjectHeader)] = m.Header.Get(eventstore.DeadReasonHeader)
 	}
-	require.Contains(t, reasons[eventstore.WorkSubject(runID)], "journal does not fold")
+	require.Contains(t, reasons[eventstore.WorkSubject("", runID)], "journal does not fold")
 	require.Contains(t, reasons["pal.work.bad%id"], "no valid run id")
 }

@@ -68,7 +68,7 @@ type drive struct {
 // handle drives the run named by a work message; the drive gives the
 // message its fate.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
-	runID, ok := eventstore.RunIDFromWork(msg.Subject())
+	runID, _, ok := eventstore.RunIDFromWork(msg.Subject())
 	if !ok || event.ValidateRunID(runID) != nil {
 		w.log.Error("dropping work message with a malformed subject", "subject", msg.Subject())
 		w.applyFate(ctx, w.log, msg, deadMsg, errors.New("the subject names no valid run id"))

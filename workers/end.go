@@ -83,7 +83,7 @@ func (w *Worker) afterDrive(ctx context.Context, d *drive, parked bool) {
 	}
 	if !parked {
 		if d.st.Status.Terminal() && d.st.Created.ParentRunID != "" {
-			if err := w.store.Enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
+			if err := w.enqueue(ctx, d.st.Created.ParentRunID, "child"); err != nil {
 				d.log.Warn("waking the parent run", "parent", d.st.Created.ParentRunID, "err", err)
 			}
 		}
@@ -98,6 +98,17 @@ func (w *Worker) afterDrive(ctx context.Context, d *drive, parked bool) {
 	}
 	if !fresh.st.Status.Terminal() && fresh.wakeable() {
 		d.log.Info("woken while parking; queueing the run again")
-		_ = w.store.Enqueue(ctx, d.runID, "wake")
+		_ = w.store.Enqueue(ctx, fresh.st.Created.Queue, d.runID, "wake")
 	}
+}
+
+// enqueue wakes a run the worker knows only by id (a parent whose child
+// ended, a run whose timer fired) on its queue, which its run_created
+// names (one Get).
+func (w *Worker) enqueue(ctx context.Context, runID, reason string) error {
+	q, err := w.store.QueueOf(ctx, runID)
+	if err != nil {
+		return err
+	}
+	return w.store.Enqueue(ctx, q, runID, reason)
 }

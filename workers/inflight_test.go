@@ -33,7 +33,7 @@ func TestInflightSourceReadsOnlyRunsInFlight(t *testing.T) {
 	// A finished run whose purge was lost: indexed again by hand.
 	done := b.Start(t, echoChain(1), `{}`)
 	b.WaitEnd(t, done)
-	require.NoError(t, b.Store.MarkInflight(done)(ctx))
+	require.NoError(t, b.Store.MarkInflight("", done)(ctx))
 	// A parked run.
 	gate := b.Start(t, gateWF, `{}`)
 	b.WaitFor(t, gate, "step_waiting", func(ev event.Event) bool { return ev.Kind == event.StepWaiting })

@@ -46,7 +46,7 @@ func TestJournalThatDoesNotFoldEndsTheRun(t *testing.T) {
 	// A second run_created: the fold refuses such a journal.
 	ev := event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(echoChain(1)), Input: json.RawMessage(`{}`)})
 	appendRaw(t, b, runID, ev)
-	require.NoError(t, b.Store.Enqueue(context.Background(), runID, "test"))
+	require.NoError(t, b.Store.Enqueue(context.Background(), "", runID, "test"))
 	b.worker(t, "w1", nil)
 	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)
@@ -75,7 +75,7 @@ func TestForgedBlobEndsTheRun(t *testing.T) {
 		event.MustNew(event.StepStarted, "t1", 1, event.StepStartedData{NodeID: "t1", NodeType: "tool", Input: json.RawMessage(`{"tool":"echo","input":{"i":1}}`), IdempotencyKey: key}),
 		event.Event{V: event.Version, Kind: event.StepCompleted, StepID: "t1", Attempt: 1,
 			Data: fmt.Appendf(nil, `{"duration_ms":1,"output_blob":{"blob":%q,"size":%d}}`, event.BlobSum(real), len(real))})
-	require.NoError(t, b.Store.Enqueue(ctx, runID, "test"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", runID, "test"))
 	b.worker(t, "w1", nil)
 	final := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, final.Kind)

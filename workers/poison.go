@@ -89,7 +89,7 @@ func (w *Worker) handleTimer(m jetstream.Msg) {
 		w.timerFailed(ctx, m, "the subject names no valid run id", true)
 		return
 	}
-	if err := w.store.Enqueue(ctx, runID, "timer"); err != nil {
+	if err := w.enqueue(ctx, runID, "timer"); err != nil {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}

@@ -2,6 +2,8 @@ package workers
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,7 +87,7 @@ func (w *Worker) startPresence(ctx context.Context) (*presence, error) {
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := w.leases.Announce(actx, w.owner); err != nil {
+	if _, err := w.leases.Announce(actx, w.capabilities()); err != nil {
 		unsubscribe()
 		return nil, err
 	}
@@ -114,7 +116,7 @@ func (p *presence) watch(ctx context.Context) {
 		err := p.w.leases.WatchPresence(ctx, func(e eventstore.Presence) {
 			if e.Token == p.token {
 				if e.Owner == "" {
-					if _, err := p.w.leases.Announce(ctx, p.w.owner); err != nil && ctx.Err() == nil {
+					if _, err := p.w.leases.Announce(ctx, p.w.capabilities()); err != nil && ctx.Err() == nil {
 						p.w.log.Warn("announcing this worker's presence again failed; peers take its runs over by lease expiry until it succeeds", "err", err)
 					}
 				}
@@ -250,7 +252,11 @@ func (p *presence) takeOver(ctx context.Context, e eventstore.Presence) {
 		if !ok {
 			continue
 		}
-		if err := p.w.store.Requeue(ctx, ls.RunID, "takeover"); err != nil {
+		q, err := p.w.store.QueueOf(ctx, ls.RunID)
+		if err == nil {
+			err = p.w.store.Requeue(ctx, q, ls.RunID, "takeover")
+		}
+		if err != nil {
 			// The lease is free: the work message's redelivery or the
 			// sweep drives the run.
 			log.Warn("requeueing a departed worker's run", "run_id", ls.RunID, "err", err)
@@ -275,4 +281,16 @@ func (p *presence) stop(ctx context.Context) {
 	}
 	_ = p.sub.Unsubscribe()
 	_ = p.replies.Unsubscribe()
+}
+
+// capabilities is what this worker announces in its presence entry: its
+// queues, its Go tools, its MCP servers and the programs its process
+// steps may start (pal workers lists them).
+func (w *Worker) capabilities() eventstore.Capabilities {
+	c := eventstore.Capabilities{Owner: w.owner, WorkerID: w.cfg.ID, Queues: slices.Clone(w.cfg.Queues),
+		Tools: slices.Sorted(maps.Keys(w.tools)), Started: w.startedAt}
+	if w.cfg.Sandbox != nil {
+		c.Programs = w.cfg.Sandbox.Programs()
+	}
+	return c
 }

@@ -33,7 +33,7 @@ func TestProbeInFlightDoesNotDelayTheNext(t *testing.T) {
 	_, err := peerNC.ChanSubscribe(eventstore.PresenceSubject(owner), probes)
 	require.NoError(t, err)
 	require.NoError(t, peerNC.Flush())
-	_, err = b.Leases.Announce(ctx, owner)
+	_, err = b.Leases.Announce(ctx, eventstore.Capabilities{Owner: owner})
 	require.NoError(t, err)
 	runID := event.NewRunID()
 	_, err = b.Leases.Acquire(ctx, runID, owner)

@@ -196,7 +196,7 @@ func setupCounted(t *testing.T, strict bool) *counted {
 		c.calls = append(c.calls, reqs.Mark())
 		return in, nil
 	})
-	c.work, err = store.WorkConsumer(ctx)
+	c.work, err = store.WorkConsumer(ctx, "")
 	require.NoError(t, err)
 	return c
 }
@@ -246,7 +246,7 @@ func (c *counted) driveChain(t *testing.T, n int) driven {
 	require.NoError(t, err)
 	msg := <-batch.Messages()
 	require.NotNil(t, msg, "no work message")
-	require.Equal(t, eventstore.WorkSubject(runID), msg.Subject())
+	require.Equal(t, eventstore.WorkSubject("", runID), msg.Subject())
 	c.mu.Lock()
 	c.calls = nil
 	c.mu.Unlock()

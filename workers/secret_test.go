@@ -123,7 +123,7 @@ func TestSecretGoesOnlyToItsHosts(t *testing.T) {
 	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(t, err)
 	old := event.NewRunID()
-	_, queued, err := b.Store.AppendStart(context.Background(), old, ev, "start")
+	_, queued, err := b.Store.AppendStart(context.Background(), "", old, ev, "start")
 	require.NoError(t, err)
 	require.NoError(t, queued(context.Background()))
 	f = failed(old)

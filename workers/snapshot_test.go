@@ -185,7 +185,7 @@ func TestSnapshotTailKeepsWriterRule(t *testing.T) {
 	require.Equal(t, head.Seq, st.LastSeq)
 
 	w2 := s.Worker(t, "w2")
-	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	require.NoError(t, s.Store.Enqueue(ctx, "", runID, "wake"))
 	end := s.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, end.Kind)
 	var d event.RunFailedData
@@ -258,7 +258,7 @@ func TestResumeSnapshotTailDoesNotFold(t *testing.T) {
 	require.ErrorContains(t, err, "run_created")
 
 	w2 := s.Worker(t, "w2")
-	require.NoError(t, s.Store.Enqueue(ctx, runID, "wake"))
+	require.NoError(t, s.Store.Enqueue(ctx, "", runID, "wake"))
 	end := s.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, end.Kind)
 	require.Zero(t, workers.SnapshotHits(w2))

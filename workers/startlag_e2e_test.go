@@ -29,11 +29,11 @@ func TestStartWorkBeforeItsJournalWaitsForIt(t *testing.T) {
 		return in, nil
 	}})
 	runID := event.NewRunID()
-	require.NoError(t, b.Store.Enqueue(ctx, runID, "start"))
+	require.NoError(t, b.Store.Enqueue(ctx, "", runID, "start"))
 	require.Eventually(t, func() bool {
 		return strings.Count(logs.String(), "start's work came before its run_created") >= 3
 	}, 10*time.Second, 5*time.Millisecond, "the worker looks again, 20 ms and then 40 ms on")
-	pending, err := b.Store.WorkPending(ctx, runID)
+	pending, err := b.Store.WorkPending(ctx, "", runID)
 	require.NoError(t, err)
 	require.True(t, pending, "the work waits for its run_created")
 

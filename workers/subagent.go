@@ -41,7 +41,7 @@ func (d *drive) childCreated(p engine.StepPlan) (*event.Event, error) {
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return nil, permanent("step %s: bad input: %v", p.StepID, err)
 	}
-	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
+	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, nd.Queue, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
 	if err != nil {
 		return nil, permanent("step %s: child run_created: %v", p.StepID, err)
 	}
@@ -69,13 +69,28 @@ func (c *call) runChild() (stepResult, error) {
 			return stepResult{}, &abortError{err: err}
 		}
 	}
-	child, err := c.d.w.driveInline(c.ctx, p.ChildRunID)
+	// A child on a queue this worker does not serve is its queue's
+	// workers' to drive: queued there, the step waits for it, and its end
+	// wakes this run (afterDrive).
+	q, err := c.childQueue()
+	if err != nil {
+		return stepResult{}, &abortError{err: err}
+	}
+	var child *engine.RunState
+	if c.d.w.serves(q) {
+		child, err = c.d.w.driveInline(c.ctx, p.ChildRunID)
+	} else {
+		child, err = c.d.w.childEnded(c.ctx, q, p.ChildRunID)
+	}
 	if cause := context.Cause(c.ctx); cause != nil {
 		return stepResult{}, cause
 	}
+	var wait *childWaitError
 	switch {
 	case errors.Is(err, eventstore.ErrLeaseHeld):
 		return stepResult{}, &childWaitError{why: "another worker drives it"}
+	case errors.As(err, &wait):
+		return stepResult{}, err
 	case err != nil:
 		return stepResult{}, &abortError{err: err}
 	}
@@ -99,6 +114,41 @@ func (c *call) runChild() (stepResult, error) {
 	}
 }
 
+// childEnded reads the state of a child on queue q, which this worker
+// does not serve: an ended child's is the step's outcome; one that has
+// not ended is queued there (a no-op while its work is pending) and the
+// step waits (*childWaitError) until its end wakes the parent.
+func (w *Worker) childEnded(ctx context.Context, q, childID string) (*engine.RunState, error) {
+	evs, _, err := w.store.Read(ctx, childID)
+	if err != nil && !errors.Is(err, event.ErrJournalCorrupt) {
+		return nil, err
+	}
+	st, err := engine.FoldRead(evs, err) // a corrupt child reads failed
+	if err != nil {
+		return nil, err
+	}
+	if st.Status.Terminal() {
+		return st, nil
+	}
+	if err := w.store.Enqueue(ctx, q, childID, "child"); err != nil {
+		return nil, err
+	}
+	return nil, &childWaitError{why: "queued on " + q}
+}
+
+// childQueue is the queue of the step's child: its run_created's, just
+// made or read back (one Get) when the child was created before.
+func (c *call) childQueue() (string, error) {
+	if c.child != nil {
+		var d event.RunCreatedData
+		if err := c.child.DecodeData(&d); err != nil {
+			return "", err
+		}
+		return event.QueueOr(d.Queue), nil
+	}
+	return c.d.w.store.QueueOf(c.ctx, c.p.ChildRunID)
+}
+
 // childWaits journals that a subagent step waits for its child run (once).
 func (d *drive) childWaits(p engine.StepPlan, why string) error {
 	if s := d.st.Steps[p.StepID]; s == nil || s.Status != engine.StepWaiting {
@@ -118,8 +168,12 @@ func (d *drive) childWaits(p engine.StepPlan, why string) error {
 // and puts its entry again.
 func (c *call) createChild() error {
 	p, store := c.p, c.d.w.store
-	indexed := store.MarkInflight(p.ChildRunID)
-	_, err := store.Append(c.ctx, p.ChildRunID, eventstore.Head{}, *c.child)
+	q, err := c.childQueue()
+	if err != nil {
+		return err
+	}
+	indexed := store.MarkInflight(q, p.ChildRunID)
+	_, err = store.Append(c.ctx, p.ChildRunID, eventstore.Head{}, *c.child)
 	if errors.Is(err, eventstore.ErrConflict) {
 		c.d.log.Info("adopting the child run created before", "child_run_id", p.ChildRunID)
 		err = nil
@@ -168,6 +222,9 @@ func (w *Worker) childMayProceed(ctx context.Context, childID string) bool {
 	}
 	if st.Status.Terminal() {
 		return true
+	}
+	if !w.serves(st.Created.Queue) {
+		return false // its queue's workers drive it; its end wakes the parent
 	}
 	if st.Status == engine.StatusWaiting {
 		// The child waits for its own input: wakeable only if that came.

@@ -161,14 +161,19 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		if holder != "" {
 			continue
 		}
-		pending, err := s.store.WorkPending(ctx, id)
+		q, err := s.store.QueueOf(ctx, id)
+		if err != nil {
+			s.log.Warn("reading an orphan's queue", "run_id", id, "err", err)
+			continue
+		}
+		pending, err := s.store.WorkPending(ctx, q, id)
 		if err != nil {
 			return n, err
 		}
 		if pending {
 			continue
 		}
-		if err := s.store.Enqueue(ctx, id, "sweep"); err != nil {
+		if err := s.store.Enqueue(ctx, q, id, "sweep"); err != nil {
 			return n, err
 		}
 		s.log.Info("re-enqueued orphaned run", "run_id", id)

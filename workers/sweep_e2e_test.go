@@ -45,10 +45,10 @@ func TestSweepRedrivesARunWithNoWork(t *testing.T) {
 	// Lose the work message: the run is now an orphan.
 	ws, err := p.JS.Stream(ctx, eventstore.WorkStream)
 	require.NoError(t, err)
-	m, err := ws.GetLastMsgForSubject(ctx, eventstore.WorkSubject(runID))
+	m, err := ws.GetLastMsgForSubject(ctx, eventstore.WorkSubject("", runID))
 	require.NoError(t, err)
 	require.NoError(t, ws.DeleteMsg(ctx, m.Sequence))
-	pending, err := p.Store.WorkPending(ctx, runID)
+	pending, err := p.Store.WorkPending(ctx, "", runID)
 	require.NoError(t, err)
 	require.False(t, pending)
 	// And let w1's lease expire, so that w2 does not take the run over
@@ -85,7 +85,7 @@ func TestSweepRedrivesAnOrphanWithoutPostgres(t *testing.T) {
 
 	ws, err := p.JS.Stream(ctx, eventstore.WorkStream)
 	require.NoError(t, err)
-	m, err := ws.GetLastMsgForSubject(ctx, eventstore.WorkSubject(runID))
+	m, err := ws.GetLastMsgForSubject(ctx, eventstore.WorkSubject("", runID))
 	require.NoError(t, err)
 	require.NoError(t, ws.DeleteMsg(ctx, m.Sequence))
 	leases, err := eventstore.OpenLeases(ctx, p.JS, time.Second)

@@ -67,7 +67,7 @@ func TestTwoSweepersRaceOnFiftyOrphans(t *testing.T) {
 		ids = append(ids, createOrphan(t, b, echoChain(3)))
 	}
 	for _, id := range ids {
-		pending, err := b.Store.WorkPending(ctx, id)
+		pending, err := b.Store.WorkPending(ctx, "", id)
 		require.NoError(t, err)
 		require.False(t, pending)
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,12 @@ type Config struct {
 	ID string
 	// Concurrency is how many runs the worker drives at once (default 64).
 	Concurrency int
+	// Queues are the work queues the worker takes runs from (PAL_QUEUES,
+	// --queues; default: the default queue only). Their consumers must
+	// exist (eventstore.Setup with the same queues). A child run on a
+	// queue not among them is left to that queue's workers, never driven
+	// inline (§10.7).
+	Queues []string
 	// RunConcurrency caps how many steps of one run are in flight at once
 	// (PAL_RUN_CONCURRENCY, default DefaultRunConcurrency): a run's
 	// workflow asks for policy.concurrency (default 8), and gets at most
@@ -103,6 +110,9 @@ func (c Config) withDefaults() Config {
 	if c.RunConcurrency <= 0 {
 		c.RunConcurrency = DefaultRunConcurrency
 	}
+	if len(c.Queues) == 0 {
+		c.Queues = []string{event.DefaultQueue}
+	}
 	if c.MaxCrashes <= 0 {
 		c.MaxCrashes = 5
 	}
@@ -151,6 +161,8 @@ type Worker struct {
 
 	mu      sync.Mutex
 	started bool
+	// startedAt is when Start was called (announced with the presence).
+	startedAt time.Time
 	stopped bool
 	cancel  context.CancelCauseFunc
 	done    chan struct{}
@@ -203,6 +215,10 @@ func (w *Worker) now() time.Time { return w.cfg.Clock().UTC() }
 // ID returns the worker id.
 func (w *Worker) ID() string { return w.cfg.ID }
 
+// serves reports whether the worker takes the runs of queue q (empty: the
+// default queue).
+func (w *Worker) serves(q string) bool { return slices.Contains(w.cfg.Queues, event.QueueOr(q)) }
+
 // RegisterTool makes fn callable from tool nodes as name. Register tools
 // before Start.
 func (w *Worker) RegisterTool(name string, fn Tool) {
@@ -216,9 +232,17 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("worker already started")
 	}
-	cons, err := w.store.WorkConsumer(ctx)
-	if err != nil {
-		return err
+	w.startedAt = time.Now().UTC()
+	var cons []jetstream.Consumer
+	for _, q := range w.cfg.Queues {
+		if err := event.ValidateQueue(q); err != nil {
+			return err
+		}
+		c, err := w.store.WorkConsumer(ctx, q)
+		if err != nil {
+			return err
+		}
+		cons = append(cons, c)
 	}
 	// A cancel is announced on core NATS after run_cancelled is in the
 	// journal: stop that run's drive (and its in-flight call) at once.
@@ -264,20 +288,27 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.started = true
 	js := w.store.JetStream()
-	w.unwatch = []func(){telemetry.WatchConsumer(js, eventstore.WorkStream, eventstore.WorkConsumer),
-		telemetry.WatchConsumer(js, eventstore.TimersStream, eventstore.TimerConsumer)}
+	w.unwatch = []func(){telemetry.WatchConsumer(js, eventstore.TimersStream, eventstore.TimerConsumer)}
+	for _, q := range w.cfg.Queues {
+		w.unwatch = append(w.unwatch, telemetry.WatchConsumer(js, eventstore.WorkStream, eventstore.WorkConsumerName(q)))
+	}
 	ctx, w.cancel = wctx, cancel
 	w.done = make(chan struct{})
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var loops sync.WaitGroup
+	for _, c := range cons {
+		loops.Go(func() { w.fetchLoop(ctx, c, slots, len(cons)) })
+	}
 	go func() {
 		defer close(w.done)
-		w.fetchLoop(ctx, cons)
+		loops.Wait()
 	}()
 	w.drives.Add(1)
 	go func() {
 		defer w.drives.Done()
 		w.keepWorkPinned(ctx)
 	}()
-	w.log.Info("worker started", "concurrency", w.cfg.Concurrency, "lease_ttl", w.leases.TTL())
+	w.log.Info("worker started", "concurrency", w.cfg.Concurrency, "lease_ttl", w.leases.TTL(), "queues", strings.Join(w.cfg.Queues, ","))
 	return nil
 }
 
@@ -322,11 +353,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 	return nil
 }
 
-// fetchLoop pulls work while slots are free and starts a drive for each
-// message. It never holds more messages than free slots, so no message
-// waits unattended while its ack wait runs.
-func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
-	slots := make(chan struct{}, w.cfg.Concurrency)
+// fetchLoop pulls work from one queue's consumer while slots are free and
+// starts a drive for each message. The slots are the worker's, shared by
+// the loops of its queues (one of queues): each fetches at most its share
+// of the free ones, so no message waits long unattended while its ack
+// wait runs.
+func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer, slots chan struct{}, queues int) {
 	warn := retry.OnRetry(func(err error, _ int, wait time.Duration) {
 		// While a JetStream cluster elects its leaders (a few seconds
 		// after its nodes start) a fetch times out: say so in full.
@@ -336,7 +368,7 @@ func (w *Worker) fetchLoop(ctx context.Context, cons jetstream.Consumer) {
 	for ctx.Err() == nil {
 		// A fetch that fails is retried with backoff; one that succeeds
 		// starts the backoff afresh.
-		_ = retry.Do(ctx, fetchRetry, func() error { return w.fetch(ctx, cons, slots) }, warn)
+		_ = retry.Do(ctx, fetchRetry, func() error { return w.fetch(ctx, cons, slots, queues) }, warn)
 	}
 }
 
@@ -345,7 +377,7 @@ var fetchRetry = retry.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Seco
 
 // fetch waits for a free slot, fetches at most as many messages as there
 // are free slots and starts their drives.
-func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, slots chan struct{}) error {
+func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, slots chan struct{}, queues int) error {
 	if len(slots) == cap(slots) {
 		select { // wait for a slot
 		case slots <- struct{}{}:
@@ -354,7 +386,8 @@ func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, slots chan 
 			return retry.Permanent(ctx.Err())
 		}
 	}
-	batch, err := cons.Fetch(cap(slots)-len(slots), jetstream.FetchMaxWait(time.Second))
+	free := cap(slots) - len(slots)
+	batch, err := cons.Fetch(max(1, (free+queues-1)/queues), jetstream.FetchMaxWait(time.Second))
 	if err != nil {
 		if ctx.Err() != nil {
 			return retry.Permanent(ctx.Err())

@@ -184,9 +184,9 @@ func TestRedriveOfFinishedRunAppendsNothing(t *testing.T) {
 
 	// Directly, and through the queue.
 	require.NoError(t, w.Drive(context.Background(), runID))
-	require.NoError(t, b.Store.Enqueue(context.Background(), runID, "test"))
+	require.NoError(t, b.Store.Enqueue(context.Background(), "", runID, "test"))
 	require.Eventually(t, func() bool {
-		p, err := b.Store.WorkPending(context.Background(), runID)
+		p, err := b.Store.WorkPending(context.Background(), "", runID)
 		return err == nil && !p
 	}, 10*time.Second, 10*time.Millisecond, "the work message is acked")
 	require.Equal(t, before, b.Events(t, runID))

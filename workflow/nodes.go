@@ -68,7 +68,9 @@ type SubagentData struct {
 	Workflow json.RawMessage `json:"workflow"`
 	// Input is the child's input; strings are templates.
 	Input json.RawMessage `json:"input,omitempty"`
-	Retry *RetryPolicy    `json:"retry,omitempty"`
+	// Queue is the child run's work queue; empty: the child workflow's.
+	Queue string       `json:"queue,omitempty"`
+	Retry *RetryPolicy `json:"retry,omitempty"`
 }
 
 // AgentTool declares a tool the model may call; the worker implements it

@@ -87,7 +87,7 @@ func TestValidationErrorProblems(t *testing.T) {
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, "summarise", ve.Workflow)
 	require.Equal(t, []workflow.Problem{
-		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes, policy)"},
+		{Edge: -1, Field: "version", Message: "unknown field (want one of edges, name, nodes, policy, queue)"},
 		{NodeID: "draft", Edge: -1, Field: "data.model", Message: "missing required field (an ai-step needs provider, model, and prompt or messages)"},
 		{NodeID: "draft", Edge: -1, Field: "data", Message: "needs prompt or messages"},
 		{NodeID: "y", Edge: -1, Message: "unknown type \"z\" (want one of trigger, ai-step, tool, connector, condition, approval, loop, subagent, agent, process, wait)"},

@@ -29,6 +29,9 @@ type Workflow struct {
 	// Policy holds the run policy: brakes (budget, anomalies) and the
 	// confidence gate switch; nil if none.
 	Policy *Policy `json:"policy,omitempty"`
+	// Queue is the work queue whose workers drive the workflow's runs
+	// (event.ValidateQueue); empty: event.DefaultQueue.
+	Queue string `json:"queue,omitempty"`
 
 	// derived by Parse
 	byID     map[string]int

@@ -77,7 +77,7 @@ func TestGuardRefuses(t *testing.T) {
 	n := 0
 	for _, stream := range streams {
 		for _, deliver := range []string{
-			eventstore.EventsSubject("run_forged"), eventstore.EventsSubject(runA), eventstore.WorkSubject(runA),
+			eventstore.EventsSubject("run_forged"), eventstore.EventsSubject(runA), eventstore.WorkSubject("", runA),
 			"$KV." + eventstore.LeaseBucket + "." + runA, eventstore.CommandPrefix + "start", eventstore.CommandPrefix + "start.client",
 			"$JS.ACK." + eventstore.WorkStream + "." + eventstore.WorkConsumer + ".1.1.1.0.0", "pal.ctl.cancel." + runA,
 			natsauth.Inbox + ".x", "_INBOX", "_INBOX.*", "_INBOX.a..b",

@@ -214,7 +214,7 @@ func guard() []string {
 
 func worker() Permissions {
 	pub := []string{
-		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", "pal.timer.>", leasePrefix + ">",
+		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.WorkPrefix + "*.*", "pal.timer.>", leasePrefix + ">",
 		receiptPrefix + "*", eventstore.CancelPrefix + "*", eventstore.RejectedSubject, deadPrefix + ">", inbox,
 		jsAPI + "INFO", inflightPrefix + ">", eventstore.WorkPinSubject,
 		// Presence (instant takeover): probing peers, answering their
@@ -232,7 +232,9 @@ func worker() Permissions {
 	// A resume (the command processor, the service) replaces a run's
 	// pending work message so a worker takes it at once.
 	pub = append(pub, jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
-	pub = append(pub, durable(eventstore.WorkStream, eventstore.WorkConsumer)...)
+	// Every queue's durable: pal-workers, pal-workers-<queue> (a subject
+	// token has no prefix match, so any name on PAL_WORK).
+	pub = append(pub, durable(eventstore.WorkStream, "*")...)
 	pub = append(pub, durable(eventstore.CommandsStream, eventstore.CommandConsumer)...)
 	pub = append(pub, durable(eventstore.TimersStream, eventstore.TimerConsumer)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
@@ -291,7 +293,7 @@ func projector() Permissions {
 
 func api() Permissions {
 	pub := []string{
-		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.CancelPrefix + "*",
+		eventstore.EventsPrefix + "*", eventstore.WorkPrefix + "*", eventstore.WorkPrefix + "*.*", eventstore.CancelPrefix + "*",
 		eventstore.RejectedSubject, inbox, jsAPI + "INFO",
 		// Starts index their run, ends (a cancel) remove it (PAL_INFLIGHT).
 		inflightPrefix + ">",

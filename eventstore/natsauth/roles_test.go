@@ -336,7 +336,7 @@ func TestClientForgeries(t *testing.T) {
 		pub(t, eventstore.EventsSubject(gate), envelope(gate, 3, event.ApprovalReceived, `{"step_id":"ok","decision":"approve","approver":"ana"}`), nil)
 	})
 	t.Run("enqueue and timers", func(t *testing.T) {
-		pub(t, eventstore.WorkSubject(gate), nil, nil)
+		pub(t, eventstore.WorkSubject("", gate), nil, nil)
 		pub(t, "pal.timer.fire."+gate, nil, nil)
 	})
 	t.Run("core publish on pal.ctl.cancel", func(t *testing.T) {

@@ -98,6 +98,10 @@ type Runner struct {
 // seq numbers the cgroups of a worker process's steps.
 var seq atomic.Int64
 
+// Programs are the only programs the Runner starts, as configured
+// (PAL_PROCESS_PROGRAMS); empty: any the sandbox can see.
+func (r *Runner) Programs() []string { return slices.Clone(r.cfg.Programs) }
+
 // ErrUnavailable is wrapped by the error of a Runner that has no
 // sandbox: bubblewrap is missing or cannot run here.
 var ErrUnavailable = errors.New("no sandbox is available")

@@ -73,7 +73,7 @@ var (
 func init() {
 	Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		runsStarted, runsFinished, appendSeconds, steps, stepSeconds, drives, driveSeconds, takeovers, resumeGap,
-		projectorLag, projectorBehind, providerCalls, providerSeconds, providerTokens, providerCost, groups, grouped, refused, consumerMetrics)
+		projectorLag, projectorBehind, providerCalls, providerSeconds, providerTokens, providerCost, groups, grouped, refused, consumerMetrics, queuedMetrics)
 }
 
 // Handler serves Registry in the Prometheus text format.
@@ -270,4 +270,46 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 		}()
 	}
 	wg.Wait()
+}
+
+// queuedDesc is the runs waiting for a worker of their queue.
+var queuedDesc = prometheus.NewDesc("pal_runs_queued",
+	"Runs created and not yet taken by a worker (status queued in the projection), by work queue, read at scrape.",
+	[]string{"queue"}, nil)
+
+// queuedCollector reports pal_runs_queued from the source the API server
+// set (SetQueuedSource): the Postgres projection's count by queue.
+type queuedCollector struct {
+	mu     sync.Mutex
+	source func(ctx context.Context) (map[string]int64, error)
+}
+
+var queuedMetrics = &queuedCollector{}
+
+// SetQueuedSource makes every scrape report pal_runs_queued from source
+// (nil: none); the process serving /metrics with a projection sets it.
+func SetQueuedSource(source func(ctx context.Context) (map[string]int64, error)) {
+	queuedMetrics.mu.Lock()
+	queuedMetrics.source = source
+	queuedMetrics.mu.Unlock()
+}
+
+func (c *queuedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- queuedDesc }
+
+func (c *queuedCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	source := c.source
+	c.mu.Unlock()
+	if source == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), consumerTimeout)
+	defer cancel()
+	counts, err := source(ctx)
+	if err != nil {
+		return
+	}
+	for q, n := range counts {
+		ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(n), q)
+	}
 }

@@ -53,7 +53,8 @@
       if (r.parent_run_id) td.appendChild(pal.el("span", "sub", " child of " + r.parent_run_id));
       tr.appendChild(td);
       tr.appendChild(pal.el("td", "", r.workflow || "(plain LLM)"));
-      tr.appendChild(pal.el("td", "status " + r.status, r.status));
+      // A queued run waits for a worker of its queue: name the queue.
+      tr.appendChild(pal.el("td", "status " + r.status, r.status === "queued" ? "queued on " + (r.queue || "default") : r.status));
       tr.appendChild(pal.el("td", "", pal.time(r.created_at)));
       tr.appendChild(pal.el("td", "", duration(r)));
       tr.appendChild(pal.el("td", "num", r.resumes));

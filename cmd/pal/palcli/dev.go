@@ -535,7 +535,7 @@ func devSetup(ctx context.Context, nc *nats.Conn, wc workerConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}); err != nil {
+	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL, Queues: wc.queues}); err != nil {
 		return withCode(ExitUnavailable, fmt.Errorf("setting up PAL's streams: %w", err))
 	}
 	return nil

@@ -178,7 +178,12 @@ func printRun(w io.Writer, v *runs.RunView, source string, now time.Time) error 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	created, ended := parseTime(v.CreatedAt), parseTime(v.EndedAt)
 	fmt.Fprintf(tw, "Run\t%s\n", v.RunID)
-	fmt.Fprintf(tw, "Status\t%s\n", v.Status)
+	if v.Status == engine.StatusQueued {
+		fmt.Fprintf(tw, "Status\t%s on queue %s (waiting for a worker of that queue: pal worker --queues %s)\n", v.Status, v.Queue, v.Queue)
+	} else {
+		fmt.Fprintf(tw, "Status\t%s\n", v.Status)
+	}
+	fmt.Fprintf(tw, "Queue\t%s\n", v.Queue)
 	if v.Workflow != "" {
 		fmt.Fprintf(tw, "Workflow\t%s\n", v.Workflow)
 	}
@@ -322,6 +327,7 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 	addDatabaseFlag(cmd)
 	cmd.Flags().String("status", "", "only runs with this status (queued, running, waiting, succeeded, failed, cancelled)")
 	cmd.Flags().String("workflow", "", "only runs of the workflow of this name")
+	cmd.Flags().String("queue", "", "only runs on this work queue")
 	cmd.Flags().StringArray("label", nil, "only runs with this label, KEY=VALUE (repeatable: all must match)")
 	cmd.Flags().String("since", "", "only runs created at or after this RFC 3339 time")
 	cmd.Flags().String("until", "", "only runs created before this RFC 3339 time")
@@ -334,7 +340,7 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 
 // listFlags maps the query parameters of GET /v1/runs to pal run list's
 // flags: the flags are read into a query and parsed by the same rule.
-var listFlags = map[string]string{"status": "status", "workflow": "workflow", "label": "label", "since": "since",
+var listFlags = map[string]string{"status": "status", "workflow": "workflow", "queue": "queue", "label": "label", "since": "since",
 	"until": "until", "error_code": "error-code", "q": "search", "limit": "limit", "before": "before"}
 
 // listFilter reads pal run list's flags into the filter GET /v1/runs would
@@ -390,7 +396,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN ID\tSTATUS\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
+	fmt.Fprintln(tw, "RUN ID\tSTATUS\tQUEUE\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
 	for _, r := range list.Runs {
 		created := parseTime(r.CreatedAt)
 		dur := now.Sub(created)
@@ -405,7 +411,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 		if r.ErrorCode != "" {
 			errText = r.ErrorCode + ": " + errText
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Workflow), fmtShortTime(created),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Queue), dash(r.Workflow), fmtShortTime(created),
 			fmtDuration(dur), fmtTokens(r.Usage.TotalTokens), cost, dash(truncate(errText, 50)))
 	}
 	if err := tw.Flush(); err != nil {
@@ -423,7 +429,7 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9_.@/+-]+$`)
 // flagsAgain repeats the filter flags of a listing, for the next page.
 func flagsAgain(cmd *cobra.Command) string {
 	var b strings.Builder
-	for _, name := range []string{"status", "workflow", "label", "since", "until", "error-code", "search", "limit"} {
+	for _, name := range []string{"status", "workflow", "queue", "label", "since", "until", "error-code", "search", "limit"} {
 		f := cmd.Flags().Lookup(name)
 		if f == nil || !f.Changed {
 			continue

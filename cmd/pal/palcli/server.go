@@ -18,6 +18,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/limit"
 	"github.com/palrun/pal/internal/service"
+	"github.com/palrun/pal/internal/telemetry"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/receipt"
 	"github.com/palrun/pal/runs"
@@ -149,7 +150,9 @@ func restAPI(rc restConfig, client *runs.Client, pool *pgxpool.Pool, log *slog.L
 	hc := api.HandlerConfig{Store: client.Store(), NC: client.Conn(), Tokens: rc.tokens, Insecure: rc.insecure, Logger: log,
 		Keys: rc.keys, MetricsOpen: rc.metricsOpen, Client: client, Limiter: client.Limiter(), LoginFailures: rc.loginFailures}
 	if pool != nil {
-		hc.Runs = projections.NewReader(pool)
+		reader := projections.NewReader(pool)
+		hc.Runs = reader
+		telemetry.SetQueuedSource(reader.QueuedRuns)
 		hc.Ready = func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
 				return &api.NotReadyError{What: "Postgres", Err: err}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +18,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/sandbox"
@@ -72,6 +75,7 @@ func addWorkerFlags(cmd *cobra.Command) {
 	f.String("lease-ttl", "", "lease time-to-live, whole seconds (env PAL_LEASE_TTL, default 3s)")
 	f.Int("concurrency", 0, "runs driven at once (env PAL_WORKER_CONCURRENCY, default 64)")
 	f.Int("run-concurrency", 0, "steps of one run in flight at once, at most (env PAL_RUN_CONCURRENCY, default 32, at most 1000)")
+	f.String("queues", "", "work queues to take runs from, comma-separated (env PAL_QUEUES, default: default)")
 	f.String("durability", "", "process or strict (env PAL_DURABILITY, default process)")
 	f.Int("replicas", 0, "stream replicas: 1 on one server, 3 in a cluster (env PAL_REPLICAS, default 1)")
 }
@@ -84,7 +88,9 @@ type workerConfig struct {
 	// runConcurrency caps the steps of one run in flight
 	// (PAL_RUN_CONCURRENCY).
 	runConcurrency int
-	durability     string
+	// queues are the work queues the worker takes runs from (PAL_QUEUES).
+	queues     []string
+	durability string
 	replicas       int
 	egress         *egress.Policy // PAL_EGRESS_ALLOW
 	smtpURL        string         // PAL_SMTP_URL, for the email connector
@@ -119,6 +125,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, err
 	}
 	if wc.runConcurrency, err = e.runConcurrency(cmd); err != nil {
+		return wc, err
+	}
+	if wc.queues, err = e.queues(cmd); err != nil {
 		return wc, err
 	}
 	if wc.blobThreshold, err = e.intSetting(cmd, "blob-threshold", "PAL_BLOB_THRESHOLD", eventstore.DefaultBlobThreshold, eventstore.MinBlobThreshold); err != nil {
@@ -160,6 +169,35 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
+}
+
+// EnvQueues names the work queues a worker takes runs from.
+const EnvQueues = "PAL_QUEUES"
+
+// maxQueues bounds how many queues one worker takes runs from.
+const maxQueues = 16
+
+// queues is PAL_QUEUES (--queues): the work queues the worker takes runs
+// from, comma-separated; unset, the default queue.
+func (e *env) queues(cmd *cobra.Command) ([]string, error) {
+	v, what := e.rawSetting(cmd, "queues", EnvQueues)
+	if strings.TrimSpace(v) == "" {
+		return []string{event.DefaultQueue}, nil
+	}
+	var qs []string
+	for _, q := range strings.Split(v, ",") {
+		q = strings.TrimSpace(q)
+		if err := event.ValidateQueue(q); err != nil {
+			return nil, badInput("%s: %v", what(), err)
+		}
+		if !slices.Contains(qs, q) {
+			qs = append(qs, q)
+		}
+	}
+	if len(qs) > maxQueues {
+		return nil, badInput("%s: at most %d queues", what(), maxQueues)
+	}
+	return qs, nil
 }
 
 // runConcurrency is PAL_RUN_CONCURRENCY (--run-concurrency): how many
@@ -257,7 +295,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err != nil {
 		return err
 	}
-	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL}, log); err != nil {
+	if err := setupWithRetry(ctx, js, eventstore.Config{Replicas: wc.replicas, LeaseTTL: wc.leaseTTL, Queues: wc.queues}, log); err != nil {
 		return withCode(ExitUnavailable, err)
 	}
 	// A try that gets no answer (the server or the stream's leader died
@@ -274,7 +312,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err != nil {
 		return withCode(ExitUnavailable, err)
 	}
-	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Logger: log, Egress: wc.egress,
+	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Queues: wc.queues, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
 		Sandbox: wc.sandbox}
 	logProcessSandbox(wc.sandbox, s.log)
