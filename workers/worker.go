@@ -163,10 +163,10 @@ type Worker struct {
 	started bool
 	// startedAt is when Start was called (announced with the presence).
 	startedAt time.Time
-	stopped bool
-	cancel  context.CancelCauseFunc
-	done    chan struct{}
-	drives  sync.WaitGroup
+	stopped   bool
+	cancel    context.CancelCauseFunc
+	done      chan struct{}
+	drives    sync.WaitGroup
 
 	// sb runs process steps (Config.Sandbox, or one made on first use).
 	sbOnce sync.Once

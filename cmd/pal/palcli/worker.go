@@ -91,10 +91,10 @@ type workerConfig struct {
 	// queues are the work queues the worker takes runs from (PAL_QUEUES).
 	queues     []string
 	durability string
-	replicas       int
-	egress         *egress.Policy // PAL_EGRESS_ALLOW
-	smtpURL        string         // PAL_SMTP_URL, for the email connector
-	keys           *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
+	replicas   int
+	egress     *egress.Policy // PAL_EGRESS_ALLOW
+	smtpURL    string         // PAL_SMTP_URL, for the email connector
+	keys       *receipt.Keys  // PAL_SIGNING_KEY (+ _OLD); nil signs nothing
 	// retryAfterMax caps a provider's Retry-After (PAL_RETRY_AFTER_MAX).
 	retryAfterMax time.Duration
 	// providerConcurrency limits model calls in flight
