@@ -143,6 +143,7 @@ type workerConfig struct {
 	secretHosts map[string]string
 	smtpURL     string
 	sandbox     *sandbox.Runner
+	mcp         *workers.MCPConfig
 }
 
 // WorkerOption configures Stack.Worker.
@@ -191,6 +192,9 @@ func SecretHosts(m map[string]string) WorkerOption {
 // with no mounts, made at the first process step).
 func Sandbox(r *sandbox.Runner) WorkerOption { return func(c *workerConfig) { c.sandbox = r } }
 
+// MCP sets the worker's MCP servers (PAL_MCP_CONFIG; default: none).
+func MCP(cfg *workers.MCPConfig) WorkerOption { return func(c *workerConfig) { c.mcp = cfg } }
+
 // Worker starts an in-process worker with the stack's providers and the
 // webhook connector; it stops when the test ends.
 func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.Worker {
@@ -210,7 +214,7 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 	secret := func(name string) (string, bool) { v, ok := cfg.secrets[name]; return v, ok }
 	hosts := func(name string) (string, bool) { v, ok := cfg.secretHosts[name]; return v, ok }
 	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, RunConcurrency: cfg.runLimit, Logger: cfg.logger,
-		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
+		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox, MCP: cfg.mcp},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)

@@ -239,15 +239,23 @@ func parseMCPServer(name string, raw json.RawMessage) (MCPServer, error) {
 // headerName is the form of an HTTP header's name (a token).
 var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 
-// names lists the configured servers, sorted, for errors.
-func (c *MCPConfig) names() string {
-	if c == nil || len(c.Servers) == 0 {
-		return "none; set " + EnvMCPConfig
+// Names lists the configured servers, sorted.
+func (c *MCPConfig) Names() []string {
+	if c == nil {
+		return nil
 	}
-	var out []string
+	out := make([]string, 0, len(c.Servers))
 	for n := range c.Servers {
 		out = append(out, n)
 	}
 	slices.Sort(out)
-	return strings.Join(out, ", ")
+	return out
+}
+
+// names lists the configured servers, for errors.
+func (c *MCPConfig) names() string {
+	if len(c.Names()) == 0 {
+		return "none; set " + EnvMCPConfig
+	}
+	return strings.Join(c.Names(), ", ")
 }
