@@ -202,7 +202,7 @@ func TestMCPEgressRefusesForbiddenAddress(t *testing.T) {
 	cfg, err := workers.ParseMCPConfig([]byte(`{"mcpServers":{"tickets":{"url":"http://` + addr + `/mcp"}}}`))
 	require.NoError(t, err)
 	b.Worker(t, "w1", paltest.Egress(nil), paltest.MCP(cfg))
-	runID := b.Start(t, mcpToolNode("create_ticket", `{"title":"x"}`, `,"retry":{"maxAttempts":3,"backoffMs":1}`), `{}`)
+	runID := b.Start(t, mcpToolNode("create_ticket", `{"title":"x"}`, `,"retry":{"maxAttempts":3,"backoffMs":1,"retryableClasses":["any"]}`), `{}`)
 	end := b.WaitEnd(t, runID)
 	require.Equal(t, event.RunFailed, end.Kind)
 	f := data[event.RunFailedData](t, end)
