@@ -142,7 +142,9 @@ func (t mcpTools) need(s Scopes) error {
 }
 
 // ctx is ctx with the caller named for runs' limits.
-func (t mcpTools) ctx(ctx context.Context) context.Context { return runs.WithCaller(ctx, t.caller.Name) }
+func (t mcpTools) ctx(ctx context.Context) context.Context {
+	return runs.WithCaller(ctx, t.caller.Name)
+}
 
 // mcpResult is a tool's result: v as JSON, in text and as structured content.
 func mcpResult(v any) (*mcp.CallToolResult, any, error) {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -13,6 +16,8 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/engine"
+	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/runs"
 )
 
@@ -68,8 +73,9 @@ func errorText(res *mcp.CallToolResult) string {
 
 // mcpDrivesAnApproval is the walk every transport of pal mcp must pass:
 // the SDK's client lists the tools, starts a run of a deployed workflow,
-// sees it wait for approval, approves it and sees it succeed.
-func mcpDrivesAnApproval(t *testing.T, sess *mcp.ClientSession) {
+// sees it wait for approval, approves it and sees it succeed. It returns
+// the run's id.
+func mcpDrivesAnApproval(t *testing.T, sess *mcp.ClientSession) string {
 	t.Helper()
 	tools, err := sess.ListTools(context.Background(), nil)
 	require.NoError(t, err)
@@ -101,6 +107,7 @@ func mcpDrivesAnApproval(t *testing.T, sess *mcp.ClientSession) {
 		callMCP(t, sess, api.MCPGetRun, map[string]any{"run_id": started.RunID}, &v)
 		return v.Status == engine.StatusSucceeded && string(v.Output) != ""
 	}, time.Minute, 50*time.Millisecond, "the run succeeds")
+	return started.RunID
 }
 
 // TestMCPOverHTTP: the SDK's MCP client on POST /mcp with a token of the
@@ -112,8 +119,7 @@ func mcpDrivesAnApproval(t *testing.T, sess *mcp.ClientSession) {
 func TestMCPOverHTTP(t *testing.T) {
 	t.Parallel()
 	b := setup(t, withWorker(), withTokens([]api.Token{{Name: "ci", Secret: testToken}, {Name: "viewer", Secret: "tok-viewer", Scopes: api.ScopeRead}}, false))
-	_, err := b.Runs.Deploy(context.Background(), runs.DeployCommand{Workflow: json.RawMessage(gateWorkflow), By: "test", Rights: runs.AllRights})
-	require.NoError(t, err)
+	b.Deploy(t, gateWorkflow)
 	mcpDrivesAnApproval(t, b.mcpSession(t, testToken))
 
 	// A run the viewer sees waiting, and may not decide.
@@ -144,4 +150,36 @@ func TestMCPOverHTTP(t *testing.T) {
 
 	res := b.do(t, http.MethodPost, "/mcp", nil, "Authorization", "")
 	require.Equal(t, http.StatusUnauthorized, res.status)
+}
+
+// TestMCPOverStdio: the SDK's MCP client starts `pal mcp --as ana` (the
+// binary, over its stdin and stdout) and walks the same approval; the
+// decision is journaled as ana's.
+func TestMCPOverStdio(t *testing.T) {
+	t.Parallel()
+	b := setup(t, withWorker())
+	b.Deploy(t, gateWorkflow)
+	var err error
+	cmd := exec.Command(testenv.PalBinary(t), "mcp", "--as", "ana")
+	cmd.Dir = t.TempDir() // no pal dev's dev.env above it
+	cmd.Env = append(os.Environ(), "PAL_NATS_URL="+b.NATS.URL(), "PAL_LOG_LEVEL=debug")
+	logs, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer logs.Close()
+	cmd.Stderr = logs // a file: no goroutine copies it
+	stderr := func() string { b, _ := os.ReadFile(logs.Name()); return string(b) }
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	sess, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	require.NoError(t, err, stderr())
+	runID := mcpDrivesAnApproval(t, sess)
+	require.NoError(t, sess.Close())
+	var approver string
+	for _, ev := range b.Events(t, runID) {
+		if ev.Kind == event.ApprovalReceived {
+			var d event.ApprovalReceivedData
+			require.NoError(t, ev.DecodeData(&d))
+			approver = d.Approver
+		}
+	}
+	require.Equal(t, "ana", approver)
 }
