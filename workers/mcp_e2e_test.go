@@ -217,3 +217,32 @@ func TestMCPEgressRefusesForbiddenAddress(t *testing.T) {
 	}
 	require.Equal(t, 1, attempts, "a refused address is not retried")
 }
+
+// TestMCPExampleWorkflow: examples/mcp/agent.json runs as the README
+// says, with examples/mcp/tickets as the stdio server tickets: the agent
+// creates the ticket through MCP, and the tool node's search finds it.
+func TestMCPExampleWorkflow(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", "mcp", "agent.json"))
+	require.NoError(t, err)
+	dir := sharedDir(t)
+	cfg, err := workers.LoadMCPConfig(mcpConfigFile(t, map[string]any{"tickets": map[string]any{"command": ticketsBinary(t), "args": []string{"-dir", dir}}}))
+	require.NoError(t, err)
+	b := setup(t)
+	b.LLM.SetResponder(fileTicket)
+	b.Worker(t, "w1", paltest.MCP(cfg), paltest.Sandbox(runner(t, dir+":rw")))
+	runID := b.Start(t, string(raw), `{"issue":"printer"}`)
+	end := b.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, end.Kind, "%s", end.Data)
+	st := readTickets(t, dir)
+	require.Len(t, st.Tickets, 1)
+	require.Equal(t, key(runID, "triage.turn[0].tool[0]", 1), st.Tickets[0].Key)
+	var out struct { // the last step's, check's
+		StructuredContent struct {
+			Tickets []struct{ Title string } `json:"tickets"`
+		} `json:"structuredContent"`
+	}
+	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &out))
+	require.Len(t, out.StructuredContent.Tickets, 1, "%s", data[event.RunSucceededData](t, end).Output)
+	require.Equal(t, "printer on fire", out.StructuredContent.Tickets[0].Title)
+}
