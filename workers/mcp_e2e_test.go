@@ -246,3 +246,27 @@ func TestMCPExampleWorkflow(t *testing.T) {
 	require.Len(t, out.StructuredContent.Tickets, 1, "%s", data[event.RunSucceededData](t, end).Output)
 	require.Equal(t, "printer on fire", out.StructuredContent.Tickets[0].Title)
 }
+
+// TestMCPSecretGoesOnlyToItsHosts: an HTTP MCP server's header holds a
+// secret bound to another host: nothing is sent to the server, and the
+// step fails without a retry naming the secret, not its value.
+func TestMCPSecretGoesOnlyToItsHosts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := sharedDir(t)
+	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+	srv := testenv.StartProcess(t, ticketsBinary(t), []string{"-dir", dir, "-http", addr}, nil)
+	require.NoError(t, srv.WaitForOutput(ctxFor(t, time.Minute), "serving MCP"), srv.Output())
+	cfg, err := workers.ParseMCPConfig([]byte(`{"mcpServers":{"tickets":{"url":"http://` + addr + `/mcp","headers":{"Authorization":"Bearer {{secrets.TICKETS}}"}}}}`))
+	require.NoError(t, err)
+	b.Worker(t, "w1", paltest.MCP(cfg), paltest.Secrets(map[string]string{"TICKETS": "s3cret"}),
+		paltest.SecretHosts(map[string]string{"TICKETS": "mcp.example.com"}))
+	runID := b.Start(t, mcpToolNode("search", `{"query":"x"}`, `,"retry":{"maxAttempts":3,"backoffMs":1,"retryableClasses":["any"]}`), `{}`)
+	end := b.WaitEnd(t, runID)
+	require.Equal(t, event.RunFailed, end.Kind)
+	f := data[event.RunFailedData](t, end)
+	require.Contains(t, f.Error, "MCP server tickets: secret TICKETS may not be sent to "+addr)
+	require.NotContains(t, f.Error, "s3cret")
+	require.Empty(t, readTickets(t, dir).Calls)
+	require.Empty(t, find(b.Events(t, runID), event.StepRetrying, ""), "a refusal is not retried")
+}
