@@ -5,7 +5,8 @@
 //     idempotency key: the request's _meta "pal/idempotencyKey" (PAL sends
 //     its step's key). A call that comes again with a key already seen
 //     answers the ticket it created then. Every call is recorded.
-//   - search {"query"} lists the tickets whose title holds query.
+//   - search {"query"} lists the tickets whose title holds query (the
+//     call is recorded with its key too).
 //
 // It serves MCP on stdio, or with -http ADDR on streamable HTTP at
 // http://ADDR/mcp. The state is DIR/tickets.json (-dir, required):
@@ -160,9 +161,10 @@ func main() {
 		})
 	mcp.AddTool(server, &mcp.Tool{Name: "search", Description: "Find tickets by title."},
 		func(ctx context.Context, req *mcp.CallToolRequest, in searchIn) (*mcp.CallToolResult, found, error) {
+			key, _ := req.Params.Meta[keyMeta].(string)
 			out := found{Tickets: []ticket{}}
 			err := st.update(func(s *state) error {
-				s.Calls = append(s.Calls, call{Tool: "search"})
+				s.Calls = append(s.Calls, call{Tool: "search", Key: key})
 				for _, t := range s.Tickets {
 					if strings.Contains(strings.ToLower(t.Title), strings.ToLower(in.Query)) {
 						out.Tickets = append(out.Tickets, t)
