@@ -101,6 +101,9 @@ func (j *jsonErrors) Write(b []byte) (int, error) {
 	return j.ResponseWriter.Write(b)
 }
 
+// Unwrap lets http.ResponseController reach the connection.
+func (j *jsonErrors) Unwrap() http.ResponseWriter { return j.ResponseWriter }
+
 // Flush passes a streamed answer on.
 func (j *jsonErrors) Flush() {
 	if f, ok := j.ResponseWriter.(http.Flusher); ok && j.status == 0 {
