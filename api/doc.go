@@ -26,6 +26,7 @@
 //	POST /v1/runs/{id}/resume          start    drive a run now (force: scope admin)
 //	POST /v1/runs/{id}/fork            start    a new run from a step of this one
 //	POST /v1/runs/{id}/retry           start    a new run from its first failed step
+//	POST /mcp                          read     PAL as an MCP server (streamable HTTP, stateless): tools that start and steer runs, each also needing its own scope
 //	GET  /v1/openapi.json              read     this API as an OpenAPI 3.1 document (api/openapi.json)
 //	GET  /metrics                      read     Prometheus metrics (no token with PAL_METRICS_OPEN)
 //	GET  /healthz                      none     the process is up

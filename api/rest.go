@@ -100,6 +100,8 @@ type HandlerConfig struct {
 type handler struct {
 	cfg    HandlerConfig
 	client *runs.Client
+	// mcp serves POST /mcp (mcp.go).
+	mcp http.Handler
 	// rows reads the runs whose journal retention removed (nil: none).
 	rows  RunReader
 	nc    *nats.Conn
@@ -156,6 +158,7 @@ func NewHandler(cfg HandlerConfig) http.Handler {
 	if h.cfg.KeepAlive <= 0 {
 		h.cfg.KeepAlive = DefaultKeepAlive
 	}
+	h.mcp = h.mcpHandler()
 	h.feeds = newFeeds(cfg.Store, h.log)
 	h.sessions = newSessionStore(cfg.SessionTTL)
 	return withHeaderBound(withGRPC(newGRPCServer(h), h.mux()))

@@ -76,6 +76,7 @@ var routes = []route{
 	{Route: Route{"POST", "/v1/runs/{id}/resume", ScopeStart, "drive a run now (force: scope admin)", commandStatuses(200, 404)}, handling: resumeRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/fork", ScopeStart, "a new run from a step of this one", commandStatuses(201, 404)}, handling: forkRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/retry", ScopeStart, "a new run from its first failed step", commandStatuses(201, 404)}, handling: retryRoute},
+	{Route: Route{"POST", "/mcp", ScopeRead, "PAL as an MCP server (streamable HTTP, stateless): tools that start and steer runs, each also needing its own scope", []int{200, 202, 400, 401, 403, 406, 413, 415}}, handling: plain(mcpRoute)},
 	{Route: Route{"GET", "/v1/openapi.json", ScopeRead, "this API as an OpenAPI 3.1 document (api/openapi.json)", readStatuses()}, handling: plain(serveOpenAPI)},
 	{Route: Route{"GET", "/metrics", ScopeRead, "Prometheus metrics (no token with PAL_METRICS_OPEN)", readStatuses()}, openable: true,
 		handling: plain(func(_ *handler, w http.ResponseWriter, r *http.Request) { telemetry.Handler().ServeHTTP(w, r) })},

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
@@ -35,8 +36,15 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 	}
 	var tools []provider.Tool
 	for _, t := range d.Tools {
-		tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+		if t.MCP == "" {
+			tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+		}
 	}
+	// The MCP servers' tools: listed by the worker for the first turn and
+	// journaled in its output; every later turn offers that list.
+	sources := d.MCPSources()
+	var servers map[string]string // tool name → its MCP server
+
 	msgs := []provider.Message{{Role: provider.RoleUser, Content: prompt}}
 	sent := 0 // the messages of the previous turn's request
 	for k := 0; ; k++ {
@@ -55,6 +63,9 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 			c := d.Model.Choice(d.Provider, fallbackOf(st, tid))
 			in := AIInput{Provider: c.Provider, Model: c.Model, System: system, Messages: msgs[sent:],
 				Prior: sent, Tools: tools, MaxTokens: d.MaxTokens, Temperature: d.Temperature, ResponseSchema: d.ResponseSchema}
+			if k == 0 {
+				in.MCP = sources
+			}
 			f.add(planTurn(st, node, tid, d.TimeoutMs, in, msgs, len(d.Model.Choices(d.Provider))))
 			return
 		}
@@ -63,6 +74,14 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 		if err := json.Unmarshal(ts.Output, &out); err != nil {
 			f.add(stepFailed(tid, "output: %v", err))
 			return
+		}
+		if k == 0 && len(out.MCPTools) > 0 {
+			tools = slices.Clip(tools)
+			servers = make(map[string]string, len(out.MCPTools))
+			for _, t := range out.MCPTools {
+				tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+				servers[t.Name] = t.Server
+			}
 		}
 		if len(out.ToolCalls) == 0 {
 			p := basePlan(st, node, sid, ExecPure)
@@ -73,7 +92,7 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
 		var done bool
-		if msgs, done = f.planToolCalls(node, turn, d.TimeoutMs, out.ToolCalls, msgs, d.ParallelCalls()); !done {
+		if msgs, done = f.planToolCalls(node, turn, d.TimeoutMs, out.ToolCalls, msgs, d.ParallelCalls(), servers); !done {
 			return
 		}
 	}
@@ -114,8 +133,9 @@ func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in A
 // planToolCalls adds to f the calls of turn that have not ended (all of
 // them when parallel, else the first), or, when all have, returns msgs
 // with their results added in the model's order and done: a failed
-// tool's error is the model's answer, not the run's.
-func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message, parallel bool) ([]provider.Message, bool) {
+// tool's error is the model's answer, not the run's. servers maps the
+// names of MCP tools to their servers.
+func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message, parallel bool, servers map[string]string) ([]provider.Message, bool) {
 	done := true
 	for j, call := range calls {
 		cid := turn.ToolCall(j).String()
@@ -130,7 +150,7 @@ func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int
 			if len(args) == 0 {
 				args = json.RawMessage("{}")
 			}
-			p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID})
+			p.Input, _ = json.Marshal(ToolInput{Tool: call.Name, Input: args, ToolCallID: call.ID, MCP: servers[call.Name]})
 		}
 		f.add(RunStep{Plan: p})
 		if !parallel {

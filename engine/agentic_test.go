@@ -11,6 +11,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 const wfApproval = `{"name":"ship","nodes":[{"id":"start","type":"trigger"},
@@ -298,4 +299,32 @@ func TestAgentMaxTurns(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, engine.CodeMaxTurns, f.Code)
 	require.Equal(t, "agent ask used all 1 turns without a final answer", f.Error)
+}
+
+// TestAgentMCPToolsAreJournaledOnTheFirstTurn: an agent's first turn
+// names its MCP servers (AIInput.mcp) beside its own tools; the tools
+// that turn offered (its output's mcp_tools) are what every later turn
+// offers, also after a resume, and a call of one is a tool step with its
+// server (ToolInput.mcp).
+func TestAgentMCPToolsAreJournaledOnTheFirstTurn(t *testing.T) {
+	t.Parallel()
+	wf := `{"name":"agent","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ask","type":"agent","data":{"provider":"openai","model":"m","prompt":"p","maxTurns":3,
+		 "tools":[{"name":"weather"},{"mcp":"tickets","allow":["create_ticket"]},{"mcp":"github"}]}}],
+		"edges":[{"from":"start","to":"ask"}]}`
+	h := newHistory(t, testRun, wf, `{}`).resume("w")
+	var in engine.AIInput
+	require.NoError(t, json.Unmarshal(h.plan("ask.turn[0]").Input, &in))
+	require.Equal(t, []provider.Tool{{Name: "weather"}}, in.Tools)
+	require.Equal(t, []workflow.MCPSource{{Server: "tickets", Allow: []string{"create_ticket"}}, {Server: "github"}}, in.MCP)
+	h.start("ask.turn[0]").complete("ask.turn[0]", `{"text":"","tool_calls":[{"id":"c1","name":"create_ticket","arguments":{"title":"t"}}],
+		"mcp_tools":[{"server":"tickets","name":"create_ticket","description":"d","parameters":{"type":"object"}},{"server":"github","name":"create_issue"}]}`, nil)
+	require.JSONEq(t, `{"tool":"create_ticket","input":{"title":"t"},"tool_call_id":"c1","mcp":"tickets"}`, string(h.plan("ask.turn[0].tool[0]").Input))
+	h.start("ask.turn[0].tool[0]").complete("ask.turn[0].tool[0]", `{"content":[]}`, nil)
+	h.resume("w2")
+	in = engine.AIInput{}
+	require.NoError(t, json.Unmarshal(h.plan("ask.turn[1]").Input, &in))
+	require.Empty(t, in.MCP, "a later turn lists nothing")
+	require.Equal(t, []provider.Tool{{Name: "weather"}, {Name: "create_ticket", Description: "d", Parameters: json.RawMessage(`{"type":"object"}`)},
+		{Name: "create_issue"}}, in.Tools)
 }

@@ -30,6 +30,11 @@ type AIInput struct {
 	// turn journals only its new messages (StepPlan.Request is the whole).
 	Prior int             `json:"prior,omitempty"`
 	Tools []provider.Tool `json:"tools,omitempty"`
+	// MCP, on an agent's first turn, are the MCP servers whose tools the
+	// turn offers besides Tools: the worker lists them when it sends the
+	// turn, and journals what it offered in the turn's output
+	// (LLMOutput.MCPTools), which the later turns offer.
+	MCP []workflow.MCPSource `json:"mcp,omitempty"`
 	// MaxTokens is the output cap the call sends: the node's maxTokens,
 	// else what the run's budget leaves room for, else
 	// DefaultOutputTokens (a step journaled before every call sent a cap
@@ -58,6 +63,9 @@ type ToolInput struct {
 	Tool       string          `json:"tool"`
 	Input      json.RawMessage `json:"input"`
 	ToolCallID string          `json:"tool_call_id,omitempty"`
+	// MCP names the MCP server (PAL_MCP_CONFIG) whose tool Tool is, called
+	// with Input as its arguments; empty for a tool of the worker.
+	MCP string `json:"mcp,omitempty"`
 }
 
 // ProcessInput is the input of a process step: the rendered command,
@@ -89,6 +97,20 @@ type LLMOutput struct {
 	// JSON is the answer parsed, when the node has a responseSchema and
 	// the answer matched it (steps.<id>.output.json).
 	JSON json.RawMessage `json:"json,omitempty"`
+	// MCPTools, on an agent's first turn, are the MCP servers' tools the
+	// turn offered (AIInput.MCP): journaled once, offered by every later
+	// turn, so a resumed agent sees the same tools even if a server's
+	// list changed.
+	MCPTools []MCPTool `json:"mcp_tools,omitempty"`
+}
+
+// MCPTool is a tool an MCP server listed, as an agent offers it to the
+// model under Name.
+type MCPTool struct {
+	Server      string          `json:"server"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
 }
 
 // ConnectorOutput is the output of a connector step: how the delivery

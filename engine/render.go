@@ -33,13 +33,16 @@ func renderInput(node *workflow.Node, env workflow.Env, fallback int) (json.RawM
 		if err != nil {
 			return nil, err
 		}
-		in := json.RawMessage("null")
-		if len(d.Input) > 0 {
-			if in, err = workflow.RenderJSON(d.Input, env); err != nil {
+		in, raw := json.RawMessage("null"), d.Input
+		if d.MCP != "" {
+			in, raw = json.RawMessage("{}"), d.Arguments
+		}
+		if len(raw) > 0 {
+			if in, err = workflow.RenderJSON(raw, env); err != nil {
 				return nil, err
 			}
 		}
-		return json.Marshal(ToolInput{Tool: d.Tool, Input: in})
+		return json.Marshal(ToolInput{Tool: d.Tool, Input: in, MCP: d.MCP})
 	case workflow.TypeConnector:
 		d, err := node.Connector()
 		if err != nil {

@@ -144,6 +144,7 @@ type workerConfig struct {
 	smtpURL     string
 	sandbox     *sandbox.Runner
 	queues      []string
+	mcp         *workers.MCPConfig
 }
 
 // WorkerOption configures Stack.Worker.
@@ -196,6 +197,9 @@ func Queues(qs ...string) WorkerOption { return func(c *workerConfig) { c.queues
 // with no mounts, made at the first process step).
 func Sandbox(r *sandbox.Runner) WorkerOption { return func(c *workerConfig) { c.sandbox = r } }
 
+// MCP sets the worker's MCP servers (PAL_MCP_CONFIG; default: none).
+func MCP(cfg *workers.MCPConfig) WorkerOption { return func(c *workerConfig) { c.mcp = cfg } }
+
 // Worker starts an in-process worker with the stack's providers and the
 // webhook connector; it stops when the test ends.
 func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.Worker {
@@ -218,7 +222,7 @@ func (s *Stack) Worker(tb testing.TB, id string, opts ...WorkerOption) *workers.
 		require.NoError(tb, eventstore.Setup(context.Background(), s.JS, eventstore.Config{LeaseTTL: s.TTL, Queues: cfg.queues}))
 	}
 	w := workers.New(workers.Config{ID: id, Concurrency: cfg.concurrency, RunConcurrency: cfg.runLimit, Queues: cfg.queues, Logger: cfg.logger,
-		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox},
+		Egress: cfg.egress, Secrets: secret, SecretHosts: hosts, Sandbox: cfg.sandbox, MCP: cfg.mcp},
 		s.Store, s.Leases, s.Providers(), connector.Registry{wh.Kind(): wh, em.Kind(): em})
 	for name, fn := range cfg.tools {
 		w.RegisterTool(name, fn)

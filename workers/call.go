@@ -79,6 +79,9 @@ func (c *call) execTool() (stepResult, error) {
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return stepResult{}, permanent("step %s: bad input: %v", p.StepID, err)
 	}
+	if in.MCP != "" {
+		return c.execMCP(in)
+	}
 	fn, ok := w.tools[in.Tool]
 	if !ok {
 		names := make([]string, 0, len(w.tools))

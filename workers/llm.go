@@ -46,6 +46,22 @@ func (c *call) execAI() (stepResult, error) {
 	if err != nil {
 		return stepResult{}, err
 	}
+	// An agent's first turn offers its MCP servers' tools, as they list
+	// them now; its output journals them for the later turns.
+	var listed []engine.MCPTool
+	if len(in.MCP) > 0 {
+		taken := make([]string, len(in.Tools))
+		for i, t := range in.Tools {
+			taken[i] = t.Name
+		}
+		if listed, err = c.mcpTools(in.MCP, taken); err != nil {
+			return stepResult{}, err
+		}
+		in.Tools = slices.Clip(in.Tools)
+		for _, t := range listed {
+			in.Tools = append(in.Tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+		}
+	}
 	gate := p.Confidence
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
 		Temperature: in.Temperature, Messages: msgs, Tools: in.Tools, IdempotencyKey: p.Key,
@@ -65,7 +81,7 @@ func (c *call) execAI() (stepResult, error) {
 		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CacheReadTokens: u.CacheReadTokens,
 		CacheWriteTokens: u.CacheWriteTokens, ReasoningTokens: u.ReasoningTokens, CostUSD: u.CostUSD}, nil)
 	out := engine.LLMOutput{Text: resp.Text, Model: resp.Model, FinishReason: resp.FinishReason,
-		ToolCalls: resp.ToolCalls, ID: resp.ID}
+		ToolCalls: resp.ToolCalls, ID: resp.ID, MCPTools: listed}
 	res := stepResult{usage: u, final: len(resp.ToolCalls) == 0}
 	if schema != nil && res.final {
 		if out.JSON, err = schema.Validate([]byte(resp.Text)); err != nil {

@@ -156,20 +156,7 @@ func (w *Worker) processSandbox(in engine.ProcessInput) (*sandbox.Runner, error)
 			return nil, fmt.Errorf("env.%s: %s", k, msg)
 		}
 	}
-	w.sbOnce.Do(func() {
-		if w.sb = w.cfg.Sandbox; w.sb == nil {
-			w.sb, w.sbErr = sandbox.New(sandbox.Config{Logger: w.log})
-		}
-	})
-	if w.sbErr != nil {
-		return nil, w.sbErr
-	}
-	if err := w.sb.Available(); err != nil {
-		return nil, fmt.Errorf("process steps run in a sandbox, and this worker has none: %v. Install bubblewrap where the worker runs "+
-			"(Debian, Ubuntu: apt-get install bubblewrap), or set %s=off to run programs unconfined as the worker's user (unsafe)",
-			err, EnvProcessSandbox)
-	}
-	return w.sb, nil
+	return w.sandboxRunner("process steps")
 }
 
 // processEnv is the node's environment and PAL's variables.

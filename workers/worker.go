@@ -94,6 +94,9 @@ type Config struct {
 	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS). Nil: one with the
 	// defaults, made at the first process step; bubblewrap is required.
 	Sandbox *sandbox.Runner
+	// MCP are the MCP servers the worker's tools may call
+	// (PAL_MCP_CONFIG, LoadMCPConfig; mcp.go). Nil: none.
+	MCP *MCPConfig
 }
 
 func (c Config) withDefaults() Config {
@@ -173,6 +176,9 @@ type Worker struct {
 	sb     *sandbox.Runner
 	sbErr  error
 
+	// mcp are the connections to the MCP servers (mcp.go).
+	mcp *mcpClients
+
 	// folded keeps the states of runs this worker parked (folded.go).
 	folded *foldedCache
 	snaps  snapshots
@@ -203,6 +209,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		slots:      newSlots(cfg.ProviderConcurrency),
 		folded:     newFoldedCache(foldedMax, foldedTTL),
 	}
+	w.mcp = newMCPClients(w, cfg.MCP)
 	w.tools[workflow.HTTPToolName] = httpTool(secretRedirects(cfg.HTTPClient))
 	w.tools["echo"] = echoTool
 	w.tools["sleep"] = sleepTool
@@ -347,6 +354,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	w.mcp.close() // no drive calls a server any more
 	// Last, so peers do not take over runs this worker is handing back.
 	w.presence.stop(ctx)
 	w.log.Info("worker stopped")

@@ -73,12 +73,35 @@ type SubagentData struct {
 	Retry *RetryPolicy `json:"retry,omitempty"`
 }
 
-// AgentTool declares a tool the model may call; the worker implements it
-// under Name.
+// AgentTool declares tools the model may call: one the worker implements
+// under Name, or (MCP set) the tools an MCP server of the worker's
+// PAL_MCP_CONFIG lists, only those of Allow when it is set. An MCP
+// server's list is journaled with the agent's first turn (engine.LLMOutput
+// MCPTools), so a resumed agent offers the same tools.
 type AgentTool struct {
-	Name        string          `json:"name"`
+	Name        string          `json:"name,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	MCP         string          `json:"mcp,omitempty"`
+	Allow       []string        `json:"allow,omitempty"`
+}
+
+// MCPSource names an MCP server whose tools an agent offers: all of them,
+// or those Allow lists.
+type MCPSource struct {
+	Server string   `json:"server"`
+	Allow  []string `json:"allow,omitempty"`
+}
+
+// MCPSources are the MCP servers the agent's tools name, in their order.
+func (d *AgentData) MCPSources() []MCPSource {
+	var out []MCPSource
+	for _, t := range d.Tools {
+		if t.MCP != "" {
+			out = append(out, MCPSource{Server: t.MCP, Allow: t.Allow})
+		}
+	}
+	return out
 }
 
 // AgentData is the data of an agent node: an LLM tool-use loop.
@@ -282,10 +305,28 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 		}
 		tmpl("data.prompt", d.Prompt)
 		tmpl("data.system", d.System)
-		seen := map[string]bool{}
+		seen, servers := map[string]bool{}, map[string]bool{}
 		for i, t := range d.Tools {
+			field := fmt.Sprintf("data.tools[%d]", i)
+			if t.MCP != "" {
+				if t.Name != "" || t.Description != "" || len(t.Parameters) > 0 {
+					ps.node(n.ID, field, "an MCP server's tools (mcp %q) come with their names, descriptions and parameters: leave out name, description and parameters", t.MCP)
+				}
+				if servers[t.MCP] {
+					ps.node(n.ID, field+".mcp", "MCP server %q is named twice; list its tools in one allow", t.MCP)
+				}
+				servers[t.MCP] = true
+				continue
+			}
+			if t.Name == "" {
+				ps.node(n.ID, field, "a tool needs a name (a tool of the worker) or mcp (an MCP server of PAL_MCP_CONFIG)")
+				continue
+			}
+			if len(t.Allow) > 0 {
+				ps.node(n.ID, field+".allow", "allow lists an MCP server's tools: set mcp, or leave allow out")
+			}
 			if seen[t.Name] {
-				ps.node(n.ID, fmt.Sprintf("data.tools[%d].name", i), "duplicate tool %q", t.Name)
+				ps.node(n.ID, field+".name", "duplicate tool %q", t.Name)
 			}
 			seen[t.Name] = true
 		}

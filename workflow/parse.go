@@ -374,6 +374,13 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			return
 		}
 		tmplJSON("data.input", d.Input)
+		tmplJSON("data.arguments", d.Arguments)
+		switch {
+		case d.MCP != "" && len(d.Input) > 0:
+			ps.node(n.ID, "data.input", "an MCP tool (data.mcp %q) takes data.arguments, not data.input", d.MCP)
+		case d.MCP == "" && len(d.Arguments) > 0:
+			ps.node(n.ID, "data.arguments", "arguments are an MCP tool's: set data.mcp to the server's name, or use data.input")
+		}
 	case TypeConnector:
 		d, err := n.Connector()
 		if err != nil {

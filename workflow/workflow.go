@@ -165,11 +165,15 @@ type AIStepData struct {
 }
 
 // ToolData is the data of a tool node: a Go function registered on the
-// worker under Tool, or a built-in tool ("http", "echo", "sleep"). Input
-// is a template.
+// worker under Tool, or a built-in tool ("http", "echo", "sleep"), or
+// (MCP set) the tool Tool of the MCP server MCP names in the worker's
+// PAL_MCP_CONFIG, called with Arguments. Input and Arguments are
+// templates.
 type ToolData struct {
 	Tool      string          `json:"tool"`
 	Input     json.RawMessage `json:"input,omitempty"`
+	MCP       string          `json:"mcp,omitempty"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
 	TimeoutMs int             `json:"timeoutMs,omitempty"`
 	Retry     *RetryPolicy    `json:"retry,omitempty"`
 }

@@ -108,8 +108,10 @@ type workerConfig struct {
 	recovery     time.Duration
 	recoveryWarn string
 	// sandbox runs process steps (PAL_PROCESS_SANDBOX,
-	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS).
+	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS) and stdio MCP servers.
 	sandbox *sandbox.Runner
+	// mcp are the MCP servers tools may call (PAL_MCP_CONFIG).
+	mcp *workers.MCPConfig
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -166,6 +168,9 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	if wc.sandbox, err = e.processSandbox(cmd); err != nil {
+		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.mcp, err = workers.LoadMCPConfig(e.getenv(workers.EnvMCPConfig)); err != nil {
 		return wc, withCode(ExitBadInput, err)
 	}
 	return wc, nil
@@ -314,7 +319,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Queues: wc.queues, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
-		Sandbox: wc.sandbox}
+		Sandbox: wc.sandbox, MCP: wc.mcp}
 	logProcessSandbox(wc.sandbox, s.log)
 	var receipts *receipt.Store
 	if wc.keys != nil {
@@ -352,6 +357,9 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	}
 	if err := st.Start(ctx, "the recovery sweep", sweep); err != nil {
 		return err
+	}
+	if wc.mcp != nil {
+		log.Info("MCP servers", "mcp", wc.mcp.Names())
 	}
 	log.Info("worker ready", "id", w.ID(), "nats", s.nats.String(), "durability", wc.durability, "lease_ttl", wc.leaseTTL,
 		"egress_allow", wc.egress.String())

@@ -1,6 +1,8 @@
 package palcli_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,6 +27,8 @@ func TestWorkerRefusesBadEgressAllow(t *testing.T) {
 func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 	t.Parallel()
 	bin := testenv.PalBinary(t)
+	badMCP := filepath.Join(t.TempDir(), "mcp.json")
+	require.NoError(t, os.WriteFile(badMCP, []byte(`{"mcpServers":{"gh":{"url":"ftp://x"}}}`), 0o600))
 	for _, tc := range []struct {
 		env  []string
 		args []string
@@ -50,6 +54,8 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 		{[]string{"PAL_PROCESS_MOUNTS=opt/agent"}, nil, `PAL_PROCESS_MOUNTS: "opt/agent": want an absolute HOST path`},
 		{[]string{"PAL_PROCESS_MOUNTS=/no/such/dir"}, nil, `mount /no/such/dir: stat /no/such/dir: no such file or directory`},
 		{[]string{"PAL_PROCESS_PROGRAMS=python3,no-such-program"}, nil, `the program "no-such-program" is not on the sandbox's PATH`},
+		{[]string{"PAL_MCP_CONFIG=/no/such/mcp.json"}, nil, `PAL_MCP_CONFIG: open /no/such/mcp.json: no such file or directory`},
+		{[]string{"PAL_MCP_CONFIG=" + badMCP}, nil, `PAL_MCP_CONFIG=` + badMCP + `: mcpServers.gh: url: "ftp://x": want an http:// or https:// URL`},
 	} {
 		env := append([]string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_DATA_DIR=" + t.TempDir()}, tc.env...)
 		r := runPal(t, bin, env, append([]string{"worker"}, tc.args...)...)
