@@ -298,6 +298,11 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	if err := st.Start(ctx, "the NATS service", natsService(nc, client, pool, log)); err != nil {
 		return err
 	}
+	// Every worker fires the schedules' ticks; a tick two fire is one run
+	// (docs/architecture.md §10.11).
+	if err := st.Start(ctx, "the scheduler", runs.NewScheduler(client, runs.WithSchedulerLogger(log))); err != nil {
+		return err
+	}
 	if wc.recoveryWarn != "" {
 		log.Warn(wc.recoveryWarn)
 	}
