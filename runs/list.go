@@ -31,6 +31,9 @@ type RunSummary struct {
 	EndedAt      string        `json:"ended_at,omitempty"`
 	// Labels are the run's labels; absent for none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Schedule and Tick: the run's schedule and tick; absent for none.
+	Schedule string `json:"schedule,omitempty"`
+	Tick     string `json:"tick,omitempty"`
 }
 
 // RunList is a page of runs. Next, when set, is the cursor of the next
@@ -46,7 +49,8 @@ func SummaryOf(r readmodel.RunRow) RunSummary {
 	return RunSummary{RunID: v.RunID, Status: v.Status, Workflow: v.Workflow, ParentRunID: v.ParentRunID,
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
 		FailedStep: v.FailedStep, Resumes: v.Resumes, LastWorker: v.LastWorker, LastSeq: v.LastSeq,
-		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels}
+		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels,
+		Schedule: v.Schedule, Tick: v.Tick}
 }
 
 // ListOf renders a page of projection rows; limit is the page size asked

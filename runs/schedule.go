@@ -363,7 +363,7 @@ func (c *Client) TriggerSchedule(ctx context.Context, cmd ScheduleNameCommand) (
 	if err != nil {
 		return TriggerResult{}, err
 	}
-	tick := time.Now().UTC()
+	tick := time.Now().UTC().Truncate(time.Microsecond) // as Postgres keeps it
 	by := cmd.By
 	if by == "" {
 		by = sc.By

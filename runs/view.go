@@ -51,7 +51,11 @@ type RunView struct {
 	ForkedFrom *ForkPoint `json:"forked_from,omitempty"`
 	// Labels are the start's labels (a fork's source's); absent for none.
 	Labels map[string]string `json:"labels,omitempty"`
-	Steps  []StepView        `json:"steps"`
+	// Schedule and Tick name the schedule that started the run and the
+	// tick it was for; absent for a run no schedule started.
+	Schedule string     `json:"schedule,omitempty"`
+	Tick     string     `json:"tick,omitempty"`
+	Steps    []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -145,7 +149,8 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 			ReasoningTokens: r.ReasoningTokens},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
-		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
+		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{},
+		Schedule: r.Schedule, Tick: FormatTime(r.Tick)}
 	if len(r.Labels) > 0 {
 		v.Labels = r.Labels
 	}
