@@ -85,7 +85,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 					return false
 				}
 			}, func() bool { return true })
-			if err != nil {
+			if err != nil && ctx.Err() == nil {
 				s.log.Warn("watching schedules", "err", err)
 			}
 			select { // the watch ended (a reconnect): watch again
