@@ -1,5 +1,6 @@
 // Package api is how users drive PAL besides the durable commands: the
-// NATS micro service "pal" (pal.api.runs.* and pal.api.workflows.*,
+// NATS micro service "pal" (pal.api.runs.*, pal.api.workflows.* and
+// pal.api.schedules.*,
 // StartService) and the REST API
 // with server-sent events (NewHandler, served by Server; pal server and
 // pal dev run both).
