@@ -47,6 +47,10 @@ keeps its own count), and run the recovery sweep every PAL_RECOVERY_INTERVAL
 DATABASE_URL the runs the projection shows running or queued) with no
 live lease and no pending work are queued again.
 
+Every worker fires the due ticks of the schedules in PAL_SCHEDULES (pal
+schedule): a tick is one run whatever the number of workers, and with
+several a kill -9 of one costs no tick.
+
 With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
 /metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
 exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
@@ -240,7 +244,7 @@ func connectors(wc workerConfig) connector.Registry {
 }
 
 // startWriteSide starts, on st, a worker, the durable command processor,
-// the NATS service pal and the recovery sweep (over the runs in flight of
+// the NATS service pal, the scheduler and the recovery sweep (over the runs in flight of
 // PAL_INFLIGHT, and with pool the projection's too). nc, when given, is
 // used instead of dialling s.nats (pal dev passes an in-process
 // connection).
