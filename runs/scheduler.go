@@ -199,8 +199,14 @@ func (s *Scheduler) fire(ctx context.Context, sc *eventstore.Schedule, k clock, 
 	lastRun := sc.LastRun
 	for _, t := range fire {
 		id, err := s.c.startTick(ctx, *sc, t, sc.By)
-		if err != nil {
-			return err
+		if code, _, final := Classify(err); err != nil && (!final || code == CodeRateLimited) {
+			return err // passing: the ticks stay due and are tried again
+		} else if err != nil {
+			// Refused for good (the creator lost a right, the input no
+			// longer fits the workflow): trying again cannot help, so the
+			// tick is passed over, said loudly.
+			s.log.Error("schedule tick refused; passed over", "schedule", sc.Name, "tick", t, "code", code, "err", err)
+			continue
 		}
 		lastRun = id
 	}

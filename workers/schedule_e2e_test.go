@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"context"
 	"encoding/json"
 	"sort"
 	"strings"
@@ -77,6 +78,13 @@ func waitTicks(t *testing.T, p *procBundle, name string, n int, within time.Dura
 		got = scheduleRuns(t, p, name)
 		return len(got) >= n
 	}, within, 250*time.Millisecond, "schedule %s: %d runs, want %d", name, len(got), n)
+	var lag time.Duration
+	for tick, runID := range got {
+		first, err := p.Store.FirstEvent(context.Background(), runID)
+		require.NoError(t, err)
+		lag = max(lag, first.TS.Sub(tick))
+	}
+	t.Logf("schedule %s: %d runs, each run_created at most %s after its tick", name, len(got), lag)
 	return got
 }
 
