@@ -209,6 +209,7 @@ func (h *handler) browserRoutes(root *http.ServeMux) {
 	root.HandleFunc("GET /{$}", h.page("index.html", false))
 	root.HandleFunc("GET /runs/{id}", h.page("run.html", true))
 	root.HandleFunc("GET /workflows", h.page("workflows.html", false))
+	root.HandleFunc("GET /schedules", h.page("schedules.html", false))
 	root.HandleFunc("GET /login", h.loginForm)
 	// A login or logout posted from another site is refused (login CSRF:
 	// a page elsewhere logging the browser in as its own token):

@@ -1,5 +1,6 @@
 // Package api is how users drive PAL besides the durable commands: the
-// NATS micro service "pal" (pal.api.runs.* and pal.api.workflows.*,
+// NATS micro service "pal" (pal.api.runs.*, pal.api.workflows.* and
+// pal.api.schedules.*,
 // StartService) and the REST API
 // with server-sent events (NewHandler, served by Server; pal server and
 // pal dev run both).
@@ -9,28 +10,35 @@
 // /v1 route, and /metrics, needs "Authorization: Bearer <token>" of a
 // token with the scope named (or a web UI session standing for one):
 //
-//	POST /v1/runs                      start    start a run: 201 created, 200 for a duplicate idempotency key
-//	GET  /v1/runs                      read     list runs, newest first, by label, status, workflow, time, error (the Postgres projection)
-//	GET  /v1/runs/{id}                 read     a run, folded from its journal (runs.RunView)
-//	GET  /v1/runs/{id}/events          read     the journal as server-sent events
-//	GET  /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI
-//	GET  /v1/runs/{id}/receipt         read     the run's signed receipt (PAL_RECEIPTS)
-//	GET  /v1/keys                      read     the receipt signing public keys
-//	PUT  /v1/workflows/{name}          deploy   deploy a workflow: 201 a new version, 200 unchanged
-//	GET  /v1/workflows                 read     the deployed workflows, each at its latest version
-//	GET  /v1/workflows/{name}          read     a deployed workflow (?version=N) and its versions
-//	POST /v1/runs/{id}/approve         approve  decide an approval step
-//	POST /v1/runs/{id}/budget          approve  raise a run's budget
-//	POST /v1/runs/{id}/signals/{name}  approve  send a signal; the body is its payload
-//	POST /v1/runs/{id}/cancel          cancel   cancel a run
-//	POST /v1/runs/{id}/resume          start    drive a run now (force: scope admin)
-//	POST /v1/runs/{id}/fork            start    a new run from a step of this one
-//	POST /v1/runs/{id}/retry           start    a new run from its first failed step
-//	POST /mcp                          read     PAL as an MCP server (streamable HTTP, stateless): tools that start and steer runs, each also needing its own scope
-//	GET  /v1/openapi.json              read     this API as an OpenAPI 3.1 document (api/openapi.json)
-//	GET  /metrics                      read     Prometheus metrics (no token with PAL_METRICS_OPEN)
-//	GET  /healthz                      none     the process is up
-//	GET  /readyz                       none     NATS (and Postgres, when configured) reachable
+//	POST   /v1/runs                      start    start a run: 201 created, 200 for a duplicate idempotency key
+//	GET    /v1/runs                      read     list runs, newest first, by label, status, workflow, time, error (the Postgres projection)
+//	GET    /v1/runs/{id}                 read     a run, folded from its journal (runs.RunView)
+//	GET    /v1/runs/{id}/events          read     the journal as server-sent events
+//	GET    /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI
+//	GET    /v1/runs/{id}/receipt         read     the run's signed receipt (PAL_RECEIPTS)
+//	GET    /v1/keys                      read     the receipt signing public keys
+//	PUT    /v1/workflows/{name}          deploy   deploy a workflow: 201 a new version, 200 unchanged
+//	GET    /v1/workflows                 read     the deployed workflows, each at its latest version
+//	GET    /v1/workflows/{name}          read     a deployed workflow (?version=N) and its versions
+//	POST   /v1/schedules                 deploy   create a schedule: a deployed workflow started on a cron or an interval
+//	GET    /v1/schedules                 read     the schedules, by name
+//	GET    /v1/schedules/{name}          read     a schedule, with its next tick
+//	DELETE /v1/schedules/{name}          deploy   delete a schedule (its runs stay)
+//	POST   /v1/schedules/{name}/pause    deploy   pause a schedule: no tick fires, none is caught up
+//	POST   /v1/schedules/{name}/resume   deploy   resume a schedule from its next tick
+//	POST   /v1/schedules/{name}/trigger  start    start the schedule's workflow now
+//	POST   /v1/runs/{id}/approve         approve  decide an approval step
+//	POST   /v1/runs/{id}/budget          approve  raise a run's budget
+//	POST   /v1/runs/{id}/signals/{name}  approve  send a signal; the body is its payload
+//	POST   /v1/runs/{id}/cancel          cancel   cancel a run
+//	POST   /v1/runs/{id}/resume          start    drive a run now (force: scope admin)
+//	POST   /v1/runs/{id}/fork            start    a new run from a step of this one
+//	POST   /v1/runs/{id}/retry           start    a new run from its first failed step
+//	POST   /mcp                          read     PAL as an MCP server (streamable HTTP, stateless): tools that start and steer runs, each also needing its own scope
+//	GET    /v1/openapi.json              read     this API as an OpenAPI 3.1 document (api/openapi.json)
+//	GET    /metrics                      read     Prometheus metrics (no token with PAL_METRICS_OPEN)
+//	GET    /healthz                      none     the process is up
+//	GET    /readyz                       none     NATS (and Postgres, when configured) reachable
 //
 // The contract is api/openapi.json (OpenAPI 3.1, embedded and served at
 // GET /v1/openapi.json, behind a read token like every /v1 route: one

@@ -104,12 +104,15 @@ func TestOpenAPISchemasAreTheAnswers(t *testing.T) {
 	t.Parallel()
 	schemas := dig(openAPIDoc(t), "components", "schemas")
 	for name, ty := range map[string]reflect.Type{
-		"Error":        reflect.TypeFor[errorBody](),
-		"StartAnswer":  reflect.TypeFor[StartAnswer](),
-		"OKAnswer":     reflect.TypeFor[OKAnswer](),
-		"ResumeAnswer": reflect.TypeFor[ResumeAnswer](),
-		"ForkResult":   reflect.TypeFor[runs.ForkResult](),
-		"Deployed":     reflect.TypeFor[runs.DeployResult](),
+		"Error":         reflect.TypeFor[errorBody](),
+		"StartAnswer":   reflect.TypeFor[StartAnswer](),
+		"OKAnswer":      reflect.TypeFor[OKAnswer](),
+		"ResumeAnswer":  reflect.TypeFor[ResumeAnswer](),
+		"ForkResult":    reflect.TypeFor[runs.ForkResult](),
+		"Deployed":      reflect.TypeFor[runs.DeployResult](),
+		"Schedule":      reflect.TypeFor[runs.ScheduleView](),
+		"TriggerResult": reflect.TypeFor[runs.TriggerResult](),
+		"DeletedAnswer": reflect.TypeFor[DeletedAnswer](),
 	} {
 		props := dig(schemas, name, "properties")
 		require.Equal(t, jsonFieldsOf(ty), slices.Sorted(maps.Keys(props)),

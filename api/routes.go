@@ -69,6 +69,13 @@ var routes = []route{
 	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged", []int{201, 200, 400, 401, 403, 413, 503}}, handling: plain((*handler).deployWorkflow)},
 	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version", readStatuses(503)}, handling: plain((*handler).listWorkflows)},
 	{Route: Route{"GET", "/v1/workflows/{name}", ScopeRead, "a deployed workflow (?version=N) and its versions", readStatuses(400, 404, 503)}, handling: plain((*handler).getWorkflow)},
+	{Route: Route{"POST", "/v1/schedules", ScopeDeploy, "create a schedule: a deployed workflow started on a cron or an interval", []int{201, 400, 401, 403, 404, 409, 413, 503}}, handling: createScheduleRoute},
+	{Route: Route{"GET", "/v1/schedules", ScopeRead, "the schedules, by name", readStatuses(503)}, handling: plain((*handler).listSchedules)},
+	{Route: Route{"GET", "/v1/schedules/{name}", ScopeRead, "a schedule, with its next tick", readStatuses(404, 503)}, handling: plain((*handler).getSchedule)},
+	{Route: Route{"DELETE", "/v1/schedules/{name}", ScopeDeploy, "delete a schedule (its runs stay)", []int{200, 401, 403, 404, 503}}, handling: deleteScheduleRoute},
+	{Route: Route{"POST", "/v1/schedules/{name}/pause", ScopeDeploy, "pause a schedule: no tick fires, none is caught up", []int{200, 401, 403, 404, 503}}, handling: pauseScheduleRoute},
+	{Route: Route{"POST", "/v1/schedules/{name}/resume", ScopeDeploy, "resume a schedule from its next tick", []int{200, 401, 403, 404, 503}}, handling: resumeScheduleRoute},
+	{Route: Route{"POST", "/v1/schedules/{name}/trigger", ScopeStart, "start the schedule's workflow now", []int{201, 401, 403, 404, 409, 429, 500, 503}}, handling: triggerScheduleRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/approve", ScopeApprove, "decide an approval step", commandStatuses(200, 404)}, handling: approveRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/budget", ScopeApprove, "raise a run's budget", commandStatuses(200, 404)}, handling: budgetRoute},
 	{Route: Route{"POST", "/v1/runs/{id}/signals/{name}", ScopeApprove, "send a signal; the body is its payload", commandStatuses(200, 404)}, handling: signalRoute},
@@ -111,9 +118,9 @@ func Routes() []Route {
 // list them: the method, the path, the scope ("none": no token) and what
 // the route does, in columns, each line starting with indent.
 func FormatRoutes(rs []Route, indent string) string {
-	width := 0
+	width, mwidth := 0, 0
 	for _, r := range rs {
-		width = max(width, len(r.Path))
+		width, mwidth = max(width, len(r.Path)), max(mwidth, len(r.Method))
 	}
 	var b strings.Builder
 	for _, r := range rs {
@@ -121,7 +128,7 @@ func FormatRoutes(rs []Route, indent string) string {
 		if r.Scope == 0 {
 			scope = "none"
 		}
-		fmt.Fprintf(&b, "%s%-4s %-*s  %-7s  %s\n", indent, r.Method, width, r.Path, scope, r.Does)
+		fmt.Fprintf(&b, "%s%-*s %-*s  %-7s  %s\n", indent, mwidth, r.Method, width, r.Path, scope, r.Does)
 	}
 	return b.String()
 }

@@ -46,7 +46,9 @@ type getRequest struct {
 
 // StartService registers the NATS micro service "pal" with the endpoints
 // pal.api.runs.start, .get, .approve, .cancel, .budget, .signal, .resume,
-// .fork and .retry, and pal.api.workflows.deploy, .get and .list, on nc.
+// .fork and .retry, pal.api.workflows.deploy, .get and .list, and
+// pal.api.schedules.create, .get, .list, .pause, .resume, .delete and
+// .trigger, on nc.
 // A request acts with its caller's rights (runs.Caller.Rights): scope
 // start starts deployed workflows, scope deploy definitions too. Each
 // takes a JSON
@@ -72,7 +74,7 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ServiceVersion,
-		Description: "PAL: start, read, approve, cancel, budget, signal, resume, fork and retry durable AI-agent runs; deploy and read workflows",
+		Description: "PAL: start, read, approve, cancel, budget, signal, resume, fork and retry durable AI-agent runs; deploy and read workflows; schedule them",
 	})
 	if err != nil {
 		return nil, err
@@ -123,6 +125,10 @@ func StartService(ctx context.Context, nc *nats.Conn, client *runs.Client, log *
 		}
 	}
 	if err := addWorkflowEndpoints(ctx, svc, client, log); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	if err := addScheduleEndpoints(ctx, svc, client, log); err != nil {
 		_ = svc.Stop()
 		return nil, err
 	}
@@ -202,6 +208,89 @@ func addWorkflowEndpoints(ctx context.Context, svc micro.Service, client *runs.C
 	}
 	return nil
 }
+
+// scheduleNameRequest is the body of pal.api.schedules.get, .pause,
+// .resume, .delete and .trigger.
+type scheduleNameRequest struct {
+	Name string `json:"name"`
+}
+
+// addScheduleEndpoints adds the group pal.api.schedules: create (the body
+// is runs.ScheduleCommand's, as POST /v1/schedules), list (body empty or
+// {}), and get, pause, resume, delete and trigger ({"name"}), answering
+// as the REST routes do. Each acts with its caller's rights
+// (runs.Caller.Rights): create, pause, resume and delete need deploy,
+// trigger start, get and list scope read.
+func addScheduleEndpoints(ctx context.Context, svc micro.Service, client *runs.Client, log *slog.Logger) error {
+	serve := func(f func(ctx context.Context, caller runs.Caller, body []byte) (any, error)) micro.Handler {
+		return handle(ctx, client, log, func(ctx context.Context, caller runs.Caller, req micro.Request) {
+			ans, err := f(ctx, caller, req.Data())
+			respondAnswer(req, ans, err, log)
+		})
+	}
+	named := func(act func(ctx context.Context, caller runs.Caller, c runs.ScheduleNameCommand) (any, error)) micro.Handler {
+		return serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
+			var r scheduleNameRequest
+			if err := runs.DecodeStrict(body, &r); err != nil {
+				return nil, err
+			}
+			if r.Name == "" {
+				return nil, &runs.InputError{Field: "name", Msg: "required"}
+			}
+			return act(ctx, caller, runs.ScheduleNameCommand{Name: r.Name, By: caller.Name, Rights: caller.Rights()})
+		})
+	}
+	eps := []struct {
+		name string
+		h    micro.Handler
+	}{
+		{"create", serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
+			var c runs.ScheduleCommand
+			if err := runs.DecodeStrict(body, &c); err != nil {
+				return nil, err
+			}
+			c.By, c.Rights = caller.Name, caller.Rights()
+			return client.CreateSchedule(ctx, c)
+		})},
+		{"list", serve(func(ctx context.Context, caller runs.Caller, body []byte) (any, error) {
+			if err := caller.Reads("pal.api.schedules.list"); err != nil {
+				return nil, err
+			}
+			if b := bytes.TrimSpace(body); len(b) > 0 && string(b) != "{}" {
+				return nil, &runs.InputError{Msg: "pal.api.schedules.list takes no body (or {})"}
+			}
+			return client.Schedules(ctx)
+		})},
+		{"get", named(func(ctx context.Context, caller runs.Caller, c runs.ScheduleNameCommand) (any, error) {
+			if err := caller.Reads("pal.api.schedules.get"); err != nil {
+				return nil, err
+			}
+			return client.GetSchedule(ctx, c.Name)
+		})},
+		{"pause", named(func(ctx context.Context, _ runs.Caller, c runs.ScheduleNameCommand) (any, error) {
+			return client.PauseSchedule(ctx, c)
+		})},
+		{"resume", named(func(ctx context.Context, _ runs.Caller, c runs.ScheduleNameCommand) (any, error) {
+			return client.ResumeSchedule(ctx, c)
+		})},
+		{"delete", named(func(ctx context.Context, _ runs.Caller, c runs.ScheduleNameCommand) (any, error) {
+			return DeletedAnswer{Deleted: c.Name}, client.DeleteSchedule(ctx, c)
+		})},
+		{"trigger", named(func(ctx context.Context, _ runs.Caller, c runs.ScheduleNameCommand) (any, error) {
+			return client.TriggerSchedule(ctx, c)
+		})},
+	}
+	g := svc.AddGroup(scheduleGroup)
+	for _, ep := range eps {
+		if err := g.AddEndpoint(ep.name, ep.h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scheduleGroup is the NATS service's group of the schedules.
+const scheduleGroup = "pal.api.schedules"
 
 // handle makes a service endpoint's handler: it answers only a reply
 // PAL may publish on (replyAllowed), and gives f a deadline of 30 s and

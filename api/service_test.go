@@ -39,7 +39,9 @@ func TestNATSService(t *testing.T) {
 	require.ElementsMatch(t, []string{"pal.api.runs.start", "pal.api.runs.get", "pal.api.runs.approve", "pal.api.runs.cancel", "pal.api.runs.budget",
 		"pal.api.runs.signal", "pal.api.runs.resume", "pal.api.runs.fork", "pal.api.runs.retry",
 		eventstore.WorkflowDeploySubject, "pal.api.workflows.get", "pal.api.workflows.list",
-		"pal.guard.CONSUMER.CREATE.>"}, subjects, "the runs' and workflows' endpoints, and the guard of the client account's consumer creates")
+		"pal.api.schedules.create", "pal.api.schedules.get", "pal.api.schedules.list", "pal.api.schedules.pause",
+		"pal.api.schedules.resume", "pal.api.schedules.delete", "pal.api.schedules.trigger",
+		"pal.guard.CONSUMER.CREATE.>"}, subjects, "the runs', workflows' and schedules' endpoints, and the guard of the client account's consumer creates")
 
 	req := func(subject, body string) (map[string]any, *nats.Msg) {
 		t.Helper()

@@ -29,6 +29,12 @@ type RunCreatedData struct {
 	// the workflow's queue, or for a child run its subagent node's. Absent:
 	// DefaultQueue.
 	Queue string `json:"queue,omitempty"`
+	// Schedule names the schedule that started the run (PAL_SCHEDULES,
+	// ScheduleRunID), and Tick is the tick it was started for, RFC 3339
+	// in UTC: the time the schedule was due, or for a trigger the time it
+	// was asked. Absent on a run no schedule started.
+	Schedule string `json:"schedule,omitempty"`
+	Tick     string `json:"tick,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
 	// parent had left. Absent: no budget.

@@ -30,6 +30,19 @@ func ChildRunID(parentRunID, parentStepID string) string {
 	return fmt.Sprintf("run_c%x", sum[:13])
 }
 
+// ScheduleRunID derives the run id of schedule name's tick at tick (the
+// time the tick was due, to the nanosecond, in UTC), so a tick fired twice
+// (by two workers, or again after a crash) names one run, which is created
+// once.
+func ScheduleRunID(name string, tick time.Time) string {
+	sum := sha256.Sum256([]byte("schedule|" + name + "|" + FormatTick(tick)))
+	return fmt.Sprintf("run_s%x", sum[:13])
+}
+
+// FormatTick is how run_created's tick is written: RFC 3339 with
+// nanoseconds, in UTC.
+func FormatTick(tick time.Time) string { return tick.UTC().Format(time.RFC3339Nano) }
+
 // ValidateRunID checks that id can be used as one NATS subject token and KV
 // key: 1 to 128 characters from A–Z, a–z, 0–9, '_' and '-'. Anything else
 // (dots, spaces, '*', '>') could widen a subject and is refused.

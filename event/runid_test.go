@@ -3,6 +3,7 @@ package event_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -97,4 +98,21 @@ func TestChildRunID(t *testing.T) {
 	// A child of a child stays valid and bounded.
 	require.NoError(t, event.ValidateRunID(event.ChildRunID(c, "inner")))
 	require.Len(t, c, len(a))
+}
+
+// A schedule's tick names one run, a valid subject token, whichever
+// location the tick's time is written in; another tick or schedule names
+// another.
+func TestScheduleRunID(t *testing.T) {
+	t.Parallel()
+	tick := time.Date(2026, 12, 5, 3, 0, 0, 0, time.UTC)
+	id := event.ScheduleRunID("nightly", tick)
+	require.NoError(t, event.ValidateRunID(id))
+	require.True(t, strings.HasPrefix(id, "run_s"))
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	require.Equal(t, id, event.ScheduleRunID("nightly", tick.In(berlin)))
+	require.NotEqual(t, id, event.ScheduleRunID("nightly", tick.Add(time.Second)))
+	require.NotEqual(t, id, event.ScheduleRunID("nightly2", tick))
+	require.Equal(t, "2026-12-05T03:00:00Z", event.FormatTick(tick.In(berlin)))
 }

@@ -20,6 +20,7 @@
 //	PAL_RECEIPTS   KV        <run_id> → receipt             signed run receipts, written once
 //	PAL_INFLIGHT   KV        <run_id> → queue               the runs not yet ended, for the sweep
 //	PAL_WORKFLOWS  KV        <name> <name>.<version>        deployed workflows: the latest version; each version, written once
+//	PAL_SCHEDULES  KV        <name> → schedule              schedules and their last tick, revision-checked updates (schedules.go)
 //	PAL_BLOBS      objects   <sha256>                       big step values, put once, content-addressed
 //	PAL_SNAPSHOTS  objects   <run_id>                       folded run states at a journal head: a cache
 //	pal-workers    consumer  PAL_WORK                       workers take runs of the default queue to drive

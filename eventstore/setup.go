@@ -208,6 +208,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if _, err = js.CreateOrUpdateKeyValue(ctx, workflowSetup(cfg.Replicas)); err != nil {
 		return fmt.Errorf("setting up KV bucket %s: %w", WorkflowBucket, err)
 	}
+	// Schedules (schedules.go): what starts runs on a clock, and where
+	// each has got to.
+	if _, err = js.CreateOrUpdateKeyValue(ctx, scheduleSetup(cfg.Replicas)); err != nil {
+		return fmt.Errorf("setting up KV bucket %s: %w", ScheduleBucket, err)
+	}
 	// Big step values, by sha256 (blob.go): kept like the journal that
 	// names them.
 	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{

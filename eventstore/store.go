@@ -74,6 +74,8 @@ type Store struct {
 	snaps lazy[jetstream.ObjectStore]
 	// workflows is PAL_WORKFLOWS (workflows.go), opened on first use.
 	workflows lazy[jetstream.KeyValue]
+	// schedules is PAL_SCHEDULES (schedules.go), opened on first use.
+	schedules lazy[jetstream.KeyValue]
 	// group commits packed appends in atomic batches (group.go); nil
 	// without packing.
 	group *groupCommit

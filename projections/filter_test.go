@@ -32,6 +32,7 @@ func TestListRunsFilters(t *testing.T) {
 		labels  map[string]string
 		failed  *event.RunFailedData
 		succeed bool
+		sched   string
 	}
 	specs := []run{
 		{wf: "a", labels: map[string]string{"customer": "acme", "env": "prod"}},
@@ -39,13 +40,14 @@ func TestListRunsFilters(t *testing.T) {
 			failed: &event.RunFailedData{Error: "Timeout calling the 100%_ready API", Code: event.CodeStepFailed}},
 		{wf: "a", labels: map[string]string{"customer": "globex"},
 			failed: &event.RunFailedData{Error: "budget max_cost_usd exceeded", Code: event.CodeBudgetExceeded}},
-		{wf: "a", succeed: true},
-		{wf: "a", labels: map[string]string{"customer": "acme"}},
+		{wf: "a", succeed: true, sched: "nightly"},
+		{wf: "a", labels: map[string]string{"customer": "acme"}, sched: "nightly"},
 	}
 	ids := make([]string, len(specs))
 	for i, s := range specs {
 		ids[i] = fmt.Sprintf("run_f%d", i)
-		evs := []event.Event{at(i, ev(event.RunCreated, "", 0, event.RunCreatedData{WorkflowName: s.wf, Input: json.RawMessage(`{}`), Labels: s.labels}))}
+		evs := []event.Event{at(i, ev(event.RunCreated, "", 0, event.RunCreatedData{WorkflowName: s.wf, Input: json.RawMessage(`{}`), Labels: s.labels,
+			Schedule: s.sched, Tick: tickIf(s.sched, base.Add(time.Duration(i)*time.Hour))}))}
 		if i > 0 { // run 0 stays queued
 			evs = append(evs, at(i, ev(event.RunResumed, "", 0, event.RunResumedData{Worker: "w", ResumeCount: 1})))
 		}
@@ -83,6 +85,9 @@ func TestListRunsFilters(t *testing.T) {
 		{"a label no run has", projections.RunFilter{Labels: map[string]string{"customer": "initech"}}, []int{}},
 		{"status", projections.RunFilter{Status: engine.StatusFailed}, []int{2, 1}},
 		{"workflow", projections.RunFilter{Workflow: "b"}, []int{1}},
+		{"schedule", projections.RunFilter{Schedule: "nightly"}, []int{4, 3}},
+		{"schedule and label", projections.RunFilter{Schedule: "nightly", Labels: acme}, []int{4}},
+		{"a schedule no run has", projections.RunFilter{Schedule: "weekly"}, []int{}},
 		{"since", projections.RunFilter{Since: base.Add(3 * time.Hour)}, []int{4, 3}},
 		{"until, exclusive", projections.RunFilter{Until: base.Add(2 * time.Hour)}, []int{1, 0}},
 		{"since and until", projections.RunFilter{Since: base.Add(time.Hour), Until: base.Add(4 * time.Hour)}, []int{3, 2, 1}},
@@ -119,26 +124,48 @@ func TestListRunsFilters(t *testing.T) {
 	d, err = q.GetRun(ctx, ids[3])
 	require.NoError(t, err)
 	require.Empty(t, d.Run.Labels)
+	d, err = q.GetRun(ctx, ids[0])
+	require.NoError(t, err)
+	require.Empty(t, d.Run.Schedule, "a run no schedule started")
+	require.True(t, d.Run.Tick.IsZero())
+
+	// And the schedule and tick.
+	d, err = q.GetRun(ctx, ids[4])
+	require.NoError(t, err)
+	require.Equal(t, "nightly", d.Run.Schedule)
+	require.Equal(t, base.Add(4*time.Hour), d.Run.Tick)
+}
+
+// tickIf is run_created's tick of a run schedule sched started, "" for
+// none.
+func tickIf(sched string, t time.Time) string {
+	if sched == "" {
+		return ""
+	}
+	return event.FormatTick(t)
 }
 
 // fillRuns writes n runs straight into the runs table (the projector's
 // way in is measured by BenchmarkProjectorThroughput) and analyzes it:
 // every tenth failed (half step_failed, half budget_exceeded, with a
 // distinct message), one in ten running, the rest succeeded; 20
-// workflows; label customer one of 100 and env prod or dev; one run a
-// minute from base.
+// workflows; label customer one of 100 and env prod or dev; one in 50
+// started by one of 5 schedules (s0…s4), at its tick; one run a minute
+// from base.
 func fillRuns(tb testing.TB, pool *pgxpool.Pool, n int, base time.Time) {
 	tb.Helper()
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO runs (run_id, status, workflow_name, input, error, error_code,
-		created_at, updated_at, last_seq, labels)
+		created_at, updated_at, last_seq, labels, schedule, tick)
 	SELECT format('run_%s', lpad(i::text, 7, '0')),
 		CASE i % 10 WHEN 0 THEN 'failed' WHEN 1 THEN 'running' ELSE 'succeeded' END,
 		'wf' || (i % 20), '{}'::jsonb,
 		CASE WHEN i % 10 = 0 THEN format('step s%s failed: %s', i % 7, md5(i::text)) END,
 		CASE WHEN i % 20 = 0 THEN 'budget_exceeded' WHEN i % 10 = 0 THEN 'step_failed' END,
 		$1::timestamptz + i * interval '1 minute', $1::timestamptz + i * interval '1 minute', 1,
-		jsonb_build_object('customer', 'c' || (i % 100), 'env', CASE WHEN i % 2 = 0 THEN 'prod' ELSE 'dev' END)
+		jsonb_build_object('customer', 'c' || (i % 100), 'env', CASE WHEN i % 2 = 0 THEN 'prod' ELSE 'dev' END),
+		CASE WHEN i % 50 = 3 THEN 's' || (i % 5) END,
+		CASE WHEN i % 50 = 3 THEN $1::timestamptz + i * interval '1 minute' END
 	FROM generate_series(1, $2::int) AS i`, base, n)
 	require.NoError(tb, err)
 	_, err = pool.Exec(ctx, "ANALYZE runs")
@@ -159,6 +186,7 @@ func listFilters(base time.Time) []struct {
 		{"label", projections.RunFilter{Labels: map[string]string{"customer": "c42"}}},
 		{"status", projections.RunFilter{Status: engine.StatusFailed}},
 		{"workflow", projections.RunFilter{Workflow: "wf7"}},
+		{"schedule", projections.RunFilter{Schedule: "s3"}},
 		{"since_until", projections.RunFilter{Since: base.Add(2000 * time.Minute), Until: base.Add(2500 * time.Minute)}},
 		{"error_code", projections.RunFilter{ErrorCode: event.CodeBudgetExceeded}},
 		{"q", projections.RunFilter{Text: "D3D9446802A4"}}, // md5('10'): run 10's message

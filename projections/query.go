@@ -46,7 +46,7 @@ const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(wor
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
 	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from,
-	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue`
+	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, COALESCE(schedule, ''), tick`
 
 func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
@@ -56,13 +56,14 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 		budget         []byte
 		depth, resumes int32
 		ended, removed pgtype.Timestamptz
+		tick           pgtype.Timestamptz
 		last           int64
 	)
 	dest := append([]any{&r.RunID, &status, &r.WorkflowName, &r.WorkflowHash, &input, &output,
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
 		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom,
-		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels, &r.Queue}, extra...)
+		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels, &r.Queue, &r.Schedule, &tick}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -73,6 +74,9 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	}
 	if removed.Valid {
 		r.JournalRemovedAt = removed.Time
+	}
+	if tick.Valid {
+		r.Tick = tick.Time.UTC()
 	}
 	return r, nil
 }
@@ -127,6 +131,9 @@ func listQuery(f RunFilter) (string, []any, error) {
 	}
 	if f.Queue != "" {
 		add("queue = $%d", f.Queue)
+	}
+	if f.Schedule != "" {
+		add("schedule = $%d", f.Schedule)
 	}
 	if len(f.Labels) > 0 {
 		labels, err := json.Marshal(f.Labels)

@@ -44,21 +44,21 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
   created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from,
-  cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, NULLIF(schedule, ''), tick
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
   $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[],
-  $29::bigint[], $30::bigint[], $31::bigint[], $32::jsonb[], $33::text[])
+  $29::bigint[], $30::bigint[], $31::bigint[], $32::jsonb[], $33::text[], $34::text[], $35::timestamptz[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -71,7 +71,8 @@ ON CONFLICT (run_id) DO UPDATE SET
   last_seq = EXCLUDED.last_seq, budget = EXCLUDED.budget, steps_spent = EXCLUDED.steps_spent,
   paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown, forked_from = EXCLUDED.forked_from,
   cache_read_tokens = EXCLUDED.cache_read_tokens, cache_write_tokens = EXCLUDED.cache_write_tokens,
-  reasoning_tokens = EXCLUDED.reasoning_tokens, labels = EXCLUDED.labels, queue = EXCLUDED.queue
+  reasoning_tokens = EXCLUDED.reasoning_tokens, labels = EXCLUDED.labels, queue = EXCLUDED.queue,
+  schedule = EXCLUDED.schedule, tick = EXCLUDED.tick
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
@@ -211,6 +212,8 @@ func runColumns(rows []readmodel.RunRow) []any {
 		forked, labels                             = make([][]byte, n), make([][]byte, n)
 		queue                                      = make([]string, n)
 		cacheRead, cacheWrite, reasoning           = make([]int64, n), make([]int64, n), make([]int64, n)
+		schedule                                   = make([]string, n)
+		tick                                       = make([]pgtype.Timestamptz, n)
 	)
 	for i, r := range rows {
 		id[i], status[i], name[i], hash[i] = cleanText(r.RunID), string(r.Status), cleanText(r.WorkflowName), cleanText(r.WorkflowHash)
@@ -224,10 +227,11 @@ func runColumns(rows []readmodel.RunRow) []any {
 		unknown[i], forked[i], labels[i] = r.CostUnknown, cleanJSON(r.ForkedFrom), labelsJSON(r.Labels)
 		cacheRead[i], cacheWrite[i], reasoning[i] = r.CacheReadTokens, r.CacheWriteTokens, r.ReasoningTokens
 		queue[i] = cleanText(event.QueueOr(r.Queue))
+		schedule[i], tick[i] = cleanText(r.Schedule), tstz(r.Tick)
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
 		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked,
-		cacheRead, cacheWrite, reasoning, labels, queue}
+		cacheRead, cacheWrite, reasoning, labels, queue, schedule, tick}
 }
 
 func stepColumns(rows []readmodel.StepRow) []any {

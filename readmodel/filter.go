@@ -19,6 +19,8 @@ type RunFilter struct {
 	Status engine.Status
 	// Workflow keeps runs of the workflow of this name.
 	Workflow string
+	// Schedule keeps runs the schedule of this name started.
+	Schedule string
 	// Labels keeps runs that carry every one of these labels.
 	Labels map[string]string
 	// Queue keeps runs on this work queue.

@@ -67,6 +67,11 @@ type RunRow struct {
 	// Queue is the run's work queue (event.DefaultQueue unless its
 	// run_created names another).
 	Queue string
+	// Schedule and Tick are run_created's schedule and tick: the schedule
+	// that started the run and the tick it was for; empty and zero for a
+	// run no schedule started.
+	Schedule string
+	Tick     time.Time
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -180,6 +185,8 @@ func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		StepsSpent:       st.StepsStarted,
 		Labels:           st.Created.Labels,
 		Queue:            event.QueueOr(st.Created.Queue),
+		Schedule:         st.Created.Schedule,
+		Tick:             tickOf(st.Created.Tick),
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)
@@ -299,4 +306,14 @@ func ParseCursor(c string) (time.Time, string, error) {
 		return time.Time{}, "", ErrBadCursor
 	}
 	return time.UnixMicro(us), id, nil
+}
+
+// tickOf reads run_created's tick (RFC 3339); zero for none or one that
+// does not parse.
+func tickOf(s string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return t.UTC()
 }

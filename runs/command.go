@@ -88,6 +88,8 @@ type StartCommand struct {
 	Rights Rights `json:"-"`
 	// forkedFrom is set by Fork and Retry.
 	forkedFrom *event.ForkedFrom
+	// schedule and tick are set by a schedule's start (schedule.go).
+	schedule, tick string
 }
 
 // ref returns the deployed workflow the command names, ok false when it

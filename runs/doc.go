@@ -5,11 +5,13 @@
 // (StartCommand, ApproveCommand, CancelCommand, SignalCommand,
 // ResumeCommand, ForkCommand, RetryCommand, DeployCommand) that
 // validates itself, and calls the same Client method: REST (package api),
-// the NATS micro service pal.api.runs.* and pal.api.workflows.*, the
+// the NATS micro service pal.api.runs.*, pal.api.workflows.* and
+// pal.api.schedules.*, the
 // durable commands of PAL_CMDS (CommandProcessor, consumer pal-commands)
 // and the pal CLI. Errors are typed (*InputError, *ForbiddenError,
 // ErrInvalidRunID, ErrRunNotFound, ErrWorkflowNotFound, ErrRunFinished,
-// ErrNotWaiting, ErrRunExists) and Classify maps them to answer codes
+// ErrNotWaiting, ErrRunExists, ErrScheduleNotFound, ErrScheduleExists)
+// and Classify maps them to answer codes
 // with errors.Is and errors.As.
 //
 // What runs is what was deployed (deploy.go): a start names a workflow
@@ -17,6 +19,15 @@
 // "triage@3"), and run_created journals that version's definition and
 // names it (deployed), so a run never changes under a redeploy. A start
 // or fork that brings its own definition deploys it first.
+//
+// Schedules (schedule.go, scheduler.go; docs/architecture.md §10.11):
+// ScheduleCommand and ScheduleNameCommand create, pause, resume, delete
+// and trigger the schedules of PAL_SCHEDULES, and every worker process
+// runs a Scheduler that fires their due ticks through Client.Start. A
+// tick's run id is event.ScheduleRunID(name, tick), so a tick two
+// workers fire, or one fires again after a crash, is one run; a
+// schedule's last tick moves only by a revision-checked update, after
+// its runs are started, so a tick is fired again rather than lost.
 //
 // Invariants:
 //

@@ -37,6 +37,10 @@ var (
 	// ErrNotWaiting refuses an approval or signal for a step that is not
 	// waiting for one.
 	ErrNotWaiting = errors.New("step is not waiting")
+	// ErrScheduleNotFound: no schedule has the name (404).
+	ErrScheduleNotFound = eventstore.ErrScheduleNotFound
+	// ErrScheduleExists refuses a schedule whose name is taken (409).
+	ErrScheduleExists = eventstore.ErrScheduleExists
 )
 
 // InputError is a command the caller got wrong: it names the field.
@@ -107,11 +111,11 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "name", true
 	case errors.Is(err, ErrPayloadTooLarge):
 		return CodeBadInput, "", true
-	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err):
+	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err), errors.Is(err, ErrScheduleNotFound):
 		return CodeNotFound, "", true
 	case errLeaseHeld(err):
 		return CodeLeaseHeld, "", true
-	case errors.Is(err, ErrRunFinished), errors.Is(err, ErrNotWaiting), errors.Is(err, ErrRunExists):
+	case errors.Is(err, ErrRunFinished), errors.Is(err, ErrNotWaiting), errors.Is(err, ErrRunExists), errors.Is(err, ErrScheduleExists):
 		return CodeConflict, "", true
 	case errors.Is(err, event.ErrJournalCorrupt):
 		// The run is over: every reader shows it failed (journal_corrupt),

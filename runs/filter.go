@@ -17,7 +17,7 @@ import (
 
 // ListParams are the query parameters of a listing (GET /v1/runs; pal run
 // list builds the same from its flags), in the order the docs give them.
-var ListParams = []string{"status", "workflow", "queue", "label", "since", "until", "error_code", "q", "limit", "before"}
+var ListParams = []string{"status", "workflow", "queue", "schedule", "label", "since", "until", "error_code", "q", "limit", "before"}
 
 // MaxSearchBytes bounds a listing's free text (q).
 const MaxSearchBytes = 200
@@ -83,6 +83,11 @@ func setFilter(f *readmodel.RunFilter, k, v string) error {
 			return &InputError{Field: k, Msg: err.Error()}
 		}
 		f.Queue = v
+	case "schedule":
+		if err := event.ValidateWorkflowName(v); err != nil {
+			return &InputError{Field: k, Msg: strings.Replace(err.Error(), "workflow name", "schedule name", 1)}
+		}
+		f.Schedule = v
 	case "label":
 		return addLabel(f, v)
 	case "since", "until":

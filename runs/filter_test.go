@@ -17,12 +17,12 @@ func TestParseRunFilter(t *testing.T) {
 	t.Parallel()
 	cursor := readmodel.RunRow{RunID: "run_a", CreatedAt: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}.Cursor()
 	f, err := runs.ParseRunFilter(url.Values{
-		"status": {"failed"}, "workflow": {"triage"}, "label": {"customer=acme", "note=a=b", "empty="},
+		"status": {"failed"}, "workflow": {"triage"}, "schedule": {"nightly"}, "label": {"customer=acme", "note=a=b", "empty="},
 		"since": {"2026-03-01T00:00:00Z"}, "until": {"2026-03-02T01:00:00+01:00"}, "error_code": {"step_failed"},
 		"q": {"100% done"}, "limit": {"7"}, "before": {cursor},
 	})
 	require.NoError(t, err)
-	require.Equal(t, readmodel.RunFilter{Status: engine.StatusFailed, Workflow: "triage",
+	require.Equal(t, readmodel.RunFilter{Status: engine.StatusFailed, Workflow: "triage", Schedule: "nightly",
 		Labels: map[string]string{"customer": "acme", "note": "a=b", "empty": ""},
 		Since:  time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), Until: time.Date(2026, 3, 2, 1, 0, 0, 0, time.FixedZone("", 3600)),
 		ErrorCode: "step_failed", Text: "100% done", Limit: 7, Before: cursor}, f)
@@ -40,12 +40,14 @@ func TestParseRunFilter(t *testing.T) {
 		field string
 		msg   string
 	}{
-		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, queue, label, since, until, error_code, q, limit, before)"},
+		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, queue, schedule, label, since, until, error_code, q, limit, before)"},
 		{url.Values{"status": {"done"}}, "status", "want one of"},
 		{url.Values{"status": {"failed", "queued"}}, "status", "given more than once"},
 		{url.Values{"workflow": {strings.Repeat("w", 257)}}, "workflow", "the limit is 256"},
 		{url.Values{"queue": {"GPU"}}, "queue", "invalid queue name"},
 		{url.Values{"queue": {strings.Repeat("q", 33)}}, "queue", "longer than 32"},
+		{url.Values{"schedule": {"a.b"}}, "schedule", "invalid schedule name"},
+		{url.Values{"schedule": {strings.Repeat("s", 129)}}, "schedule", "longer than 128"},
 		{url.Values{"label": {"customer"}}, "label", "want KEY=VALUE"},
 		{url.Values{"label": {"=acme"}}, "label", `label key ""`},
 		{url.Values{"label": {"Customer=acme"}}, "label", `label key "Customer"`},

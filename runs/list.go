@@ -33,6 +33,9 @@ type RunSummary struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Queue is the run's work queue.
 	Queue string `json:"queue"`
+	// Schedule and Tick: the run's schedule and tick; absent for none.
+	Schedule string `json:"schedule,omitempty"`
+	Tick     string `json:"tick,omitempty"`
 }
 
 // RunList is a page of runs. Next, when set, is the cursor of the next
@@ -48,7 +51,8 @@ func SummaryOf(r readmodel.RunRow) RunSummary {
 	return RunSummary{RunID: v.RunID, Status: v.Status, Workflow: v.Workflow, ParentRunID: v.ParentRunID,
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
 		FailedStep: v.FailedStep, Resumes: v.Resumes, LastWorker: v.LastWorker, LastSeq: v.LastSeq,
-		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels, Queue: v.Queue}
+		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels, Queue: v.Queue,
+		Schedule: v.Schedule, Tick: v.Tick}
 }
 
 // ListOf renders a page of projection rows; limit is the page size asked

@@ -53,8 +53,12 @@ type RunView struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Queue is the work queue whose workers drive the run: a queued run
 	// waits for one of them (pal worker --queues).
-	Queue string     `json:"queue"`
-	Steps []StepView `json:"steps"`
+	Queue string `json:"queue"`
+	// Schedule and Tick name the schedule that started the run and the
+	// tick it was for; absent for a run no schedule started.
+	Schedule string     `json:"schedule,omitempty"`
+	Tick     string     `json:"tick,omitempty"`
+	Steps    []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -148,7 +152,8 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 			ReasoningTokens: r.ReasoningTokens},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
-		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Queue: event.QueueOr(r.Queue), Steps: []StepView{}}
+		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Queue: event.QueueOr(r.Queue), Steps: []StepView{},
+		Schedule: r.Schedule, Tick: FormatTime(r.Tick)}
 	if len(r.Labels) > 0 {
 		v.Labels = r.Labels
 	}

@@ -229,6 +229,8 @@ func TestInvalidEvents(t *testing.T) {
 			"invalid event: /data/deployed/version: minimum: got 0, want 1"},
 		{"deployed name with a dot", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"deployed":{"name":"a.b","version":1,"sha256":"` + strings.Repeat("a", 64) + `"}}}`,
 			"invalid event: /data/deployed/name: 'a.b' does not match pattern '^[A-Za-z0-9_-]{1,128}$'"},
+		{"schedule with a dot", `{` + valid + `,"kind":"run_created","data":{"input":{},"depth":0,"schedule":"a.b","tick":"2026-12-05T03:00:00Z"}}`,
+			"invalid event: /data/schedule: 'a.b' does not match pattern '^[A-Za-z0-9_-]{1,128}$'"},
 		{"second of batch bad", `[{` + valid + `,"kind":"run_cancelled","data":{}},{` + valid + `,"kind":"run_succeeded","data":{}}]`,
 			"invalid event: /1/data: missing property 'output' or 'output_blob'"},
 	}

@@ -96,8 +96,9 @@ func Links() []Link {
 // scopes: read renders the journal, leases, receipts, big values, the
 // deployed workflows, the deltas PAL_DELTAS keeps, the live feeds
 // (pal.watch.*, pal.deltas.*), pal.api.runs.get and
-// pal.api.workflows.get and list; deploy renders
-// pal.api.workflows.deploy; each command's scope renders the
+// pal.api.workflows.get and list, pal.api.schedules.get and list; deploy
+// renders pal.api.workflows.deploy and pal.api.schedules.create, pause,
+// resume and delete; start pal.api.schedules.trigger; each command's scope renders the
 // command on the service (pal.api.runs.<kind>) and as a durable command
 // under u's own name (CommandSubject), so a durable command's subject
 // says who sent it.
@@ -112,10 +113,16 @@ func UserPermissions(u User) Permissions {
 			pub = append(pub, jsAPI+"CONSUMER.CREATE."+s) // the legacy ephemeral create
 		}
 		sub = append(sub, eventstore.WatchPrefix+"*", eventstore.DeltaPrefix+"*", eventstore.RejectedSubject)
-		pub = append(pub, workflowsPrefix+"get", workflowsPrefix+"list")
+		pub = append(pub, workflowsPrefix+"get", workflowsPrefix+"list", schedulesPrefix+"get", schedulesPrefix+"list")
 	}
 	if u.Scopes.Has(ScopeDeploy) {
 		pub = append(pub, eventstore.WorkflowDeploySubject)
+		for _, ep := range []string{"create", "pause", "resume", "delete"} {
+			pub = append(pub, schedulesPrefix+ep)
+		}
+	}
+	if u.Scopes.Has(ScopeStart) {
+		pub = append(pub, schedulesPrefix+"trigger")
 	}
 	for _, kind := range Commands() {
 		if s, _ := CommandScope(kind); u.Scopes.Has(s) {

@@ -143,7 +143,7 @@ func For(role Role) Permissions {
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
 	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
-	eventstore.BlobRefsStream, workflowStream, eventstore.DeltasStream}
+	eventstore.BlobRefsStream, workflowStream, eventstore.DeltasStream, scheduleStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -253,6 +253,8 @@ func worker() Permissions {
 	// written here.
 	pub = append(pub, workflowPrefix+">")
 	pub = append(pub, ordered(workflowStream)...)
+	// Schedules: every worker fires their ticks (runs.Scheduler).
+	pub = append(pub, schedules()...)
 	pub = append(pub, guard()...)
 	return Permissions{
 		PubAllow: pub,
@@ -311,6 +313,7 @@ func api() Permissions {
 	// and every resume replaces the run's pending work message.
 	pub = append(pub, leasePrefix+"*", jsAPI+"STREAM.MSG.DELETE."+eventstore.WorkStream)
 	pub = append(pub, deployWorkflows()...)
+	pub = append(pub, schedules()...) // /v1/schedules
 	pub = append(pub, guard()...)
 	return Permissions{
 		PubAllow: pub,
@@ -353,3 +356,20 @@ func readWorkflows() []string { return append(read(workflowStream), ordered(work
 // deployWorkflows is reading and writing the registry (KV create and
 // revision-checked update).
 func deployWorkflows() []string { return append(readWorkflows(), workflowPrefix+">") }
+
+// Schedules (PAL_SCHEDULES, eventstore.ScheduleBucket). The worker and
+// api roles read and write them: their processes serve /v1/schedules and
+// pal.api.schedules.*, and every worker fires the ticks, moving each
+// schedule's last tick (a revision-checked update). A client user reaches
+// them only through the service: scope read for get and list, deploy for
+// create, pause, resume and delete, start for trigger.
+const (
+	schedulesPrefix = "pal.api.schedules."
+	scheduleStream  = eventstore.ScheduleStream
+	schedulePrefix  = "$KV." + eventstore.ScheduleBucket + "."
+)
+
+// schedules is reading (Direct Get, a KV watch) and writing the schedules.
+func schedules() []string {
+	return append(append(read(scheduleStream), ordered(scheduleStream)...), schedulePrefix+">")
+}

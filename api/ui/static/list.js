@@ -24,6 +24,7 @@
     const q = new URLSearchParams({ limit: String(limit) });
     if (statusSel.value) q.set("status", statusSel.value);
     if (wfInput.value.trim()) q.set("workflow", wfInput.value.trim());
+    if (params.get("schedule")) q.set("schedule", params.get("schedule")); // from the schedules page
     if (before) q.set("before", before);
     return "/v1/runs?" + q.toString();
   }

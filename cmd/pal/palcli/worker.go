@@ -50,6 +50,10 @@ keeps its own count), and run the recovery sweep every PAL_RECOVERY_INTERVAL
 DATABASE_URL the runs the projection shows running or queued) with no
 live lease and no pending work are queued again.
 
+Every worker fires the due ticks of the schedules in PAL_SCHEDULES (pal
+schedule): a tick is one run whatever the number of workers, and with
+several a kill -9 of one costs no tick.
+
 With PAL_METRICS_ADDR (host:port) the worker serves Prometheus metrics at
 /metrics there, without a token. With OTEL_EXPORTER_OTLP_ENDPOINT it
 exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
@@ -283,7 +287,7 @@ func connectors(wc workerConfig) connector.Registry {
 }
 
 // startWriteSide starts, on st, a worker, the durable command processor,
-// the NATS service pal and the recovery sweep (over the runs in flight of
+// the NATS service pal, the scheduler and the recovery sweep (over the runs in flight of
 // PAL_INFLIGHT, and with pool the projection's too). nc, when given, is
 // used instead of dialling s.nats (pal dev passes an in-process
 // connection).
@@ -339,6 +343,11 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 		return withCode(ExitUnavailable, err)
 	}
 	if err := st.Start(ctx, "the NATS service", natsService(nc, client, pool, log)); err != nil {
+		return err
+	}
+	// Every worker fires the schedules' ticks; a tick two fire is one run
+	// (docs/architecture.md §10.11).
+	if err := st.Start(ctx, "the scheduler", runs.NewScheduler(client, runs.WithSchedulerLogger(log))); err != nil {
 		return err
 	}
 	if wc.recoveryWarn != "" {
