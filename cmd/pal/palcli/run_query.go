@@ -398,7 +398,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN ID\tSTATUS\tQUEUE\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
+	fmt.Fprintln(tw, "RUN ID\tSTATUS\tWORKFLOW\tCREATED\tDURATION\tTOKENS\tCOST\tERROR")
 	for _, r := range list.Runs {
 		created := parseTime(r.CreatedAt)
 		dur := now.Sub(created)
@@ -413,7 +413,7 @@ func (e *env) runList(cmd *cobra.Command, _ []string) error {
 		if r.ErrorCode != "" {
 			errText = r.ErrorCode + ": " + errText
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Queue), dash(r.Workflow), fmtShortTime(created),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, dash(r.Workflow), fmtShortTime(created),
 			fmtDuration(dur), fmtTokens(r.Usage.TotalTokens), cost, dash(truncate(errText, 50)))
 	}
 	if err := tw.Flush(); err != nil {
