@@ -25,6 +25,9 @@ type RunCreatedData struct {
 	// Labels are the start's labels (CheckLabels bounds them); a fork or
 	// a retry carries its source's, a child run its parent's. Absent: none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Thread is the conversation the run's thread steps continue
+	// (ValidateThreadID; created on first use, thread.go). Absent: none.
+	Thread string `json:"thread,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
 	// parent had left. Absent: no budget.
