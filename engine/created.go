@@ -34,6 +34,8 @@ type Creation struct {
 	// Labels are the start's labels (event.CheckLabels), or a fork's
 	// source's.
 	Labels map[string]string
+	// Thread is the start's thread (event.ValidateThreadID), "" for none.
+	Thread string
 	// ForkedFrom is set for a fork or a retry of another run.
 	ForkedFrom *event.ForkedFrom
 	// Deployed names the deployed workflow version Workflow is (nil for a
@@ -58,7 +60,7 @@ func RunCreated(c Creation) (event.Event, error) {
 		return event.Event{}, err
 	}
 	return created(c.Workflow, event.RunCreatedData{Input: c.Input, TriggerMeta: c.TriggerMeta,
-		IdempotencyKey: c.IdempotencyKey, Labels: c.Labels, Budget: budget, ForkedFrom: c.ForkedFrom, Deployed: c.Deployed}, c.Anomalies, c.Prices, c.By)
+		IdempotencyKey: c.IdempotencyKey, Labels: c.Labels, Thread: c.Thread, Budget: budget, ForkedFrom: c.ForkedFrom, Deployed: c.Deployed}, c.Anomalies, c.Prices, c.By)
 }
 
 // ChildRunCreated is the run_created of the child run that subagent step

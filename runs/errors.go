@@ -107,7 +107,7 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "name", true
 	case errors.Is(err, ErrPayloadTooLarge):
 		return CodeBadInput, "", true
-	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err):
+	case errors.Is(err, ErrRunNotFound), errors.Is(err, ErrThreadNotFound), errWorkflowNotFound(err):
 		return CodeNotFound, "", true
 	case errLeaseHeld(err):
 		return CodeLeaseHeld, "", true

@@ -57,6 +57,9 @@ type drive struct {
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
+	// threadDone are the thread steps whose turns this drive found in
+	// (or appended to) the run's thread (thread.go).
+	threadDone map[string]bool
 
 	lease driveLease
 	from  driveSource
@@ -155,7 +158,9 @@ func (d *drive) flush() error {
 		if !d.inline && d.w.snaps.due(d.runID, head.Seq) {
 			d.w.keepSnapshot(d)
 		}
-		return nil
+		// A thread step's step_completed is durable: its turns go to the
+		// thread (thread.go).
+		return d.settleThreads(false)
 	}
 	if errors.Is(err, eventstore.ErrConflict) {
 		if d.resumePending() {

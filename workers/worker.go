@@ -87,6 +87,10 @@ type Config struct {
 	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS). Nil: one with the
 	// defaults, made at the first process step; bubblewrap is required.
 	Sandbox *sandbox.Runner
+	// ThreadLimits bound each thread this worker appends to
+	// (PAL_THREAD_MAX_TURNS, PAL_THREAD_MAX_BYTES; zero: the defaults,
+	// event.DefaultThreadMaxTurns and event.DefaultThreadMaxBytes).
+	ThreadLimits eventstore.ThreadLimits
 }
 
 func (c Config) withDefaults() Config {

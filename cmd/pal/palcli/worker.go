@@ -16,6 +16,7 @@ import (
 	"github.com/palrun/pal/connector"
 	"github.com/palrun/pal/connector/email"
 	"github.com/palrun/pal/connector/webhook"
+	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/internal/egress"
 	"github.com/palrun/pal/internal/sandbox"
@@ -104,6 +105,9 @@ type workerConfig struct {
 	// sandbox runs process steps (PAL_PROCESS_SANDBOX,
 	// PAL_PROCESS_PROGRAMS, PAL_PROCESS_MOUNTS).
 	sandbox *sandbox.Runner
+	// threads bound each thread (PAL_THREAD_MAX_TURNS,
+	// PAL_THREAD_MAX_BYTES).
+	threads eventstore.ThreadLimits
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -154,6 +158,12 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	// the worker here instead.
 	if err := workers.CheckSecretHosts(os.Environ()); err != nil {
 		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.threads.MaxTurns, err = e.intSetting(cmd, "", workers.EnvThreadMaxTurns, event.DefaultThreadMaxTurns, 1); err != nil {
+		return wc, err
+	}
+	if wc.threads.MaxBytes, err = e.intSetting(cmd, "", workers.EnvThreadMaxBytes, event.DefaultThreadMaxBytes, 1); err != nil {
+		return wc, err
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	if wc.sandbox, err = e.processSandbox(cmd); err != nil {
@@ -276,6 +286,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
+		ThreadLimits: wc.threads,
 		Sandbox: wc.sandbox}
 	logProcessSandbox(wc.sandbox, s.log)
 	var receipts *receipt.Store
