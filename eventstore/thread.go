@@ -47,7 +47,7 @@ func (l ThreadLimits) withDefaults() ThreadLimits {
 func (l ThreadLimits) Full(t event.Thread) error {
 	l = l.withDefaults()
 	if len(t.Turns) >= l.MaxTurns {
-		return fmt.Errorf("%w: thread %s holds %d turns, its limit (PAL_THREAD_MAX_TURNS %d): trim it (pal thread trim) or start runs on a new thread", ErrThreadFull, t.ID, len(t.Turns), l.MaxTurns)
+		return fmt.Errorf("%w: thread %s holds %d turns, its limit (PAL_THREAD_MAX_TURNS %d): start runs on a new thread (a node's threadWindow bounds what a request sends, not what the thread keeps)", ErrThreadFull, t.ID, len(t.Turns), l.MaxTurns)
 	}
 	if t.Bytes >= l.MaxBytes {
 		return fmt.Errorf("%w: thread %s holds %d bytes, its limit (PAL_THREAD_MAX_BYTES %d): start runs on a new thread", ErrThreadFull, t.ID, t.Bytes, l.MaxBytes)

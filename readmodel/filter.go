@@ -19,6 +19,8 @@ type RunFilter struct {
 	Status engine.Status
 	// Workflow keeps runs of the workflow of this name.
 	Workflow string
+	// Thread keeps runs started on this thread.
+	Thread string
 	// Labels keeps runs that carry every one of these labels.
 	Labels map[string]string
 	// Since keeps runs created at or after it, Until runs created before

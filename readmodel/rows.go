@@ -64,6 +64,8 @@ type RunRow struct {
 	ForkedFrom json.RawMessage
 	// Labels are run_created's labels; empty for none.
 	Labels map[string]string
+	// Thread is run_created's thread; "" for none.
+	Thread string
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -176,6 +178,7 @@ func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		LastSeq:          st.LastSeq,
 		StepsSpent:       st.StepsStarted,
 		Labels:           st.Created.Labels,
+		Thread:           st.Created.Thread,
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)

@@ -31,6 +31,8 @@ type RunSummary struct {
 	EndedAt      string        `json:"ended_at,omitempty"`
 	// Labels are the run's labels; absent for none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Thread is the thread the run was started on; absent for none.
+	Thread string `json:"thread,omitempty"`
 }
 
 // RunList is a page of runs. Next, when set, is the cursor of the next
@@ -46,7 +48,7 @@ func SummaryOf(r readmodel.RunRow) RunSummary {
 	return RunSummary{RunID: v.RunID, Status: v.Status, Workflow: v.Workflow, ParentRunID: v.ParentRunID,
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
 		FailedStep: v.FailedStep, Resumes: v.Resumes, LastWorker: v.LastWorker, LastSeq: v.LastSeq,
-		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels}
+		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels, Thread: v.Thread}
 }
 
 // ListOf renders a page of projection rows; limit is the page size asked

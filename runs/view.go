@@ -51,7 +51,10 @@ type RunView struct {
 	ForkedFrom *ForkPoint `json:"forked_from,omitempty"`
 	// Labels are the start's labels (a fork's source's); absent for none.
 	Labels map[string]string `json:"labels,omitempty"`
-	Steps  []StepView        `json:"steps"`
+	// Thread is the thread the run was started on (GET
+	// /v1/threads/{id}); absent for none.
+	Thread string     `json:"thread,omitempty"`
+	Steps  []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -145,7 +148,7 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 			ReasoningTokens: r.ReasoningTokens},
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
-		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Steps: []StepView{}}
+		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Thread: r.Thread, Steps: []StepView{}}
 	if len(r.Labels) > 0 {
 		v.Labels = r.Labels
 	}

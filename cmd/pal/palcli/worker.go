@@ -287,7 +287,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
 		ThreadLimits: wc.threads,
-		Sandbox: wc.sandbox}
+		Sandbox:      wc.sandbox}
 	logProcessSandbox(wc.sandbox, s.log)
 	var receipts *receipt.Store
 	if wc.keys != nil {
