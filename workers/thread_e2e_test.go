@@ -174,3 +174,119 @@ func TestThreadFullRefusesTheStep(t *testing.T) {
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "thread", ie.Field)
 }
+
+// TestThreadKill9AfterAStepAppendedKeepsItOnce: a run with two thread
+// steps, killed with SIGKILL while the second is in its call: the first
+// step's turns are in the thread already, and the drive that takes the
+// run over finds them there and does not append them again; the second
+// step's request carries the first's turns (the thread within one run),
+// and the thread ends with each turn once.
+func TestThreadKill9AfterAStepAppendedKeepsItOnce(t *testing.T) {
+	t.Parallel()
+	p := setupProc(t, time.Second)
+	ctx := ctxFor(t, 2*time.Minute)
+	wf := `{"name":"two","nodes":[{"id":"start","type":"trigger"},
+		{"id":"a","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"first {{input.q}}","thread":true}},
+		{"id":"b","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"then {{input.q}}","thread":true}}],
+		"edges":[{"from":"start","to":"a"},{"from":"a","to":"b"}]}`
+	w1 := p.palWorker(t, "w1")
+	runID := event.NewRunID()
+	hold := p.LLM.Hold(providertest.ByKey(key(runID, "b", 1)))
+	_, err := runs.New(p.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID,
+		Workflow: json.RawMessage(wf), Input: json.RawMessage(`{"q":"x"}`), Thread: "t-two"})
+	require.NoError(t, err)
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err)
+	v, err := runs.New(p.Store).Thread(ctx, "t-two")
+	require.NoError(t, err)
+	require.Len(t, v.Turns, 2, "step a's turns are in before step b calls")
+	w1.Kill()
+	p.palWorker(t, "w2")
+	_, err = hold.Wait(ctx)
+	require.NoError(t, err)
+	hold.Release()
+	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
+
+	v, err = runs.New(p.Store).Thread(ctx, "t-two")
+	require.NoError(t, err)
+	require.Equal(t, [][3]string{
+		{runID, "user", "first x"}, {runID, "assistant", "echo: first x"},
+		{runID, "user", "then x"}, {runID, "assistant", "echo: then x"},
+	}, turnsOf(v))
+	require.Equal(t, uint64(4), v.Seq, "open a, turns a, open b, turns b: nothing doubled")
+	for _, c := range p.LLM.CallsWithKey(key(runID, "b", 1)) {
+		require.Equal(t, []provider.Message{{Role: "user", Content: "first x"}, {Role: "assistant", Content: "echo: first x"},
+			{Role: "user", Content: "then x"}}, c.Messages)
+	}
+}
+
+// TestThreadAgentAndWindow: an agent with thread: true starts each of its
+// turns' requests from the thread and appends its prompt and final
+// answer; threadWindow sends only the thread's last N turns.
+func TestThreadAgentAndWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t, time.Minute)
+	b.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
+		tools := 0
+		for _, m := range c.Messages {
+			if m.Role == "tool" {
+				tools++
+			}
+		}
+		if len(c.Tools) > 0 && tools == 0 {
+			return providertest.Reply{ToolCalls: []provider.ToolCall{{ID: "call_0", Name: "echo", Arguments: json.RawMessage(`{"n":1}`)}}}
+		}
+		return providertest.Reply{Text: "echo: " + c.LastUser()}
+	})
+	b.worker(t, "w1", nil)
+	start := func(wf, q string) string {
+		t.Helper()
+		runID := event.NewRunID()
+		_, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(wf),
+			Input: json.RawMessage(`{"q":"` + q + `"}`), Thread: "t-agent"})
+		require.NoError(t, err)
+		require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+		return runID
+	}
+	first := start(threadWorkflow, "one")
+	agent := `{"name":"agent","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ask","type":"agent","data":{"provider":"openai","model":"m","prompt":"{{input.q}}","tools":[{"name":"echo"}],"thread":true}}],
+		"edges":[{"from":"start","to":"ask"}]}`
+	second := start(agent, "two")
+	turns := func(runID string) [][]provider.Message {
+		var out [][]provider.Message
+		for _, k := range []string{"ask.turn[0]", "ask.turn[1]"} {
+			for _, c := range b.LLM.CallsWithKey(key(runID, k, 1)) {
+				out = append(out, c.Messages)
+			}
+		}
+		return out
+	}
+	got := turns(second)
+	require.Len(t, got, 2)
+	prior := []provider.Message{{Role: "user", Content: "one"}, {Role: "assistant", Content: "echo: one"}}
+	require.Equal(t, prior, got[0][:2], "the agent's first turn starts from the thread")
+	require.Equal(t, provider.Message{Role: "user", Content: "two"}, got[0][2])
+	require.Equal(t, prior, got[1][:2], "and so does its next turn")
+	require.Len(t, got[1], 5, "thread (2), prompt, the tool call, its result")
+
+	windowed := `{"name":"win","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ask","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"{{input.q}}","thread":true,"threadWindow":2}}],
+		"edges":[{"from":"start","to":"ask"}]}`
+	third := start(windowed, "three")
+	calls := b.LLM.CallsWithKey(key(third, "ask", 1))
+	require.Len(t, calls, 1)
+	require.Equal(t, []provider.Message{{Role: "user", Content: "two"}, {Role: "assistant", Content: "echo: two"},
+		{Role: "user", Content: "three"}}, calls[0].Messages, "the last two turns of the thread, then the step's prompt")
+
+	v, err := b.Runs.Thread(ctx, "t-agent")
+	require.NoError(t, err)
+	var runsOf []string
+	for _, tr := range v.Turns {
+		runsOf = append(runsOf, tr.RunID)
+	}
+	require.Equal(t, []string{first, first, second, second, third, third}, runsOf, "the agent's prompt and final answer, once")
+	require.Equal(t, "ask", v.Turns[2].StepID)
+	require.Equal(t, "echo: two", v.Turns[3].Content)
+}
