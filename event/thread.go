@@ -151,19 +151,32 @@ func NewThreadChain(id string) *ThreadChain {
 	return &ThreadChain{Thread: Thread{ID: id, Turns: []Turn{}, done: map[string]bool{}}}
 }
 
-// Next verifies the next message, stored at streamSeq, and folds it. An
-// error means the thread is corrupt from this message on.
-func (c *ThreadChain) Next(body []byte, streamSeq uint64) error {
+// ErrThreadCorrupt is wrapped by every refusal of ThreadChain.Next.
+var ErrThreadCorrupt = errors.New("thread corrupt")
+
+// Next verifies the next message, stored at streamSeq with stamp s (the
+// transport's Nats-Msg-Id, which must be ThreadMsgID of the record, and
+// no stored answer), and folds it. An error wrapping ErrThreadCorrupt
+// means the thread is corrupt from this message on.
+func (c *ThreadChain) Next(body []byte, streamSeq uint64, s Stamp) error {
 	t := &c.Thread
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: thread %s at seq %d: %s", ErrThreadCorrupt, t.ID, t.Seq+1, fmt.Sprintf(format, args...))
+	}
 	var r ThreadRecord
 	if err := json.Unmarshal(body, &r); err != nil {
-		return fmt.Errorf("thread %s: record after seq %d does not decode: %w", t.ID, t.Seq, err)
+		return bad("the record does not decode: %v", err)
 	}
-	if r.Thread != t.ID {
-		return fmt.Errorf("thread %s: a record of thread %q on its subject", t.ID, r.Thread)
+	switch {
+	case r.Thread != t.ID:
+		return bad("a record of thread %q on its subject", clip(r.Thread))
+	case s.Echo != "":
+		return bad("a stored answer, not a record PAL wrote: %s", s.Echo)
+	case s.MsgID != ThreadMsgID(r):
+		return bad("Nats-Msg-Id %q, want %q: not a record PAL wrote", clip(s.MsgID), ThreadMsgID(r))
 	}
 	if reason := Link(t.Seq+1, t.Hash, r.Seq, r.Prev); reason != "" {
-		return fmt.Errorf("thread %s: corrupt at seq %d: %s", t.ID, t.Seq+1, reason)
+		return bad("%s", reason)
 	}
 	switch r.Kind {
 	case ThreadOpen:
@@ -179,7 +192,7 @@ func (c *ThreadChain) Next(body []byte, streamSeq uint64) error {
 			t.Turns = append(t.Turns, Turn{Seq: r.Seq, RunID: r.RunID, StepID: r.StepID, Role: m.Role, Content: m.Content})
 		}
 	default:
-		return fmt.Errorf("thread %s: record %d of unknown kind %q", t.ID, r.Seq, r.Kind)
+		return bad("unknown kind %q", clip(r.Kind))
 	}
 	t.done[r.Kind+"|"+r.RunID+"|"+r.StepID] = true
 	t.Seq, t.Hash, t.StreamSeq = r.Seq, Hash(body), streamSeq

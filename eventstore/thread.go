@@ -83,7 +83,7 @@ func (s *Store) ReadThread(ctx context.Context, id string) (event.Thread, error)
 				threadBatch, func(m directMsg) error {
 					n++
 					after = m.Sequence
-					return c.Next(m.Data, m.Sequence)
+					return c.Next(m.Data, m.Sequence, StampOf(m.Header, Answered))
 				})
 			switch {
 			case errors.Is(err, errNoMessages):
@@ -144,7 +144,7 @@ func (s *Store) AppendThread(ctx context.Context, t event.Thread, rec event.Thre
 		return t, ErrThreadMoved
 	}
 	c := event.ThreadChain{Thread: t}
-	if err := c.Next(body, ack.Sequence); err != nil {
+	if err := c.Next(body, ack.Sequence, event.Stamp{MsgID: event.ThreadMsgID(rec)}); err != nil {
 		return t, err
 	}
 	return c.Thread, nil

@@ -117,7 +117,7 @@ func Classify(err error) (code string, field string, final bool) {
 		// The run is over: every reader shows it failed (journal_corrupt),
 		// and a command on it is refused as on any ended run.
 		return CodeConflict, "", true
-	case errors.Is(err, event.ErrBlob), errors.Is(err, engine.ErrUnfoldable):
+	case errors.Is(err, event.ErrBlob), errors.Is(err, engine.ErrUnfoldable), errors.Is(err, event.ErrThreadCorrupt):
 		// The journal gives the same events on every read: retrying
 		// cannot help.
 		return CodeInternal, "", true
