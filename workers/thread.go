@@ -15,7 +15,7 @@ import (
 	"github.com/palrun/pal/workflow"
 )
 
-// Threads (docs/architecture.md §7.3, §10.11): a thread step (an ai-step
+// Threads (docs/architecture.md §7.3.1): a thread step (an ai-step
 // or agent with thread: true, in a run started with a thread) holds its
 // thread from its first model call until its turns are appended:
 //
