@@ -140,6 +140,7 @@ func (d *drive) flush() error {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}
+	settle := d.st.Created.Thread != "" && (d.threadDone == nil || completes(d.pending))
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
 	if d.tally != nil {
 		d.tally.Add(d.pending[:head.Seq-before.Seq]...) // stamped and chained by Append
@@ -159,8 +160,12 @@ func (d *drive) flush() error {
 			d.w.keepSnapshot(d)
 		}
 		// A thread step's step_completed is durable: its turns go to the
-		// thread (thread.go).
-		return d.settleThreads(false)
+		// thread (thread.go). A drive's first flush looks at every
+		// completed step, later ones when they carried a completion.
+		if settle {
+			return d.settleThreads(false)
+		}
+		return nil
 	}
 	if errors.Is(err, eventstore.ErrConflict) {
 		if d.resumePending() {

@@ -208,11 +208,11 @@ func (d *drive) settleThreads(release bool) error {
 			due = append(due, tt)
 		}
 	}
-	if len(due) == 0 && !release {
-		return nil
-	}
 	if d.threadDone == nil {
 		d.threadDone = map[string]bool{}
+	}
+	if len(due) == 0 && !release {
+		return nil
 	}
 	t, err := d.w.store.ReadThread(d.ctx, thread)
 	if err != nil {
@@ -259,6 +259,16 @@ func (d *drive) settleThreads(release bool) error {
 		return d.settleThreads(true) // read again: one close at a time
 	}
 	return nil
+}
+
+// completes reports whether evs hold a step_completed.
+func completes(evs []event.Event) bool {
+	for _, ev := range evs {
+		if ev.Kind == event.StepCompleted {
+			return true
+		}
+	}
+	return false
 }
 
 // releaseThread settles the run's thread before its end is journaled: a
