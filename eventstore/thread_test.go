@@ -2,6 +2,7 @@ package eventstore_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +144,26 @@ func TestReadThreadRefusesForgedRecords(t *testing.T) {
 			require.ErrorIs(t, err, event.ErrThreadCorrupt)
 			require.ErrorContains(t, err, "at seq 2")
 		})
+	}
+}
+
+// BenchmarkReadThread reads and verifies a thread of 1,000 turns (500
+// records of two turns of 80 bytes): what a thread step reads before its
+// call, and a waiting step at each look.
+func BenchmarkReadThread(b *testing.B) {
+	tb := setup(b, eventstore.Config{})
+	ctx := b.Context()
+	th, err := tb.store.ReadThread(ctx, "bench")
+	require.NoError(b, err)
+	for i := range 500 {
+		th, err = tb.store.AppendThread(ctx, th, turnsRec("run_a", "s"+strconv.Itoa(i),
+			strings.Repeat("q", 80), strings.Repeat("a", 80)), eventstore.ThreadLimits{})
+		require.NoError(b, err)
+	}
+	for b.Loop() {
+		got, err := tb.store.ReadThread(ctx, "bench")
+		if err != nil || len(got.Turns) != 1000 {
+			b.Fatalf("read %d turns: %v", len(got.Turns), err)
+		}
 	}
 }
