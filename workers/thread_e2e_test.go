@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
+	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/provider/providertest"
@@ -289,4 +290,37 @@ func TestThreadAgentAndWindow(t *testing.T) {
 	require.Equal(t, []string{first, first, second, second, third, third}, runsOf, "the agent's prompt and final answer, once")
 	require.Equal(t, "ask", v.Turns[2].StepID)
 	require.Equal(t, "echo: two", v.Turns[3].Content)
+}
+
+// TestThreadTurnsAfterACrashBetweenCompletionAndAppend: a worker died
+// after its thread step's step_completed was durable and before the
+// step's turns reached the thread (the journal and the thread as it left
+// them). The next drive appends the turns, once, from the journal; the
+// model is not called again; the run ends with the thread released.
+func TestThreadTurnsAfterACrashBetweenCompletionAndAppend(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t, time.Minute)
+	runID := event.NewRunID()
+	_, err := b.Runs.Start(ctx, runs.StartCommand{Rights: runs.AllRights, RunID: runID, Workflow: json.RawMessage(threadWorkflow),
+		Input: json.RawMessage(`{"q":"hello"}`), Thread: "t-gap"})
+	require.NoError(t, err)
+	th, err := b.Store.ReadThread(ctx, "t-gap")
+	require.NoError(t, err)
+	_, err = b.Store.AppendThread(ctx, th, event.ThreadRecord{Kind: event.ThreadOpen, RunID: runID, StepID: "ask"}, eventstore.ThreadLimits{})
+	require.NoError(t, err)
+	appendRaw(t, b, runID,
+		event.MustNew(event.RunResumed, "", 0, event.RunResumedData{Worker: "crashed-worker", ResumeCount: 1}),
+		event.MustNew(event.StepStarted, "ask", 1, event.StepStartedData{NodeID: "ask", NodeType: "ai-step",
+			Input: json.RawMessage(`{"provider":"openai","model":"m","messages":[{"role":"user","content":"hello"}]}`), IdempotencyKey: key(runID, "ask", 1)}),
+		event.MustNew(event.StepCompleted, "ask", 1, event.StepCompletedData{Output: json.RawMessage(`{"text":"hi there","model":"m"}`)}))
+
+	b.worker(t, "w1", nil)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, runID).Kind)
+	require.Empty(t, b.LLM.Calls(), "the completed step was not called again")
+	v, err := b.Runs.Thread(ctx, "t-gap")
+	require.NoError(t, err)
+	require.Equal(t, [][3]string{{runID, "user", "hello"}, {runID, "assistant", "hi there"}}, turnsOf(v))
+	require.Empty(t, v.Holds)
+	require.Equal(t, uint64(2), v.Seq, "the open and the turns, once")
 }
