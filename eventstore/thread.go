@@ -150,6 +150,27 @@ func (s *Store) AppendThread(ctx context.Context, t event.Thread, rec event.Thre
 	return c.Thread, nil
 }
 
+// ThreadTail returns the stream sequence of thread id's last record (0
+// for none): one Direct Get, so a waiter can tell that the thread has not
+// moved without reading it (StreamSeq of the Thread ReadThread returns).
+func (s *Store) ThreadTail(ctx context.Context, id string) (uint64, error) {
+	if err := event.ValidateThreadID(id); err != nil {
+		return 0, err
+	}
+	var seq uint64
+	err := s.directOne(ctx, ThreadsStream, directRequest{LastBySubj: ThreadSubject(id)}, 1, func(m directMsg) error {
+		seq = m.Sequence
+		return nil
+	})
+	if errors.Is(err, errNoMessages) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the tail of thread %s: %w", id, err)
+	}
+	return seq, nil
+}
+
 func threadStreamConfig(cfg Config) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        ThreadsStream,

@@ -67,6 +67,12 @@ func TestAppendThread(t *testing.T) {
 	require.Equal(t, []event.Turn{{Seq: 2, RunID: "run_a", StepID: "ask", Role: "user", Content: "hi"},
 		{Seq: 2, RunID: "run_a", StepID: "ask", Role: "assistant", Content: "hello"}}, read.Turns)
 	require.True(t, read.Has(event.ThreadTurns, "run_a", "ask"))
+	tail, err := b.store.ThreadTail(ctx, "t1")
+	require.NoError(t, err)
+	require.Equal(t, read.StreamSeq, tail)
+	tail, err = b.store.ThreadTail(ctx, "never")
+	require.NoError(t, err)
+	require.Zero(t, tail)
 	require.False(t, read.Has(event.ThreadTurns, "run_b", "ask"))
 	n, err := b.stream(t, eventstore.ThreadsStream).Info(ctx)
 	require.NoError(t, err)

@@ -110,7 +110,7 @@ func (c *call) joinThread(ts threadStep) ([]provider.Message, error) {
 					return nil, err
 				}
 			}
-			if err := sleepCtx(c.ctx, threadPoll.Wait(n)); err != nil {
+			if err := c.awaitThread(ts.id, t.StreamSeq, h.RunID, n); err != nil {
 				return nil, err
 			}
 			continue
@@ -137,6 +137,25 @@ func (c *call) joinThread(ts threadStep) ([]provider.Message, error) {
 			}
 		}
 		return threadMessages(t, runID, ts), nil
+	}
+}
+
+// awaitThread waits until thread id has moved past stream sequence seq
+// or the run holding it has ended, looking at the thread's last record
+// (one Direct Get) and the holder's last event at threadPoll's pace: a
+// waiter reads the whole thread only when something changed.
+func (c *call) awaitThread(id string, seq uint64, holder string, n int) error {
+	for ; ; n++ {
+		if err := sleepCtx(c.ctx, threadPoll.Wait(n)); err != nil {
+			return err
+		}
+		tail, err := c.d.w.store.ThreadTail(c.ctx, id)
+		if err != nil || tail != seq {
+			return err
+		}
+		if ended, err := c.d.w.store.RunEnded(c.ctx, holder); err != nil || ended {
+			return err
+		}
 	}
 }
 
