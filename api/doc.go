@@ -16,6 +16,7 @@
 //	GET    /v1/runs/{id}/events          read     the journal as server-sent events
 //	GET    /v1/runs/{id}/waterfall       read     a run's timeline, for the web UI
 //	GET    /v1/runs/{id}/receipt         read     the run's signed receipt (PAL_RECEIPTS)
+//	GET    /v1/threads/{id}              read     a thread's conversation: its turns with run, step, role, content, seq
 //	GET    /v1/keys                      read     the receipt signing public keys
 //	PUT    /v1/workflows/{name}          deploy   deploy a workflow: 201 a new version, 200 unchanged
 //	GET    /v1/workflows                 read     the deployed workflows, each at its latest version

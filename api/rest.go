@@ -354,6 +354,21 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
+func (h *handler) getThread(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	v, err := h.client.Thread(ctx, r.PathValue("id"))
+	if errors.Is(err, runs.ErrThreadNotFound) {
+		writeError(w, http.StatusNotFound, runs.CodeNotFound, fmt.Sprintf("thread %s not found: no thread step of a run on it has started", r.PathValue("id")), "")
+		return
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Runs == nil {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "listing runs needs DATABASE_URL", "")

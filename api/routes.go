@@ -65,6 +65,7 @@ var routes = []route{
 	{Route: Route{"GET", "/v1/runs/{id}/events", ScopeRead, "the journal as server-sent events", readStatuses(204, 400, 404, 410, 429, 500, 503)}, handling: plain((*handler).streamEvents)},
 	{Route: Route{"GET", "/v1/runs/{id}/waterfall", ScopeRead, "a run's timeline, for the web UI", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getWaterfall)},
 	{Route: Route{"GET", "/v1/runs/{id}/receipt", ScopeRead, "the run's signed receipt (PAL_RECEIPTS)", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getReceipt)},
+	{Route: Route{"GET", "/v1/threads/{id}", ScopeRead, "a thread's conversation: its turns with run, step, role, content, seq", readStatuses(400, 404, 500, 503)}, handling: plain((*handler).getThread)},
 	{Route: Route{"GET", "/v1/keys", ScopeRead, "the receipt signing public keys", readStatuses()}, handling: plain((*handler).listKeys)},
 	{Route: Route{"PUT", "/v1/workflows/{name}", ScopeDeploy, "deploy a workflow: 201 a new version, 200 unchanged", []int{201, 200, 400, 401, 403, 413, 503}}, handling: plain((*handler).deployWorkflow)},
 	{Route: Route{"GET", "/v1/workflows", ScopeRead, "the deployed workflows, each at its latest version", readStatuses(503)}, handling: plain((*handler).listWorkflows)},

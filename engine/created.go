@@ -37,6 +37,8 @@ type Creation struct {
 	// Schedule and Tick name the schedule and tick that started the run
 	// (event.RunCreatedData.Schedule, Tick); empty for any other start.
 	Schedule, Tick string
+	// Thread is the start's thread (event.ValidateThreadID), "" for none.
+	Thread string
 	// ForkedFrom is set for a fork or a retry of another run.
 	ForkedFrom *event.ForkedFrom
 	// Deployed names the deployed workflow version Workflow is (nil for a
@@ -61,7 +63,7 @@ func RunCreated(c Creation) (event.Event, error) {
 		return event.Event{}, err
 	}
 	return created(c.Workflow, event.RunCreatedData{Input: c.Input, TriggerMeta: c.TriggerMeta,
-		IdempotencyKey: c.IdempotencyKey, Labels: c.Labels, Schedule: c.Schedule, Tick: c.Tick, Budget: budget, ForkedFrom: c.ForkedFrom, Deployed: c.Deployed}, c.Anomalies, c.Prices, c.By)
+		IdempotencyKey: c.IdempotencyKey, Labels: c.Labels, Schedule: c.Schedule, Tick: c.Tick, Thread: c.Thread, Budget: budget, ForkedFrom: c.ForkedFrom, Deployed: c.Deployed}, c.Anomalies, c.Prices, c.By)
 }
 
 // ChildRunCreated is the run_created of the child run that subagent step

@@ -196,12 +196,8 @@ func (c *Chain) check(evs []Event) string {
 			return fmt.Sprintf("%s at seq %d after the run ended", ev.Kind, ev.Seq)
 		case ev.RunID != c.RunID:
 			return fmt.Sprintf("event of run %q on the subject of run %q", ev.RunID, c.RunID)
-		case ev.Seq != want:
-			return fmt.Sprintf("seq %d where %d was due", ev.Seq, want)
-		case ev.Prev != c.Hash && c.Hash == "":
-			return fmt.Sprintf("prev %q on the first message, want none", ev.Prev)
-		case ev.Prev != c.Hash:
-			return fmt.Sprintf("prev %q is not the sha256 of the message before it (%s): one of the two was changed or forged", short(ev.Prev), short(c.Hash))
+		case Link(want, c.Hash, ev.Seq, ev.Prev) != "":
+			return Link(want, c.Hash, ev.Seq, ev.Prev)
 		case !ev.Kind.Known():
 			return fmt.Sprintf("unknown kind %q", ev.Kind)
 		case ev.Kind == RunResumed && ev.WorkerID == "":
@@ -215,6 +211,22 @@ func (c *Chain) check(evs []Event) string {
 			driver, tail = ev.WorkerID, false
 		}
 		ended = ev.Kind.Terminal()
+	}
+	return ""
+}
+
+// Link is the chain's rule for one message after another: it returns
+// why a message carrying seq and prev does not follow the message whose
+// Hash is hash, when seq want was due, or "". A run's journal (Chain) and
+// a thread (ThreadChain) are linked by this one rule.
+func Link(want uint64, hash string, seq uint64, prev string) string {
+	switch {
+	case seq != want:
+		return fmt.Sprintf("seq %d where %d was due", seq, want)
+	case prev != hash && hash == "":
+		return fmt.Sprintf("prev %q on the first message, want none", prev)
+	case prev != hash:
+		return fmt.Sprintf("prev %q is not the sha256 of the message before it (%s): one of the two was changed or forged", short(prev), short(hash))
 	}
 	return ""
 }

@@ -21,6 +21,11 @@
 //     come from the worker of the latest run_resumed — and every reader
 //     applies it before anything is folded; *CorruptError says where the
 //     journal broke, and the run then fails with CodeJournalCorrupt.
+//   - A thread (thread.go) is a conversation runs continue, journaled on
+//     its own subject as ThreadRecords linked by the same rule (Link: seq
+//     after seq, prev the Hash of the message before); ThreadChain
+//     verifies and folds it, and a record without its Nats-Msg-Id
+//     (ThreadMsgID) is refused (ErrThreadCorrupt).
 //
 // The JSON Schema for the envelope lives in package schemas; every event PAL
 // writes validates against it. docs/architecture.md §6 lists the kinds and

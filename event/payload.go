@@ -35,6 +35,9 @@ type RunCreatedData struct {
 	// was asked. Absent on a run no schedule started.
 	Schedule string `json:"schedule,omitempty"`
 	Tick     string `json:"tick,omitempty"`
+	// Thread is the conversation the run's thread steps continue
+	// (ValidateThreadID; created on first use, thread.go). Absent: none.
+	Thread string `json:"thread,omitempty"`
 	// Budget is the run's effective budget: the workflow's policy.budget,
 	// narrowed by the start request, and for a child run by what its
 	// parent had left. Absent: no budget.

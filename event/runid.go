@@ -47,21 +47,30 @@ func FormatTick(tick time.Time) string { return tick.UTC().Format(time.RFC3339Na
 // key: 1 to 128 characters from A–Z, a–z, 0–9, '_' and '-'. Anything else
 // (dots, spaces, '*', '>') could widen a subject and is refused.
 func ValidateRunID(id string) error {
-	if id == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidRunID)
+	if reason := tokenProblem(id, MaxRunIDLen); reason != "" {
+		return fmt.Errorf("%w%s", ErrInvalidRunID, reason)
 	}
-	if len(id) > MaxRunIDLen {
-		return fmt.Errorf("%w %q: longer than %d characters", ErrInvalidRunID, truncate(id), MaxRunIDLen)
+	return nil
+}
+
+// tokenProblem says what keeps id from being one subject token of at
+// most max characters of A–Z, a–z, 0–9, '_' and '-' (": …"), or "".
+func tokenProblem(id string, max int) string {
+	if id == "" {
+		return ": empty"
+	}
+	if len(id) > max {
+		return fmt.Sprintf(" %q: longer than %d characters", truncate(id), max)
 	}
 	for _, r := range id {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
 		default:
-			return fmt.Errorf("%w %q: character %q not allowed (use letters, digits, '_' and '-'; "+
-				"dots, spaces, '*' and '>' would change the NATS subject)", ErrInvalidRunID, truncate(id), r)
+			return fmt.Sprintf(" %q: character %q not allowed (use letters, digits, '_' and '-'; "+
+				"dots, spaces, '*' and '>' would change the NATS subject)", truncate(id), r)
 		}
 	}
-	return nil
+	return ""
 }
 
 func truncate(s string) string {

@@ -16,6 +16,7 @@
 //	PAL_BLOB_REFS  stream    pal.blobref.<sha256>.<run_id> pal.blobreclaim.<sha256>
 //	                                                        which runs name which PAL_BLOBS object; a release's mark
 //	PAL_DELTAS     stream    pal.deltas.<run_id>            LLM steps' text as it streams, memory, 10 min (deltas.go)
+//	PAL_THREADS    stream    pal.threads.<thread_id>        threads: conversations runs continue, chained like a journal (thread.go)
 //	PAL_LEASES     KV        <run_id> → owner               lease with a TTL; w.<token>: a worker's presence (capabilities)
 //	PAL_RECEIPTS   KV        <run_id> → receipt             signed run receipts, written once
 //	PAL_INFLIGHT   KV        <run_id> → queue               the runs not yet ended, for the sweep
@@ -65,6 +66,12 @@
 //   - Every method that takes a run id refuses one that is not a single
 //     NATS subject token (event.ValidateRunID) before touching JetStream,
 //     so no run id can widen a subject or a lease key.
+//   - A thread (thread.go) is journaled as a run is: one subject, records
+//     chained by event.Link, each appended fenced on the subject's last
+//     sequence with Nats-Msg-Id "<thread>:<kind>:<run_id>:<step_id>", so a
+//     record is written at most once per (kind, run, step); ReadThread
+//     verifies chain and stamps and returns an error wrapping
+//     event.ErrThreadCorrupt for what does not verify.
 //   - The run's first event (run_created) is appended with an expected
 //     subject sequence of 0, so a run id is created at most once.
 //   - A lease is a KV entry created with a per-key TTL and renewed by a

@@ -108,6 +108,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			MaxMsgSize:        1 << 10,
 			AllowMsgTTL:       true,
 		},
+		threadStreamConfig(cfg),
 		{
 			Name:              TimersStream,
 			Description:       "PAL timers: wake a run at a set time",

@@ -46,7 +46,7 @@ const runColumnsSQL = `run_id, status, COALESCE(workflow_name, ''), COALESCE(wor
 	COALESCE(parent_run_id, ''), COALESCE(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
 	COALESCE(error, ''), COALESCE(error_code, ''), COALESCE(failed_step, ''), resumes, COALESCE(last_worker, ''),
 	created_at, updated_at, ended_at, last_seq, budget, steps_spent, COALESCE(paused_on, ''), cost_unknown, journal_removed_at, forked_from,
-	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, COALESCE(schedule, ''), tick`
+	cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, COALESCE(schedule, ''), tick, COALESCE(thread, '')`
 
 func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 	var (
@@ -63,7 +63,7 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 		&r.ParentRunID, &r.ParentStepID, &depth, &r.CostUSD, &r.InputTokens, &r.OutputTokens, &r.TotalTokens,
 		&r.Error, &r.ErrorCode, &r.FailedStep, &resumes, &r.LastWorker,
 		&r.CreatedAt, &r.UpdatedAt, &ended, &last, &budget, &r.StepsSpent, &r.PausedOn, &r.CostUnknown, &removed, &r.ForkedFrom,
-		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels, &r.Queue, &r.Schedule, &tick}, extra...)
+		&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Labels, &r.Queue, &r.Schedule, &tick, &r.Thread}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -83,7 +83,7 @@ func scanRun(row pgx.Row, extra ...any) (readmodel.RunRow, error) {
 
 // ListRuns returns runs, newest first (by creation time, then run id),
 // without their workflow snapshots. Each filter of f is served by an
-// index (migration 0013). Errors: ErrBadCursor.
+// index (migrations 0013, 0015). Errors: ErrBadCursor.
 func (q *Reader) ListRuns(ctx context.Context, f RunFilter) ([]readmodel.RunRow, error) {
 	sql, args, err := listQuery(f)
 	if err != nil {
@@ -134,6 +134,9 @@ func listQuery(f RunFilter) (string, []any, error) {
 	}
 	if f.Schedule != "" {
 		add("schedule = $%d", f.Schedule)
+	}
+	if f.Thread != "" {
+		add("thread = $%d", f.Thread)
 	}
 	if len(f.Labels) > 0 {
 		labels, err := json.Marshal(f.Labels)

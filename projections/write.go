@@ -44,21 +44,21 @@ ON CONFLICT (run_id, seq) DO NOTHING`, q("journal_events")),
 		runs: fmt.Sprintf(`INSERT INTO %s AS r (run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick, thread)
 SELECT run_id, status, NULLIF(workflow_name, ''), workflow, NULLIF(workflow_hash, ''), input, output,
   NULLIF(parent_run_id, ''), NULLIF(parent_step_id, ''), depth, cost_usd, input_tokens, output_tokens, total_tokens,
   NULLIF(error, ''), NULLIF(error_code, ''), NULLIF(failed_step, ''), resumes, NULLIF(last_worker, ''),
   created_at, updated_at, ended_at, last_seq, budget, steps_spent, NULLIF(paused_on, ''), cost_unknown, forked_from,
-  cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, NULLIF(schedule, ''), tick
+  cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, NULLIF(schedule, ''), tick, NULLIF(thread, '')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::jsonb[],
   $8::text[], $9::text[], $10::integer[], $11::float8[], $12::bigint[], $13::bigint[], $14::bigint[],
   $15::text[], $16::text[], $17::text[], $18::integer[], $19::text[], $20::timestamptz[], $21::timestamptz[],
   $22::timestamptz[], $23::bigint[], $24::jsonb[], $25::bigint[], $26::text[], $27::boolean[], $28::jsonb[],
-  $29::bigint[], $30::bigint[], $31::bigint[], $32::jsonb[], $33::text[], $34::text[], $35::timestamptz[])
+  $29::bigint[], $30::bigint[], $31::bigint[], $32::jsonb[], $33::text[], $34::text[], $35::timestamptz[], $36::text[])
   AS u(run_id, status, workflow_name, workflow, workflow_hash, input, output,
   parent_run_id, parent_step_id, depth, cost_usd, input_tokens, output_tokens, total_tokens,
   error, error_code, failed_step, resumes, last_worker, created_at, updated_at, ended_at, last_seq,
-  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick)
+  budget, steps_spent, paused_on, cost_unknown, forked_from, cache_read_tokens, cache_write_tokens, reasoning_tokens, labels, queue, schedule, tick, thread)
 ON CONFLICT (run_id) DO UPDATE SET
   status = EXCLUDED.status, workflow_name = EXCLUDED.workflow_name,
   workflow = COALESCE(EXCLUDED.workflow, r.workflow), workflow_hash = EXCLUDED.workflow_hash,
@@ -72,7 +72,7 @@ ON CONFLICT (run_id) DO UPDATE SET
   paused_on = EXCLUDED.paused_on, cost_unknown = EXCLUDED.cost_unknown, forked_from = EXCLUDED.forked_from,
   cache_read_tokens = EXCLUDED.cache_read_tokens, cache_write_tokens = EXCLUDED.cache_write_tokens,
   reasoning_tokens = EXCLUDED.reasoning_tokens, labels = EXCLUDED.labels, queue = EXCLUDED.queue,
-  schedule = EXCLUDED.schedule, tick = EXCLUDED.tick
+  schedule = EXCLUDED.schedule, tick = EXCLUDED.tick, thread = EXCLUDED.thread
 WHERE r.last_seq < EXCLUDED.last_seq`, q("runs")),
 
 		steps: fmt.Sprintf(`INSERT INTO %s AS s (run_id, step_id, attempt, node_id, node_type, status, input, output,
@@ -211,6 +211,7 @@ func runColumns(rows []readmodel.RunRow) []any {
 		unknown                                    = make([]bool, n)
 		forked, labels                             = make([][]byte, n), make([][]byte, n)
 		queue                                      = make([]string, n)
+		thread                                     = make([]string, n)
 		cacheRead, cacheWrite, reasoning           = make([]int64, n), make([]int64, n), make([]int64, n)
 		schedule                                   = make([]string, n)
 		tick                                       = make([]pgtype.Timestamptz, n)
@@ -228,10 +229,11 @@ func runColumns(rows []readmodel.RunRow) []any {
 		cacheRead[i], cacheWrite[i], reasoning[i] = r.CacheReadTokens, r.CacheWriteTokens, r.ReasoningTokens
 		queue[i] = cleanText(event.QueueOr(r.Queue))
 		schedule[i], tick[i] = cleanText(r.Schedule), tstz(r.Tick)
+		thread[i] = cleanText(r.Thread)
 	}
 	return []any{id, status, name, wf, hash, input, output, parent, parentStep, depth, cost, in, out, total,
 		errs, code, failed, resumes, worker, created, updated, ended, last, budget, steps, paused, unknown, forked,
-		cacheRead, cacheWrite, reasoning, labels, queue, schedule, tick}
+		cacheRead, cacheWrite, reasoning, labels, queue, schedule, tick, thread}
 }
 
 func stepColumns(rows []readmodel.StepRow) []any {

@@ -21,6 +21,8 @@ type RunFilter struct {
 	Workflow string
 	// Schedule keeps runs the schedule of this name started.
 	Schedule string
+	// Thread keeps runs started on this thread.
+	Thread string
 	// Labels keeps runs that carry every one of these labels.
 	Labels map[string]string
 	// Queue keeps runs on this work queue.

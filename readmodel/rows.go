@@ -72,6 +72,8 @@ type RunRow struct {
 	// run no schedule started.
 	Schedule string
 	Tick     time.Time
+	// Thread is run_created's thread; "" for none.
+	Thread string
 }
 
 // StepRow is a row of the steps table: one attempt of one step.
@@ -187,6 +189,7 @@ func RunRowOf(st *engine.RunState, withBlobs bool) RunRow {
 		Queue:            event.QueueOr(st.Created.Queue),
 		Schedule:         st.Created.Schedule,
 		Tick:             tickOf(st.Created.Tick),
+		Thread:           st.Created.Thread,
 	}
 	if st.Budget != nil {
 		r.Budget, _ = json.Marshal(st.Budget)

@@ -76,6 +76,10 @@ type StartCommand struct {
 	// Labels are journaled in run_created, for listings and search
 	// (GET /v1/runs?label=k=v); event.CheckLabels bounds them.
 	Labels Labels `json:"labels,omitempty"`
+	// Thread names the conversation the run's thread steps (an ai-step
+	// or agent with thread: true) continue, created on first use;
+	// journaled in run_created. event.ValidateThreadID bounds it.
+	Thread string `json:"thread,omitempty"`
 
 	// TriggerMeta is recorded in run_created (not settable from JSON).
 	TriggerMeta map[string]any `json:"-"`
@@ -343,6 +347,11 @@ func (c *StartCommand) Validate() error {
 	}
 	if err := event.CheckLabels(c.Labels); err != nil {
 		return &InputError{Field: "labels", Msg: err.Error()}
+	}
+	if c.Thread != "" {
+		if err := event.ValidateThreadID(c.Thread); err != nil {
+			return &InputError{Field: "thread", Msg: err.Error()}
+		}
 	}
 	hasWF := len(bytes.TrimSpace(c.Workflow)) > 0 && string(bytes.TrimSpace(c.Workflow)) != "null"
 	switch {

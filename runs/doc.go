@@ -72,7 +72,9 @@
 //     The run is put in PAL_INFLIGHT just before (eventstore.MarkInflight),
 //     as a worker puts a child run. A start's labels are checked
 //     (event.CheckLabels) before anything is written; a fork or retry
-//     carries its source's.
+//     carries its source's. So is a start's thread (event.ValidateThreadID),
+//     which a fork, retry or child does not carry; Client.Thread reads a
+//     thread back (GET /v1/threads/{id}, pal thread get).
 //   - ParseRunFilter is the one reading of a listing's filters: GET
 //     /v1/runs's query, and pal run list's flags made into that query.
 //   - RunView renders a run the same from the journal (ViewOf) and from

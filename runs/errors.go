@@ -111,7 +111,7 @@ func Classify(err error) (code string, field string, final bool) {
 		return CodeBadInput, "name", true
 	case errors.Is(err, ErrPayloadTooLarge):
 		return CodeBadInput, "", true
-	case errors.Is(err, ErrRunNotFound), errWorkflowNotFound(err), errors.Is(err, ErrScheduleNotFound):
+	case errors.Is(err, ErrRunNotFound), errors.Is(err, ErrThreadNotFound), errWorkflowNotFound(err), errors.Is(err, ErrScheduleNotFound):
 		return CodeNotFound, "", true
 	case errLeaseHeld(err):
 		return CodeLeaseHeld, "", true
@@ -121,7 +121,7 @@ func Classify(err error) (code string, field string, final bool) {
 		// The run is over: every reader shows it failed (journal_corrupt),
 		// and a command on it is refused as on any ended run.
 		return CodeConflict, "", true
-	case errors.Is(err, event.ErrBlob), errors.Is(err, engine.ErrUnfoldable):
+	case errors.Is(err, event.ErrBlob), errors.Is(err, engine.ErrUnfoldable), errors.Is(err, event.ErrThreadCorrupt):
 		// The journal gives the same events on every read: retrying
 		// cannot help.
 		return CodeInternal, "", true

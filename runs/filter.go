@@ -17,15 +17,15 @@ import (
 
 // ListParams are the query parameters of a listing (GET /v1/runs; pal run
 // list builds the same from its flags), in the order the docs give them.
-var ListParams = []string{"status", "workflow", "queue", "schedule", "label", "since", "until", "error_code", "q", "limit", "before"}
+var ListParams = []string{"status", "workflow", "queue", "schedule", "label", "thread", "since", "until", "error_code", "q", "limit", "before"}
 
 // MaxSearchBytes bounds a listing's free text (q).
 const MaxSearchBytes = 200
 
 var errorCode = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
-// ParseRunFilter reads a listing's query: status, workflow, queue, label (KEY=VALUE,
-// repeatable: every label must match), since and until (RFC 3339, on the
+// ParseRunFilter reads a listing's query: status, workflow, queue, schedule, label (KEY=VALUE,
+// repeatable: every label must match), thread (runs started on it), since and until (RFC 3339, on the
 // creation time: since ≤ created_at < until), error_code, q (text the
 // error message contains, ignoring case; at most MaxSearchBytes), limit
 // and before (a cursor from an earlier page's next). Every parameter but
@@ -90,6 +90,11 @@ func setFilter(f *readmodel.RunFilter, k, v string) error {
 		f.Schedule = v
 	case "label":
 		return addLabel(f, v)
+	case "thread":
+		if err := event.ValidateThreadID(v); err != nil {
+			return &InputError{Field: k, Msg: err.Error()}
+		}
+		f.Thread = v
 	case "since", "until":
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil || t.Year() < 1 {

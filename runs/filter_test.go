@@ -19,13 +19,13 @@ func TestParseRunFilter(t *testing.T) {
 	f, err := runs.ParseRunFilter(url.Values{
 		"status": {"failed"}, "workflow": {"triage"}, "schedule": {"nightly"}, "label": {"customer=acme", "note=a=b", "empty="},
 		"since": {"2026-03-01T00:00:00Z"}, "until": {"2026-03-02T01:00:00+01:00"}, "error_code": {"step_failed"},
-		"q": {"100% done"}, "limit": {"7"}, "before": {cursor},
+		"q": {"100% done"}, "limit": {"7"}, "before": {cursor}, "thread": {"support-42"},
 	})
 	require.NoError(t, err)
 	require.Equal(t, readmodel.RunFilter{Status: engine.StatusFailed, Workflow: "triage", Schedule: "nightly",
 		Labels: map[string]string{"customer": "acme", "note": "a=b", "empty": ""},
 		Since:  time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), Until: time.Date(2026, 3, 2, 1, 0, 0, 0, time.FixedZone("", 3600)),
-		ErrorCode: "step_failed", Text: "100% done", Limit: 7, Before: cursor}, f)
+		ErrorCode: "step_failed", Text: "100% done", Limit: 7, Before: cursor, Thread: "support-42"}, f)
 
 	f, err = runs.ParseRunFilter(url.Values{})
 	require.NoError(t, err)
@@ -40,7 +40,10 @@ func TestParseRunFilter(t *testing.T) {
 		field string
 		msg   string
 	}{
-		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, queue, schedule, label, since, until, error_code, q, limit, before)"},
+		{url.Values{"sort": {"asc"}}, "sort", "unknown query parameter (want status, workflow, queue, schedule, label, thread, since, until, error_code, q, limit, before)"},
+		{url.Values{"thread": {"a.b"}}, "thread", "invalid thread id"},
+		{url.Values{"thread": {""}}, "thread", "empty"},
+		{url.Values{"thread": {"a", "b"}}, "thread", "given more than once"},
 		{url.Values{"status": {"done"}}, "status", "want one of"},
 		{url.Values{"status": {"failed", "queued"}}, "status", "given more than once"},
 		{url.Values{"workflow": {strings.Repeat("w", 257)}}, "workflow", "the limit is 256"},

@@ -36,6 +36,8 @@ type RunSummary struct {
 	// Schedule and Tick: the run's schedule and tick; absent for none.
 	Schedule string `json:"schedule,omitempty"`
 	Tick     string `json:"tick,omitempty"`
+	// Thread is the thread the run was started on; absent for none.
+	Thread string `json:"thread,omitempty"`
 }
 
 // RunList is a page of runs. Next, when set, is the cursor of the next
@@ -52,7 +54,7 @@ func SummaryOf(r readmodel.RunRow) RunSummary {
 		ParentStepID: v.ParentStepID, Depth: v.Depth, Usage: v.Usage, Error: v.Error, ErrorCode: v.ErrorCode,
 		FailedStep: v.FailedStep, Resumes: v.Resumes, LastWorker: v.LastWorker, LastSeq: v.LastSeq,
 		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, EndedAt: v.EndedAt, Labels: v.Labels, Queue: v.Queue,
-		Schedule: v.Schedule, Tick: v.Tick}
+		Schedule: v.Schedule, Tick: v.Tick, Thread: v.Thread}
 }
 
 // ListOf renders a page of projection rows; limit is the page size asked

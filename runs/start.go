@@ -145,7 +145,7 @@ func (c *Client) create(ctx context.Context, cmd StartCommand, wf *workflow.Work
 	}
 	ev, err := engine.RunCreated(engine.Creation{Workflow: wf, Input: input, Budget: engine.BudgetOf(cmd.Budget),
 		Anomalies: c.anomalies, Prices: c.prices, TriggerMeta: cmd.TriggerMeta, IdempotencyKey: cmd.IdempotencyKey,
-		Labels: cmd.Labels, Schedule: cmd.schedule, Tick: cmd.tick, ForkedFrom: cmd.forkedFrom, Deployed: dep, By: writer})
+		Labels: cmd.Labels, Schedule: cmd.schedule, Tick: cmd.tick, Thread: cmd.Thread, ForkedFrom: cmd.forkedFrom, Deployed: dep, By: writer})
 	if err != nil {
 		return StartResult{}, budgetInputError(err)
 	}

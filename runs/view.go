@@ -56,9 +56,12 @@ type RunView struct {
 	Queue string `json:"queue"`
 	// Schedule and Tick name the schedule that started the run and the
 	// tick it was for; absent for a run no schedule started.
-	Schedule string     `json:"schedule,omitempty"`
-	Tick     string     `json:"tick,omitempty"`
-	Steps    []StepView `json:"steps"`
+	Schedule string `json:"schedule,omitempty"`
+	Tick     string `json:"tick,omitempty"`
+	// Thread is the thread the run was started on (GET
+	// /v1/threads/{id}); absent for none.
+	Thread string     `json:"thread,omitempty"`
+	Steps  []StepView `json:"steps"`
 }
 
 // StepView is one step of a RunView, as its latest attempt stands, with
@@ -153,7 +156,7 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 		CreatedAt: FormatTime(r.CreatedAt), UpdatedAt: FormatTime(r.UpdatedAt), EndedAt: FormatTime(r.EndedAt),
 		Spent:    engine.Spend{CostUSD: r.CostUSD, Tokens: r.TotalTokens, Steps: r.StepsSpent},
 		PausedOn: r.PausedOn, JournalRemovedAt: FormatTime(r.JournalRemovedAt), Queue: event.QueueOr(r.Queue), Steps: []StepView{},
-		Schedule: r.Schedule, Tick: FormatTime(r.Tick)}
+		Schedule: r.Schedule, Tick: FormatTime(r.Tick), Thread: r.Thread}
 	if len(r.Labels) > 0 {
 		v.Labels = r.Labels
 	}

@@ -86,6 +86,7 @@ func samplePayloads() map[event.Kind]any {
 			Prices:         event.Prices{"gpt-4o": {InputPerMTok: 2.5, OutputPerMTok: 10}},
 			IdempotencyKey: "client-key-1",
 			Labels:         map[string]string{"customer": "acme", "env": "prod"},
+			Thread:         "support-42",
 			Budget: &event.Budget{MaxCostUSD: 1.5, MaxTokens: 1000, MaxSteps: 20, MaxDurationMs: 60000,
 				WarnAt: 0.8, OnExceed: event.OnExceedPause},
 			Anomalies: map[string]event.AnomalyRule{event.AnomalyRetryStorm: {Threshold: 20, PerStep: 5, Action: event.ActionRecord}},

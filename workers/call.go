@@ -37,6 +37,9 @@ type call struct {
 	// deltas is where an LLM step's answer streams (drive.deltas), named
 	// by the journal's seq when the step started.
 	deltas provider.Sink
+	// thread is the run's thread (run_created's), "" for none: an LLM
+	// step of a thread node continues it (thread.go).
+	thread string
 	// held are the run's values an LLM step's images may name (heldValues),
 	// when its call names a blob.
 	held []json.RawMessage

@@ -23,8 +23,11 @@
 // PAL_MCP_CONFIG, docs/architecture.md §10.4), execute.go (a step's journaling: started, pure, a
 // wait, its outcome), subagent.go (a child run), outcome.go (how a drive ended and what that does with the
 // work message and the lease), end.go (the end of a drive: the receipt,
-// the state kept, whoever must look again) and startlag.go (a start's
-// work that comes before its run_created).
+// the state kept, whoever must look again), startlag.go (a start's
+// work that comes before its run_created) and thread.go (a thread step:
+// waiting for the thread, its turns before the step's own, its turns
+// appended once its step_completed is durable, docs/architecture.md
+// §7.3.1).
 //
 // Every drive, top-level or a child driven inline in its parent's drive,
 // runs inside withLease (acquire, keeper, drive, release). How it ended is

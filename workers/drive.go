@@ -57,6 +57,9 @@ type drive struct {
 	// reportErr is set when a process step's sub-step report could not
 	// be journaled: the process is stopped and the drive ends.
 	reportErr error
+	// threadDone are the thread steps whose turns this drive found in
+	// (or appended to) the run's thread (thread.go).
+	threadDone map[string]bool
 
 	lease driveLease
 	from  driveSource
@@ -137,6 +140,7 @@ func (d *drive) flush() error {
 		d.cancel(errLeaseExpired)
 		return errLeaseExpired
 	}
+	settle := d.st.Created.Thread != "" && (d.threadDone == nil || completes(d.pending))
 	head, err := d.w.store.Append(d.ctx, d.runID, d.head, d.pending...)
 	if d.tally != nil {
 		d.tally.Add(d.pending[:head.Seq-before.Seq]...) // stamped and chained by Append
@@ -154,6 +158,12 @@ func (d *drive) flush() error {
 	if err == nil {
 		if !d.inline && d.w.snaps.due(d.runID, head.Seq) {
 			d.w.keepSnapshot(d)
+		}
+		// A thread step's step_completed is durable: its turns go to the
+		// thread (thread.go). A drive's first flush looks at every
+		// completed step, later ones when they carried a completion.
+		if settle {
+			return d.settleThreads(false)
 		}
 		return nil
 	}

@@ -207,7 +207,7 @@ func (d *drive) starting(p engine.StepPlan) (*call, error) {
 	if !d.prepare(p) {
 		return nil, nil
 	}
-	c := &call{d: d, p: p, prices: d.st.Prices(), deployed: d.st.Created.Deployed}
+	c := &call{d: d, p: p, prices: d.st.Prices(), deployed: d.st.Created.Deployed, thread: d.st.Created.Thread}
 	if p.Exec == engine.ExecLLM {
 		c.deltas = d.deltas(p)
 		if namesBlob(p.Call()) {

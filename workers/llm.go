@@ -62,6 +62,13 @@ func (c *call) execAI() (stepResult, error) {
 			in.Tools = append(in.Tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
 		}
 	}
+	if ts, ok := threadOf(c.thread, p); ok {
+		prior, err := c.joinThread(ts)
+		if err != nil {
+			return stepResult{}, err
+		}
+		msgs = append(prior, msgs...)
+	}
 	gate := p.Confidence
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
 		Temperature: in.Temperature, Messages: msgs, Tools: in.Tools, IdempotencyKey: p.Key,

@@ -72,10 +72,16 @@ func (d *drive) act(a engine.Action) (end bool, err error) {
 	case engine.Done:
 		return true, d.flush()
 	case engine.Complete:
+		if err := d.releaseThread(); err != nil {
+			return true, err
+		}
 		d.emit(event.RunSucceeded, "", 0, event.RunSucceededData{Output: a.Output})
 		return true, d.flush()
 	case engine.Fail:
 		d.interrupt(a.StepID)
+		if err := d.releaseThread(); err != nil {
+			return true, err
+		}
 		d.emit(event.RunFailed, "", 0, event.RunFailedData{Error: a.Error, Code: a.Code, StepID: a.StepID, Attempts: a.Attempts})
 		return true, d.flush()
 	case engine.RunSteps:

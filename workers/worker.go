@@ -97,6 +97,10 @@ type Config struct {
 	// MCP are the MCP servers the worker's tools may call
 	// (PAL_MCP_CONFIG, LoadMCPConfig; mcp.go). Nil: none.
 	MCP *MCPConfig
+	// ThreadLimits bound each thread this worker appends to
+	// (PAL_THREAD_MAX_TURNS, PAL_THREAD_MAX_BYTES; zero: the defaults,
+	// event.DefaultThreadMaxTurns and event.DefaultThreadMaxBytes).
+	ThreadLimits eventstore.ThreadLimits
 }
 
 func (c Config) withDefaults() Config {

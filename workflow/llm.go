@@ -153,3 +153,27 @@ func checkImages(n *Node, field string, m Message, tmpl func(field, s string), p
 		tmpl(f+".blob", img.Blob)
 	}
 }
+
+// checkThread checks an ai-step's or agent's thread fields: a window is
+// a thread step's (docs/architecture.md §7.3).
+func checkThread(n *Node, thread bool, window int, ps *problems) {
+	if window != 0 && !thread {
+		ps.node(n.ID, "data.threadWindow", "applies to a thread step: set thread: true, or leave threadWindow out")
+	}
+}
+
+// ThreadOf reports whether node n continues the run's thread (an ai-step
+// or agent with thread: true), and the window of turns it sends (0: all).
+func ThreadOf(n *Node) (thread bool, window int) {
+	switch n.Type {
+	case TypeAIStep:
+		if d, err := n.AIStep(); err == nil {
+			return d.Thread, d.ThreadWindow
+		}
+	case TypeAgent:
+		if d, err := n.Agent(); err == nil {
+			return d.Thread, d.ThreadWindow
+		}
+	}
+	return false, 0
+}

@@ -56,12 +56,16 @@ func TestLLMDataProblems(t *testing.T) {
 			"confidence":{"min":0.5,"source":"logprobs"}}`, `not "logprobs"`},
 		"logprobs on a listed anthropic": {`{"model":["openai/a","anthropic/b"],"prompt":"hi","confidence":{"min":0.5,"source":"logprobs"}}`,
 			`provider "anthropic" returns no log probabilities`},
-		"image both":      {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"url":"https://x/a.png","blob":"ab","mediaType":"image/png"}]}]}`, "give url or blob"},
-		"image no type":   {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"blob":"ab"}]}]}`, "mediaType: required with blob"},
-		"image assistant": {`{"provider":"openai","model":"m","messages":[{"role":"assistant","content":"x","images":[{"url":"https://x/a.png"}]}]}`, "only user messages carry images"},
-		"image bad type":  {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"blob":"ab","mediaType":"image/tiff"}]}]}`, "mediaType"},
-		"image bad ref":   {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"url":"{{steps.nope.output}}"}]}]}`, "images[0].url"},
-		"agent list+prov": {`{"provider":"openai","model":["openai/a"],"prompt":"hi"}`, "leave provider out"},
+		"image both":                  {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"url":"https://x/a.png","blob":"ab","mediaType":"image/png"}]}]}`, "give url or blob"},
+		"image no type":               {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"blob":"ab"}]}]}`, "mediaType: required with blob"},
+		"image assistant":             {`{"provider":"openai","model":"m","messages":[{"role":"assistant","content":"x","images":[{"url":"https://x/a.png"}]}]}`, "only user messages carry images"},
+		"image bad type":              {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"blob":"ab","mediaType":"image/tiff"}]}]}`, "mediaType"},
+		"image bad ref":               {`{"provider":"openai","model":"m","messages":[{"role":"user","content":"x","images":[{"url":"{{steps.nope.output}}"}]}]}`, "images[0].url"},
+		"agent list+prov":             {`{"provider":"openai","model":["openai/a"],"prompt":"hi"}`, "leave provider out"},
+		"window without thread":       {`{"provider":"openai","model":"m","prompt":"hi","threadWindow":4}`, "data.threadWindow: applies to a thread step"},
+		"agent window without thread": {`{"provider":"openai","model":"m","prompt":"hi","threadWindow":4,"thread":false}`, "data.threadWindow: applies to a thread step"},
+		"window zero":                 {`{"provider":"openai","model":"m","prompt":"hi","thread":true,"threadWindow":0}`, "threadWindow"},
+		"thread not bool":             {`{"provider":"openai","model":"m","prompt":"hi","thread":"yes"}`, "thread"},
 	} {
 		raw := aiWorkflow(tt.data)
 		if strings.HasPrefix(name, "agent") {
@@ -80,4 +84,12 @@ func TestLLMDataProblems(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, d.Messages[0].Images, 2)
 	require.JSONEq(t, `{"type":"object","properties":{"label":{"type":"string"}},"required":["label"]}`, string(d.ResponseSchema))
+
+	for _, typ := range []string{`"ai-step"`, `"agent"`} {
+		w := mustParse(t, strings.Replace(aiWorkflow(`{"provider":"openai","model":"m","prompt":"hi","thread":true,"threadWindow":6}`), `"ai-step"`, typ, 1))
+		n, _ := w.Node("d")
+		on, window := workflow.ThreadOf(n)
+		require.True(t, on, typ)
+		require.Equal(t, 6, window, typ)
+	}
 }

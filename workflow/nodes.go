@@ -106,6 +106,10 @@ func (d *AgentData) MCPSources() []MCPSource {
 
 // AgentData is the data of an agent node: an LLM tool-use loop.
 type AgentData struct {
+	// Thread continues the run's thread (docs/architecture.md §7.3);
+	// ThreadWindow, when set, sends only its last N turns.
+	Thread       bool `json:"thread,omitempty"`
+	ThreadWindow int  `json:"threadWindow,omitempty"`
 	// Provider is required with one Model, absent with a fallback list.
 	Provider    string       `json:"provider,omitempty"`
 	Model       Model        `json:"model"`
@@ -331,6 +335,7 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 			seen[t.Name] = true
 		}
 		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
+		checkThread(n, d.Thread, d.ThreadWindow, ps)
 	}
 }
 

@@ -367,6 +367,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 			checkImages(n, field, m, tmpl, ps)
 		}
 		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
+		checkThread(n, d.Thread, d.ThreadWindow, ps)
 	case TypeTool:
 		d, err := n.Tool()
 		if err != nil {

@@ -146,6 +146,10 @@ type Message struct {
 // AIStepData is the data of an ai-step node: one LLM call. Prompt, System
 // and message contents are templates.
 type AIStepData struct {
+	// Thread continues the run's thread (docs/architecture.md §7.3);
+	// ThreadWindow, when set, sends only its last N turns.
+	Thread       bool `json:"thread,omitempty"`
+	ThreadWindow int  `json:"threadWindow,omitempty"`
 	// Provider is required with one Model, absent with a fallback list.
 	Provider    string       `json:"provider,omitempty"`
 	Model       Model        `json:"model"`

@@ -37,9 +37,10 @@ type Link struct {
 
 // readStreams are the streams clients read: stream info, message get and
 // Direct Get. PAL_DELTAS: a watch that begins mid-step reads the text so
-// far there (eventstore.Store.WatchDeltas).
+// far there (eventstore.Store.WatchDeltas). PAL_THREADS: pal thread get
+// (eventstore.Store.ReadThread).
 var readStreams = []string{eventstore.EventsStream, leaseStream, receiptStream, blobStream, workflowStream,
-	eventstore.DeltasStream}
+	eventstore.DeltasStream, eventstore.ThreadsStream}
 
 // consumeStreams are the streams clients may consume, with consumers of
 // their own made through PAL's guard (Guard): nats sub --stream PAL_EVENTS,
@@ -94,7 +95,7 @@ func Links() []Link {
 
 // UserPermissions is what u may do in the client account, from its
 // scopes: read renders the journal, leases, receipts, big values, the
-// deployed workflows, the deltas PAL_DELTAS keeps, the live feeds
+// deployed workflows, the deltas PAL_DELTAS keeps, the threads, the live feeds
 // (pal.watch.*, pal.deltas.*), pal.api.runs.get and
 // pal.api.workflows.get and list, pal.api.schedules.get and list; deploy
 // renders pal.api.workflows.deploy and pal.api.schedules.create, pause,

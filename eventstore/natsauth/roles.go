@@ -8,7 +8,8 @@
 //   - worker: writes the journal, drives runs (work, timers, leases), signs
 //     run receipts (PAL_RECEIPTS, create only: one key per run), publishes
 //     LLM steps' text as it streams (pal.deltas.*, kept in PAL_DELTAS),
-//     runs the command processor and answers the NATS service; it also
+//     runs the command processor and answers the NATS service, appends
+//     threads' turns (pal.threads.*, kept in PAL_THREADS); it also
 //     creates PAL's streams and its durable consumers (eventstore.Setup).
 //     It watches journals and deltas too: pal dev's dev.env gives the pal
 //     commands run beside it (pal run watch, start --wait) the worker's
@@ -17,7 +18,8 @@
 //     dead letters; with PAL_RETENTION it purges finished runs' journals.
 //   - api: what pal server needs: appends inputs (run_created,
 //     approval_received, run_cancelled), enqueues runs, announces cancels,
-//     answers the NATS service, reads and watches journals and deltas.
+//     answers the NATS service, reads and watches journals and deltas,
+//     reads threads (GET /v1/threads/{id}).
 //   - admin: everything in PAL's account, bar reading _INBOX (what crosses
 //     to the clients): an operator's tools use PAL's Inbox.
 //
@@ -143,7 +145,7 @@ func For(role Role) Permissions {
 // palStreams are the streams the worker sets up.
 var palStreams = []string{eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream,
 	eventstore.TimersStream, deadStream, leaseStream, receiptStream, inflightStream, blobStream, snapshotStream,
-	eventstore.BlobRefsStream, workflowStream, eventstore.DeltasStream, scheduleStream}
+	eventstore.BlobRefsStream, workflowStream, eventstore.DeltasStream, scheduleStream, eventstore.ThreadsStream}
 
 // readBlobs is what reading PAL_BLOBS takes (eventstore.Store.Read puts big
 // step values back, §6.4).
@@ -224,6 +226,9 @@ func worker() Permissions {
 		// LLM steps' text as it streams (PAL_DELTAS, read with the
 		// other streams below).
 		eventstore.DeltaPrefix + "*",
+		// Threads' turns (PAL_THREADS, read with the other streams
+		// below): thread steps append them.
+		eventstore.ThreadsPrefix + "*",
 	}
 	for _, s := range palStreams {
 		pub = append(pub, jsAPI+"STREAM.CREATE."+s, jsAPI+"STREAM.UPDATE."+s)
@@ -301,7 +306,7 @@ func api() Permissions {
 		inflightPrefix + ">",
 	}
 	pub = append(pub, read(eventstore.EventsStream, eventstore.WorkStream, eventstore.CommandsStream, leaseStream, receiptStream,
-		eventstore.DeltasStream)...)
+		eventstore.DeltasStream, eventstore.ThreadsStream)...)
 	pub = append(pub, ordered(eventstore.EventsStream)...)
 	pub = append(pub, ordered(leaseStream)...)
 	// GET /v1/runs/{id} shows big values; a start's big input and a

@@ -166,7 +166,7 @@ inspect runs.`,
 	}
 	root.PersistentFlags().String("nats-url", "", "NATS server URL (env PAL_NATS_URL, default nats://127.0.0.1:4222)")
 	root.AddCommand(e.workerCmd(), e.runCmd(), e.workflowCmd(), e.scheduleCmd(), e.devCmd(), e.natsNodeCmd(), e.benchCmd())
-	root.AddCommand(e.serverCmd(), e.versionCmd(), e.workersCmd(), e.mcpCmd())
+	root.AddCommand(e.serverCmd(), e.versionCmd(), e.workersCmd(), e.mcpCmd(), e.threadCmd())
 	root.AddCommand(e.migrateCmd(), e.projectorCmd(), e.projectionsCmd())
 	// Signed receipts.
 	root.AddCommand(e.receiptCmd())

@@ -58,6 +58,7 @@ exit code 130, and pal run watch follows it again.`,
 	f.String("idempotency-key", "", "start at most one run for this key")
 	f.String("budget", "", `narrow the workflow's policy.budget for this run, e.g. '{"maxCostUsd":1}' (a wider limit is refused)`)
 	f.StringArray("label", nil, fmt.Sprintf("label the run KEY=VALUE, for pal run list --label (repeatable, at most %d)", event.MaxLabels))
+	f.String("thread", "", "continue this thread (created on first use): the run's thread steps start from its turns and add theirs")
 	return cmd
 }
 
@@ -116,6 +117,12 @@ func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 		}
 	}
 	key, _ := cmd.Flags().GetString("idempotency-key")
+	thread, _ := cmd.Flags().GetString("thread")
+	if thread != "" {
+		if err := event.ValidateThreadID(thread); err != nil {
+			return badInput("--thread: %v", err)
+		}
+	}
 	var budget *workflow.Budget
 	if b, _ := cmd.Flags().GetString("budget"); b != "" {
 		budget = &workflow.Budget{}
@@ -135,7 +142,7 @@ func (e *env) runStart(cmd *cobra.Command, args []string, s *settings) error {
 	defer closeNC()
 	// The CLI acts as itself: its NATS credentials bound what it may do.
 	res, err := client.Start(ctx, runs.StartCommand{RunID: runID, Workflow: wf, Input: input, IdempotencyKey: key,
-		Budget: budget, Labels: labels, By: "pal-cli", Rights: runs.AllRights})
+		Budget: budget, Labels: labels, Thread: thread, By: "pal-cli", Rights: runs.AllRights})
 	if err != nil {
 		if res.RunID == "" {
 			return err // its exit code by runs.Classify: a refused budget is bad input

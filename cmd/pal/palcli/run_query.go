@@ -299,7 +299,7 @@ func dash(s string) string {
 
 func (e *env) runListCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use: "list [--status S] [--workflow NAME] [--schedule NAME] [--label KEY=VALUE]... [--since T] [--until T] [--error-code C] " +
+		Use: "list [--status S] [--workflow NAME] [--queue Q] [--schedule NAME] [--label KEY=VALUE]... [--thread ID] [--since T] [--until T] [--error-code C] " +
 			"[--search TEXT] [--limit N] [--before CURSOR] [--json]",
 		Short: "List runs, newest first (needs DATABASE_URL)",
 		Long: `pal run list lists runs, newest first, from the Postgres projection: set
@@ -310,7 +310,8 @@ The filters are those of GET /v1/runs, and every one given must match:
 failed or cancelled; --workflow keeps runs of the workflow of that name;
 --schedule runs that schedule started (pal schedule create);
 --label KEY=VALUE (repeatable) runs that carry the label (pal run start
---label); --since and --until (RFC 3339) runs created in that range (since
+--label); --thread ID runs started on that thread (pal run start
+--thread); --since and --until (RFC 3339) runs created in that range (since
 included, until not); --error-code runs that ended with that code
 (step_failed, budget_exceeded, ...); --search runs whose error message
 contains the text, ignoring case. --limit caps the page (default 50, at most
@@ -331,6 +332,7 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 	cmd.Flags().String("queue", "", "only runs on this work queue")
 	cmd.Flags().String("schedule", "", "only runs this schedule started")
 	cmd.Flags().StringArray("label", nil, "only runs with this label, KEY=VALUE (repeatable: all must match)")
+	cmd.Flags().String("thread", "", "only runs started on this thread")
 	cmd.Flags().String("since", "", "only runs created at or after this RFC 3339 time")
 	cmd.Flags().String("until", "", "only runs created before this RFC 3339 time")
 	cmd.Flags().String("error-code", "", "only runs that ended with this error code")
@@ -342,7 +344,7 @@ Exit codes: 0 listed (even none), 2 bad flags or DATABASE_URL unset,
 
 // listFlags maps the query parameters of GET /v1/runs to pal run list's
 // flags: the flags are read into a query and parsed by the same rule.
-var listFlags = map[string]string{"status": "status", "workflow": "workflow", "queue": "queue", "schedule": "schedule", "label": "label", "since": "since",
+var listFlags = map[string]string{"status": "status", "workflow": "workflow", "queue": "queue", "schedule": "schedule", "label": "label", "thread": "thread", "since": "since",
 	"until": "until", "error_code": "error-code", "q": "search", "limit": "limit", "before": "before"}
 
 // listFilter reads pal run list's flags into the filter GET /v1/runs would
@@ -431,7 +433,7 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9_.@/+-]+$`)
 // flagsAgain repeats the filter flags of a listing, for the next page.
 func flagsAgain(cmd *cobra.Command) string {
 	var b strings.Builder
-	for _, name := range []string{"status", "workflow", "queue", "schedule", "label", "since", "until", "error-code", "search", "limit"} {
+	for _, name := range []string{"status", "workflow", "queue", "schedule", "label", "thread", "since", "until", "error-code", "search", "limit"} {
 		f := cmd.Flags().Lookup(name)
 		if f == nil || !f.Changed {
 			continue

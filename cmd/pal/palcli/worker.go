@@ -116,6 +116,9 @@ type workerConfig struct {
 	sandbox *sandbox.Runner
 	// mcp are the MCP servers tools may call (PAL_MCP_CONFIG).
 	mcp *workers.MCPConfig
+	// threads bound each thread (PAL_THREAD_MAX_TURNS,
+	// PAL_THREAD_MAX_BYTES).
+	threads eventstore.ThreadLimits
 }
 
 func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
@@ -169,6 +172,12 @@ func (e *env) workerConfig(cmd *cobra.Command) (workerConfig, error) {
 	// the worker here instead.
 	if err := workers.CheckSecretHosts(os.Environ()); err != nil {
 		return wc, withCode(ExitBadInput, err)
+	}
+	if wc.threads.MaxTurns, err = e.intSetting(cmd, "", workers.EnvThreadMaxTurns, event.DefaultThreadMaxTurns, 1); err != nil {
+		return wc, err
+	}
+	if wc.threads.MaxBytes, err = e.intSetting(cmd, "", workers.EnvThreadMaxBytes, event.DefaultThreadMaxBytes, 1); err != nil {
+		return wc, err
 	}
 	wc.recovery, wc.recoveryWarn = workers.RecoveryInterval(e.getenv("PAL_RECOVERY_INTERVAL"))
 	if wc.sandbox, err = e.processSandbox(cmd); err != nil {
@@ -323,7 +332,8 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	}
 	wcfg := workers.Config{ID: wc.id, Concurrency: wc.concurrency, RunConcurrency: wc.runConcurrency, Queues: wc.queues, Logger: log, Egress: wc.egress,
 		AnomalyDefaults: s.anomalies, RetryAfterMax: wc.retryAfterMax, ProviderConcurrency: wc.providerConcurrency,
-		Sandbox: wc.sandbox, MCP: wc.mcp}
+		ThreadLimits: wc.threads,
+		Sandbox:      wc.sandbox, MCP: wc.mcp}
 	logProcessSandbox(wc.sandbox, s.log)
 	var receipts *receipt.Store
 	if wc.keys != nil {

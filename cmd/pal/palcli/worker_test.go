@@ -50,6 +50,8 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 		{[]string{"PAL_RUN_CONCURRENCY=99999999999999999999"}, nil, `PAL_RUN_CONCURRENCY="99999999999999999999": want a whole number ≥ 1`},
 		{[]string{"PAL_RUN_CONCURRENCY=1001"}, nil, `PAL_RUN_CONCURRENCY="1001": at most 1000`},
 		{nil, []string{"--run-concurrency", "5000"}, `--run-concurrency "5000": at most 1000`},
+		{[]string{"PAL_THREAD_MAX_TURNS=0"}, nil, `PAL_THREAD_MAX_TURNS="0": want a whole number ≥ 1`},
+		{[]string{"PAL_THREAD_MAX_BYTES=8MiB"}, nil, `PAL_THREAD_MAX_BYTES="8MiB": want a whole number ≥ 1`},
 		{[]string{"PAL_PROCESS_SANDBOX=maybe"}, nil, `PAL_PROCESS_SANDBOX="maybe": want on or off`},
 		{[]string{"PAL_PROCESS_MOUNTS=opt/agent"}, nil, `PAL_PROCESS_MOUNTS: "opt/agent": want an absolute HOST path`},
 		{[]string{"PAL_PROCESS_MOUNTS=/no/such/dir"}, nil, `mount /no/such/dir: stat /no/such/dir: no such file or directory`},

@@ -268,24 +268,32 @@ class Client:
     # Runs.
 
     def start(self, workflow=None, input=None, *, labels=None, run_id=None, idempotency_key=None,
-              budget=None, llm=None):
+              budget=None, llm=None, thread=None):
         """Start a run: POST /v1/runs.
 
         ``workflow`` is a deployed workflow's name (``"triage"`` for its
         latest version, ``"triage@3"``) or a definition (a dict, deployed
         first: the token needs scope deploy); ``llm`` a plain-LLM spec
         instead. ``input`` is any JSON value, ``labels`` a dict of strings,
-        ``budget`` narrows the workflow's. A None argument is left out.
+        ``budget`` narrows the workflow's, ``thread`` names the thread the
+        run's thread steps continue (created on first use). A None argument
+        is left out.
         Returns ``{"run_id", "created"}`` (created is False for a start
         whose ``idempotency_key`` an earlier one had).
         """
         body = _put({}, workflow=workflow, llm=llm, input=input, labels=labels, run_id=run_id,
-                    idempotency_key=idempotency_key, budget=budget)
+                    idempotency_key=idempotency_key, budget=budget, thread=thread)
         return self._call("POST", "/v1/runs", body=body)
 
     def get(self, run_id):
         """The run, folded from its journal (RunView): GET /v1/runs/{id}."""
         return self._call("GET", "/v1/runs/" + _seg(run_id))
+
+    def thread(self, thread_id):
+        """A thread's conversation: GET /v1/threads/{id}. Returns
+        ``{"thread", "seq", "bytes", "turns": [{"seq", "run_id", "step_id",
+        "role", "content"}], "holds": [...]}``."""
+        return self._call("GET", "/v1/threads/" + _seg(thread_id))
 
     def wait(self, run_id, timeout=None):
         """Wait until the run has ended and return its RunView.
@@ -441,17 +449,17 @@ class Client:
         return self._call("POST", "/v1/runs/%s/retry" % _seg(run_id), body=_put({}, new_run_id=new_run_id))
 
     def list(self, *, status=None, workflow=None, labels=None, since=None, until=None, error_code=None,
-             q=None, limit=None, before=None):
+             q=None, limit=None, before=None, thread=None):
         """One page of runs, newest first: GET /v1/runs (PAL's Postgres
         projection). Every filter given must match: ``status``,
         ``workflow`` (a name), ``labels`` (a dict: runs carrying each
-        KEY=VALUE), ``since`` ≤ created < ``until`` (datetimes, naive taken
+        KEY=VALUE), ``thread`` (runs started on it), ``since`` ≤ created < ``until`` (datetimes, naive taken
         as UTC, or RFC 3339 strings), ``error_code``, ``q`` (text the error
         contains, ignoring case); ``limit`` 1–1000 (default 50); ``before``
         the previous page's ``"next"``. Returns ``{"runs": [...],
         "next"?}``."""
         query = []
-        for k, v in (("status", status), ("workflow", workflow), ("error_code", error_code), ("q", q)):
+        for k, v in (("status", status), ("workflow", workflow), ("thread", thread), ("error_code", error_code), ("q", q)):
             if v is not None:
                 query.append((k, v))
         for k, v in sorted((labels or {}).items()):

@@ -162,6 +162,35 @@ class ClientTest(unittest.TestCase):
         self.pal.approve(again, "ok", "reject", comment="no")
         self.assertEqual(self.pal.wait(again, timeout=PATIENCE)["status"], "failed")
 
+    def test_thread(self):
+        chat = {
+            "name": "pyclient-chat",
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                {"id": "ask", "type": "ai-step",
+                 "data": {"provider": "openai", "model": "m", "prompt": "{{input.q}}", "thread": True}},
+            ],
+            "edges": [{"from": "start", "to": "ask"}],
+        }
+        self.pal.deploy(chat)
+        thread = "py-" + _suite()
+        first = self.pal.start("pyclient-chat", {"q": "hi"}, thread=thread)["run_id"]
+        self.assertEqual(self.pal.wait(first, timeout=PATIENCE)["status"], "succeeded")
+        second = self.pal.start("pyclient-chat", {"q": "more"}, thread=thread)["run_id"]
+        self.assertEqual(self.pal.wait(second, timeout=PATIENCE)["thread"], thread)
+        got = self.pal.thread(thread)
+        self.assertEqual([(t["run_id"], t["role"], t["content"]) for t in got["turns"]],
+                         [(first, "user", "hi"), (first, "assistant", "echo: hi"),
+                          (second, "user", "more"), (second, "assistant", "echo: more")])
+        self.assertEqual(got["holds"], [])
+        want = {first: "succeeded", second: "succeeded"}
+        self.assertEqual(self.listed(want, thread=thread), want)
+        with self.assertRaises(palsdk.NotFound):
+            self.pal.thread("py-never-" + _suite())
+        with self.assertRaises(palsdk.BadRequest) as cm:
+            self.pal.start("pyclient-chat", {"q": "x"}, thread="a.b")
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "thread"))
+
     def test_refusals_are_typed(self):
         key = "key-" + _suite()
         run = self.pal.start(NAME, {"v": "9"}, idempotency_key=key)
