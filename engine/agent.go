@@ -35,8 +35,17 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 		return
 	}
 	var tools []provider.Tool
+	flows := map[string]string{} // tool name → the deployed workflow it starts
 	for _, t := range d.Tools {
-		if t.MCP == "" {
+		switch {
+		case t.Workflow != "":
+			params := t.Parameters
+			if len(params) == 0 {
+				params = workflow.AnyObject
+			}
+			tools = append(tools, provider.Tool{Name: t.ToolName(), Description: t.Description, Parameters: params})
+			flows[t.ToolName()] = t.Workflow
+		case t.MCP == "":
 			tools = append(tools, provider.Tool{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
 		}
 	}
@@ -92,7 +101,7 @@ func (f *frontier) planAgent(node *workflow.Node, id StepID, env workflow.Env) {
 		}
 		msgs = append(msgs, provider.Message{Role: provider.RoleAssistant, Content: out.Text, ToolCalls: out.ToolCalls})
 		var done bool
-		if msgs, done = f.planToolCalls(node, turn, d.TimeoutMs, out.ToolCalls, msgs, d.ParallelCalls(), servers); !done {
+		if msgs, done = f.planToolCalls(node, turn, d.TimeoutMs, out.ToolCalls, msgs, d.ParallelCalls(), servers, flows); !done {
 			return
 		}
 	}
@@ -134,8 +143,10 @@ func planTurn(st *RunState, node *workflow.Node, tid string, timeoutMs int, in A
 // them when parallel, else the first), or, when all have, returns msgs
 // with their results added in the model's order and done: a failed
 // tool's error is the model's answer, not the run's. servers maps the
-// names of MCP tools to their servers.
-func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message, parallel bool, servers map[string]string) ([]provider.Message, bool) {
+// names of MCP tools to their servers, flows the names of workflow tools
+// to their deployed workflows: such a call is a subagent step, its child
+// run the workflow's, its result the child's output.
+func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int, calls []provider.ToolCall, msgs []provider.Message, parallel bool, servers, flows map[string]string) ([]provider.Message, bool) {
 	done := true
 	for j, call := range calls {
 		cid := turn.ToolCall(j).String()
@@ -143,6 +154,21 @@ func (f *frontier) planToolCalls(node *workflow.Node, turn StepID, timeoutMs int
 			continue
 		}
 		done = false
+		if flow, ok := flows[call.Name]; ok {
+			p := basePlan(f.st, node, cid, ExecSubagent)
+			if p.Input == nil {
+				args := call.Arguments
+				if len(args) == 0 {
+					args = json.RawMessage("{}")
+				}
+				p.Input, _ = json.Marshal(SubagentInput{Input: args, Workflow: flow})
+			}
+			f.add(planSubagent(f.st, p))
+			if !parallel {
+				break
+			}
+			continue
+		}
 		p := basePlan(f.st, node, cid, ExecTool)
 		p.TimeoutMs = timeoutMs
 		if p.Input == nil {

@@ -136,6 +136,10 @@ type WaitInput struct {
 // SubagentInput is the input of a subagent step: the child run's input.
 type SubagentInput struct {
 	Input json.RawMessage `json:"input"`
+	// Workflow names the deployed workflow an agent's workflow tool
+	// starts (its latest version when the child is created); empty for a
+	// subagent node, whose child workflow is the node's.
+	Workflow string `json:"workflow,omitempty"`
 }
 
 // ConditionInput is the input of a condition step.

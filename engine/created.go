@@ -75,13 +75,17 @@ func RunCreated(c Creation) (event.Event, error) {
 // the parent's deployed workflow, so the child carries the parent's
 // deployed reference; it carries the parent's labels too, so a search for
 // them finds the child. Its queue is queue (the subagent node's), else
-// wf's: a child does not inherit its parent's. It fails only when input
-// is not JSON.
+// wf's: a child does not inherit its parent's. A child of a workflow
+// tool carries its own deployed version (deployed) instead of its
+// parent's. It fails only when input is not JSON.
 func ChildRunCreated(parent *RunState, stepID string, wf *workflow.Workflow, input json.RawMessage, queue string,
-	anomalies map[string]event.AnomalyRule, by string, now time.Time) (event.Event, error) {
+	deployed *event.Deployed, anomalies map[string]event.AnomalyRule, by string, now time.Time) (event.Event, error) {
+	if deployed == nil {
+		deployed = parent.Created.Deployed
+	}
 	return created(wf, event.RunCreatedData{Input: input, ParentRunID: parent.RunID, ParentStepID: stepID, Queue: queue,
 		Depth: parent.Created.Depth + 1, TriggerMeta: ChildTriggerMeta(parent, stepID),
-		Budget: ChildBudget(parent, wf, now), Deployed: parent.Created.Deployed, Labels: parent.Created.Labels}, anomalies, parent.Prices(), by)
+		Budget: ChildBudget(parent, wf, now), Deployed: deployed, Labels: parent.Created.Labels}, anomalies, parent.Prices(), by)
 }
 
 // created completes d with what every run_created carries of its

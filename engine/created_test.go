@@ -32,7 +32,7 @@ func TestRunCreatedNamesTheDeployedVersion(t *testing.T) {
 	ev.RunID, ev.Seq = "run_parent", 1
 	st, err := engine.Fold([]event.Event{ev})
 	require.NoError(t, err)
-	child, err := engine.ChildRunCreated(st, "sub", wf, json.RawMessage(`{}`), "", nil, "w1", time.Unix(0, 0))
+	child, err := engine.ChildRunCreated(st, "sub", wf, json.RawMessage(`{}`), "", nil, nil, "w1", time.Unix(0, 0))
 	require.NoError(t, err)
 	var c event.RunCreatedData
 	require.NoError(t, child.DecodeData(&c))

@@ -29,23 +29,46 @@ func (d *drive) childCreated(p engine.StepPlan) (*event.Event, error) {
 	if s := d.st.Steps[p.StepID]; s != nil && s.ChildRunID != "" {
 		return nil, nil
 	}
-	nd, err := p.Node.Subagent()
-	if err != nil {
-		return nil, permanent("step %s: child workflow: %v", p.StepID, err)
-	}
-	wf, err := workflow.ParseCached(nd.Workflow)
-	if err != nil {
-		return nil, permanent("step %s: child workflow: %v", p.StepID, err)
-	}
 	var in engine.SubagentInput
 	if err := json.Unmarshal(p.Input, &in); err != nil {
 		return nil, permanent("step %s: bad input: %v", p.StepID, err)
 	}
-	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, nd.Queue, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
+	def, queue, deployed, err := d.childWorkflow(p, in)
+	if err != nil {
+		return nil, err
+	}
+	wf, err := workflow.ParseCached(def)
+	if err != nil {
+		return nil, permanent("step %s: child workflow: %v", p.StepID, err)
+	}
+	ev, err := engine.ChildRunCreated(d.st, p.StepID, wf, in.Input, queue, deployed, d.w.cfg.AnomalyDefaults, d.w.cfg.ID, d.w.now())
 	if err != nil {
 		return nil, permanent("step %s: child run_created: %v", p.StepID, err)
 	}
 	return &ev, nil
+}
+
+// childWorkflow is the definition of the child a subagent step starts:
+// a subagent node's own (and its queue), or for an agent's workflow tool
+// the latest version of the deployed workflow (and that version, which
+// the child carries). A workflow tool whose workflow is not deployed
+// fails the call: the model sees the error, as for any failed tool.
+func (d *drive) childWorkflow(p engine.StepPlan, in engine.SubagentInput) (json.RawMessage, string, *event.Deployed, error) {
+	if in.Workflow == "" {
+		nd, err := p.Node.Subagent()
+		if err != nil {
+			return nil, "", nil, permanent("step %s: child workflow: %v", p.StepID, err)
+		}
+		return nd.Workflow, nd.Queue, nil, nil
+	}
+	dep, err := d.w.store.DeployedWorkflow(d.ctx, in.Workflow, 0)
+	switch {
+	case errors.Is(err, eventstore.ErrWorkflowNotFound), errors.Is(err, event.ErrInvalidWorkflowName):
+		return nil, "", nil, permanent("step %s: workflow tool %q: %v", p.StepID, in.Workflow, err)
+	case err != nil:
+		return nil, "", nil, err
+	}
+	return dep.Definition, "", &dep.Deployed, nil
 }
 
 // childWaitError: the child run is not over (it waits, or another worker

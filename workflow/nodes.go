@@ -75,16 +75,35 @@ type SubagentData struct {
 
 // AgentTool declares tools the model may call: one the worker implements
 // under Name, or (MCP set) the tools an MCP server of the worker's
-// PAL_MCP_CONFIG lists, only those of Allow when it is set. An MCP
-// server's list is journaled with the agent's first turn (engine.LLMOutput
-// MCPTools), so a resumed agent offers the same tools.
+// PAL_MCP_CONFIG lists, only those of Allow when it is set, or (Workflow
+// set) a deployed workflow, each call a child run whose output is the
+// call's result. An MCP server's list is journaled with the agent's first
+// turn (engine.LLMOutput MCPTools), so a resumed agent offers the same
+// tools.
 type AgentTool struct {
 	Name        string          `json:"name,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 	MCP         string          `json:"mcp,omitempty"`
 	Allow       []string        `json:"allow,omitempty"`
+	// Workflow names a deployed workflow (PAL_WORKFLOWS): the model's call
+	// starts its latest version as a child run, with the call's arguments
+	// as input. The tool's name is Name, else the workflow's.
+	Workflow string `json:"workflow,omitempty"`
 }
+
+// ToolName is the name the model calls the tool by: Name, or for a
+// workflow tool without one the workflow's name.
+func (t AgentTool) ToolName() string {
+	if t.Name == "" {
+		return t.Workflow
+	}
+	return t.Name
+}
+
+// AnyObject is the parameters of a workflow tool that gives none: any
+// JSON object, the child run's input.
+var AnyObject = json.RawMessage(`{"type":"object"}`)
 
 // MCPSource names an MCP server whose tools an agent offers: all of them,
 // or those Allow lists.
@@ -312,6 +331,10 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 		seen, servers := map[string]bool{}, map[string]bool{}
 		for i, t := range d.Tools {
 			field := fmt.Sprintf("data.tools[%d]", i)
+			if t.MCP != "" && t.Workflow != "" {
+				ps.node(n.ID, field, "a tool is an MCP server's (mcp) or a deployed workflow (workflow), not both")
+				continue
+			}
 			if t.MCP != "" {
 				if t.Name != "" || t.Description != "" || len(t.Parameters) > 0 {
 					ps.node(n.ID, field, "an MCP server's tools (mcp %q) come with their names, descriptions and parameters: leave out name, description and parameters", t.MCP)
@@ -322,17 +345,17 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 				servers[t.MCP] = true
 				continue
 			}
-			if t.Name == "" {
-				ps.node(n.ID, field, "a tool needs a name (a tool of the worker) or mcp (an MCP server of PAL_MCP_CONFIG)")
+			if t.ToolName() == "" {
+				ps.node(n.ID, field, "a tool needs a name (a tool of the worker), mcp (an MCP server of PAL_MCP_CONFIG) or workflow (a deployed workflow)")
 				continue
 			}
 			if len(t.Allow) > 0 {
 				ps.node(n.ID, field+".allow", "allow lists an MCP server's tools: set mcp, or leave allow out")
 			}
-			if seen[t.Name] {
-				ps.node(n.ID, field+".name", "duplicate tool %q", t.Name)
+			if seen[t.ToolName()] {
+				ps.node(n.ID, field+".name", "duplicate tool %q", t.ToolName())
 			}
-			seen[t.Name] = true
+			seen[t.ToolName()] = true
 		}
 		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
 		checkThread(n, d.Thread, d.ThreadWindow, ps)
