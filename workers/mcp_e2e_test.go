@@ -145,6 +145,17 @@ func TestMCPStdioCallSurvivesKill(t *testing.T) {
 	var out struct{ Text string }
 	require.NoError(t, json.Unmarshal(data[event.RunSucceededData](t, end).Output, &out))
 	require.Contains(t, out.Text, "printer on fire")
+
+	// The live worker announces its MCP server (pal workers); the killed
+	// one is not listed.
+	var listed []struct {
+		WorkerID string   `json:"worker_id"`
+		MCP      []string `json:"mcp"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(p.palCLI(t, "workers", "--json")), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "w2", listed[0].WorkerID)
+	require.Equal(t, []string{"tickets"}, listed[0].MCP)
 }
 
 // TestMCPHTTPCallSurvivesKill: the same with a streamable-HTTP MCP

@@ -292,5 +292,8 @@ func (w *Worker) capabilities() eventstore.Capabilities {
 	if w.cfg.Sandbox != nil {
 		c.Programs = w.cfg.Sandbox.Programs()
 	}
+	if w.cfg.MCP != nil {
+		c.MCP = slices.Sorted(maps.Keys(w.cfg.MCP.Servers))
+	}
 	return c
 }
