@@ -449,17 +449,19 @@ class Client:
         return self._call("POST", "/v1/runs/%s/retry" % _seg(run_id), body=_put({}, new_run_id=new_run_id))
 
     def list(self, *, status=None, workflow=None, labels=None, since=None, until=None, error_code=None,
-             q=None, limit=None, before=None, thread=None):
+             q=None, limit=None, before=None, thread=None, queue=None, schedule=None):
         """One page of runs, newest first: GET /v1/runs (PAL's Postgres
         projection). Every filter given must match: ``status``,
         ``workflow`` (a name), ``labels`` (a dict: runs carrying each
-        KEY=VALUE), ``thread`` (runs started on it), ``since`` ≤ created < ``until`` (datetimes, naive taken
+        KEY=VALUE), ``thread`` (runs started on it), ``queue`` (a work
+        queue), ``schedule`` (runs it started), ``since`` ≤ created < ``until`` (datetimes, naive taken
         as UTC, or RFC 3339 strings), ``error_code``, ``q`` (text the error
         contains, ignoring case); ``limit`` 1–1000 (default 50); ``before``
         the previous page's ``"next"``. Returns ``{"runs": [...],
         "next"?}``."""
         query = []
-        for k, v in (("status", status), ("workflow", workflow), ("thread", thread), ("error_code", error_code), ("q", q)):
+        for k, v in (("status", status), ("workflow", workflow), ("queue", queue), ("schedule", schedule),
+                     ("thread", thread), ("error_code", error_code), ("q", q)):
             if v is not None:
                 query.append((k, v))
         for k, v in sorted((labels or {}).items()):

@@ -185,6 +185,11 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(got["holds"], [])
         want = {first: "succeeded", second: "succeeded"}
         self.assertEqual(self.listed(want, thread=thread), want)
+        self.assertEqual(self.listed(want, thread=thread, queue="default"), want)
+        self.assertEqual(self.pal.list(thread=thread, queue="gpu")["runs"], [])
+        with self.assertRaises(palsdk.BadRequest) as cm:
+            self.pal.list(queue="GPU")
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "queue"))
         with self.assertRaises(palsdk.NotFound):
             self.pal.thread("py-never-" + _suite())
         with self.assertRaises(palsdk.BadRequest) as cm:
