@@ -102,27 +102,20 @@ func (s *Store) InflightRuns(ctx context.Context) ([]Inflight, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing runs in flight: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
 	var out []Inflight
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("listing runs in flight: the watch ended")
-			}
-			if e == nil {
-				slices.SortFunc(out, func(a, b Inflight) int { return int(a.Revision) - int(b.Revision) })
-				return out, nil
-			}
-			q := string(e.Value())
-			if event.ValidateQueue(q) != nil {
-				q = event.DefaultQueue // written before queues, or not by PAL
-			}
-			out = append(out, Inflight{RunID: e.Key(), Queue: q, Revision: e.Revision(), Created: e.Created()})
+	err = eachCurrent(ctx, w, "runs in flight", func(e jetstream.KeyValueEntry) (bool, error) {
+		q := string(e.Value())
+		if event.ValidateQueue(q) != nil {
+			q = event.DefaultQueue // written before queues, or not by PAL
 		}
+		out = append(out, Inflight{RunID: e.Key(), Queue: q, Revision: e.Revision(), Created: e.Created()})
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	slices.SortFunc(out, func(a, b Inflight) int { return int(a.Revision) - int(b.Revision) })
+	return out, nil
 }
 
 // FirstEvent returns the first event of a run (its run_created), from one

@@ -141,24 +141,14 @@ func (l *Leases) Workers(ctx context.Context) ([]Presence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing workers: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
 	var out []Presence
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("listing workers: the watch ended")
-			}
-			if e == nil {
-				return out, nil
-			}
-			p := Presence{Token: strings.TrimPrefix(e.Key(), presenceKeyPrefix), Revision: e.Revision()}
-			p.Owner, p.Caps = presenceOf(e.Value())
-			out = append(out, p)
-		}
-	}
+	err = eachCurrent(ctx, w, "workers", func(e jetstream.KeyValueEntry) (bool, error) {
+		p := Presence{Token: strings.TrimPrefix(e.Key(), presenceKeyPrefix), Revision: e.Revision()}
+		p.Owner, p.Caps = presenceOf(e.Value())
+		out = append(out, p)
+		return true, nil
+	})
+	return out, err
 }
 
 // HeldBy returns the leases owner holds now, read from the bucket's last
@@ -168,28 +158,15 @@ func (l *Leases) HeldBy(ctx context.Context, owner string) ([]Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing the leases of %s: %w", owner, err)
 	}
-	defer func() { _ = w.Stop() }()
 	var out []Lease
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("listing the leases of %s: the watch ended", owner)
-			}
-			if e == nil {
-				return out, nil
-			}
-			if strings.Contains(e.Key(), ".") || string(e.Value()) != owner {
-				continue // a presence entry, or someone else's lease
-			}
-			out = append(out, Lease{RunID: e.Key(), Owner: owner, Revision: e.Revision(), ttl: l.ttl})
-			if e.Delta() == 0 {
-				return out, nil
-			}
+	err = eachCurrent(ctx, w, "the leases of "+owner, func(e jetstream.KeyValueEntry) (bool, error) {
+		if strings.Contains(e.Key(), ".") || string(e.Value()) != owner {
+			return true, nil // a presence entry, or someone else's lease
 		}
-	}
+		out = append(out, Lease{RunID: e.Key(), Owner: owner, Revision: e.Revision(), ttl: l.ttl})
+		return e.Delta() != 0, nil
+	})
+	return out, err
 }
 
 // Revoke frees a lease another owner holds, if it is still at ls.Revision:

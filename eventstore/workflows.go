@@ -372,21 +372,5 @@ func (s *Store) watchWorkflows(ctx context.Context, filter string, metaOnly bool
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", WorkflowBucket, err)
 	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("listing %s: the watch ended", WorkflowBucket)
-			}
-			if e == nil {
-				return nil
-			}
-			if err := each(e); err != nil {
-				return err
-			}
-		}
-	}
+	return eachCurrent(ctx, w, WorkflowBucket, func(e jetstream.KeyValueEntry) (bool, error) { return true, each(e) })
 }
