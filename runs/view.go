@@ -193,6 +193,15 @@ func render(r readmodel.RunRow, rows []readmodel.StepRow) *RunView {
 		v.Steps = append(v.Steps, stepView(rows[i:j]))
 		i = j
 	}
+	if v.Status.Terminal() {
+		// A step still running, waiting or in backoff when its run ended
+		// never will end: say so, as the waterfall does.
+		for i, s := range v.Steps {
+			if !ended(s.Status) {
+				v.Steps[i].Status = StepInterrupted
+			}
+		}
+	}
 	return v
 }
 

@@ -157,7 +157,8 @@ type Mark struct {
 
 // StepInterrupted is the status of a step, and the outcome of an
 // attempt, that was in flight when its run ended (cancelled, failed):
-// only the waterfall says it, the journal has no event for it.
+// the read model (RunView, the waterfall) says it, the journal has no
+// event for it.
 const StepInterrupted engine.StepStatus = "interrupted"
 
 // markKinds are the kinds drawn as marks. The budget kinds are named by

@@ -129,6 +129,15 @@ func TestWaterfallInterrupted(t *testing.T) {
 	require.Equal(t, &runs.Wait{Reason: "signal", StartMs: 6, EndMs: 10}, wait.Segments[0].Wait)
 	require.Empty(t, wait.WaitReason, "no longer waiting")
 	require.Equal(t, []string{"retried"}, []string{w.Rows[3].Segments[0].Outcome}, "the retried attempt ended; the step is interrupted in backoff")
+
+	// RunView says the same of the steps.
+	v := runs.ViewOf(st)
+	status = map[string]engine.StepStatus{}
+	for _, s := range v.Steps {
+		status[s.StepID] = s.Status
+	}
+	require.Equal(t, map[string]engine.StepStatus{"done": engine.StepCompleted, "run": runs.StepInterrupted,
+		"wait": runs.StepInterrupted, "retry": runs.StepInterrupted}, status)
 }
 
 // TestWaterfallLanes: steps in flight at once are in lanes of their own,
