@@ -201,8 +201,19 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 		attempt int
 	}
 	reasons := map[stepAttempt]string{}
+	subs := map[string]*substepBars{} // a process step's sub-steps, from their events
 	for _, ev := range evs {
 		switch {
+		case ev.Kind == event.SubstepStarted || ev.Kind == event.SubstepCompleted:
+			var d event.SubstepStartedData // substep_completed's name too
+			if ev.DecodeData(&d) == nil && d.Name != "" {
+				b := subs[ev.StepID]
+				if b == nil {
+					b = &substepBars{}
+					subs[ev.StepID] = b
+				}
+				b.add(d.Name, max(ev.Attempt, 1), ms(ev.TS), ev.Kind == event.SubstepCompleted)
+			}
 		case ev.Kind == event.RunResumed:
 			var d event.RunResumedData
 			if ev.DecodeData(&d) == nil {
@@ -313,7 +324,13 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 				row.Approval = &ai
 			}
 		}
-		w.Rows = append(w.Rows, row)
+		if b := subs[id]; b != nil && s.NodeType == workflow.TypeProcess {
+			w.Rows = append(w.Rows, row)
+			w.Rows[len(w.Rows)-1].Children += len(b.names)
+			w.Rows = append(w.Rows, b.rows(id, depth+1, runEnded || row.Status != engine.StepRunning, stepEnd(row, ms(end)))...)
+		} else {
+			w.Rows = append(w.Rows, row)
+		}
 		for _, c := range children[id] {
 			walk(c, depth+1)
 		}
@@ -372,8 +389,8 @@ func laneRows(rows []WaterfallRow) int {
 	for i := range rows {
 		rows[i].Lane = -1
 		segs := rows[i].Segments
-		if len(segs) == 0 {
-			continue
+		if len(segs) == 0 || rows[i].NodeType == SubstepRow {
+			continue // a sub-step runs inside its process step's bar
 		}
 		last := segs[len(segs)-1]
 		spans = append(spans, readmodel.Span{StartMs: segs[0].StartMs, EndMs: last.EndMs, Open: last.Open})
@@ -384,6 +401,71 @@ func laneRows(rows []WaterfallRow) int {
 		rows[of[k]].Lane = lane
 	}
 	return n
+}
+
+// stepEnd is where a step's bar ends: its last segment's end, or endMs.
+func stepEnd(r WaterfallRow, endMs float64) float64 {
+	if n := len(r.Segments); n > 0 && !r.Segments[n-1].Open {
+		return r.Segments[n-1].EndMs
+	}
+	return endMs
+}
+
+// SubstepRow is the node type of a row that stands for a sub-step a
+// process step reported (substep_started, substep_completed): nested in
+// the step's row, its id "<step>/<name>", one segment per attempt that
+// ran it. The lane view leaves such rows out.
+const SubstepRow = "substep"
+
+// substepBars are the sub-steps of one process step, in the order they
+// first started, with a segment per attempt.
+type substepBars struct {
+	names []string
+	segs  map[string][]Segment
+}
+
+// add notes a sub-step's start or end in attempt a at atMs.
+func (b *substepBars) add(name string, a int, atMs float64, completed bool) {
+	if b.segs == nil {
+		b.segs = map[string][]Segment{}
+	}
+	segs := b.segs[name]
+	if len(segs) == 0 {
+		b.names = append(b.names, name)
+	}
+	if n := len(segs); n == 0 || segs[n-1].Attempt != a {
+		segs = append(segs, Segment{Attempt: a, Tries: 1, Outcome: string(engine.StepRunning), StartMs: atMs, EndMs: atMs, Open: true})
+	}
+	last := &segs[len(segs)-1]
+	if completed {
+		last.Outcome, last.EndMs, last.Open = string(engine.StepCompleted), atMs, false
+	}
+	b.segs[name] = segs
+}
+
+// rows are the sub-steps' rows under step at depth; over (the step or the
+// run ended) turns a sub-step still open interrupted, else it runs to
+// nowMs.
+func (b *substepBars) rows(step string, depth int, over bool, nowMs float64) []WaterfallRow {
+	out := make([]WaterfallRow, 0, len(b.names))
+	for _, name := range b.names {
+		segs := b.segs[name]
+		for i := range segs {
+			switch {
+			case !segs[i].Open:
+			case i < len(segs)-1: // its attempt ended before it did
+				segs[i].Outcome, segs[i].Open, segs[i].EndMs = string(StepInterrupted), false, max(segs[i].StartMs, segs[i+1].StartMs)
+			case over:
+				segs[i].Outcome, segs[i].Open, segs[i].EndMs = string(StepInterrupted), false, max(segs[i].StartMs, nowMs)
+			default:
+				segs[i].EndMs = max(segs[i].StartMs, nowMs)
+			}
+		}
+		status := engine.StepStatus(segs[len(segs)-1].Outcome)
+		out = append(out, WaterfallRow{StepID: step + "/" + name, Parent: step, Depth: depth, NodeType: SubstepRow,
+			Status: status, Retries: len(segs) - 1, Segments: segs})
+	}
+	return out
 }
 
 // segmentOf draws one attempt; an attempt not ended ends at endMs, open.

@@ -267,3 +267,57 @@ func TestWaterfallParentsSpan(t *testing.T) {
 		{"each[1].t", "tool", 1, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 3, EndMs: 7}}},
 	}, rowsOf(w), "a loop's and an agent's bars span their nested steps")
 }
+
+// TestWaterfallSubsteps: a process step's sub-steps are rows nested in
+// its row, in the order they first started, one segment per attempt that
+// ran them; one still open when the step was killed reads interrupted in
+// that attempt, and completed once the next attempt finished it. The lane
+// view leaves them out.
+func TestWaterfallSubsteps(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var evs []event.Event
+	add := func(ms int, k event.Kind, step string, attempt int, data any) {
+		ev := event.MustNew(k, step, attempt, data)
+		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
+		evs = append(evs, ev)
+	}
+	add(0, event.RunCreated, "", 0, event.RunCreatedData{Input: json.RawMessage(`{}`)})
+	add(1, event.RunResumed, "", 0, event.RunResumedData{Worker: "w1", ResumeCount: 1})
+	add(2, event.StepStarted, "agent", 1, event.StepStartedData{NodeID: "agent", NodeType: "process", IdempotencyKey: "k"})
+	add(3, event.SubstepStarted, "agent", 1, event.SubstepStartedData{Name: "plan"})
+	add(5, event.SubstepCompleted, "agent", 1, event.SubstepCompletedData{Name: "plan", Output: json.RawMessage(`1`)})
+	add(6, event.SubstepStarted, "agent", 1, event.SubstepStartedData{Name: "search"})
+	add(9, event.StepRetrying, "agent", 1, event.StepRetryingData{Attempt: 2, Of: 3, Error: "killed", Class: "tool", DelayMs: 1})
+	add(10, event.StepStarted, "agent", 2, event.StepStartedData{NodeID: "agent", NodeType: "process", IdempotencyKey: "k2"})
+	add(11, event.SubstepStarted, "agent", 2, event.SubstepStartedData{Name: "search"})
+	add(14, event.SubstepCompleted, "agent", 2, event.SubstepCompletedData{Name: "search", Output: json.RawMessage(`2`)})
+	add(15, event.SubstepStarted, "agent", 2, event.SubstepStartedData{Name: "write"})
+	st, err := engine.Fold(evs)
+	require.NoError(t, err)
+
+	w := runs.WaterfallOf(evs, st, t0.Add(20*time.Millisecond))
+	require.Len(t, w.Rows, 4)
+	require.Equal(t, "agent", w.Rows[0].StepID)
+	require.Equal(t, 3, w.Rows[0].Children)
+	type row struct {
+		id, parent string
+		depth      int
+		status     engine.StepStatus
+		lane       int
+		segs       []runs.Segment
+	}
+	var got []row
+	for _, r := range w.Rows[1:] {
+		require.Equal(t, runs.SubstepRow, r.NodeType)
+		got = append(got, row{r.StepID, r.Parent, r.Depth, r.Status, r.Lane, r.Segments})
+	}
+	require.Equal(t, []row{
+		{"agent/plan", "agent", 1, engine.StepCompleted, -1, []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 3, EndMs: 5}}},
+		{"agent/search", "agent", 1, engine.StepCompleted, -1, []runs.Segment{
+			{Attempt: 1, Tries: 1, Outcome: "interrupted", StartMs: 6, EndMs: 11},
+			{Attempt: 2, Tries: 1, Outcome: "completed", StartMs: 11, EndMs: 14}}},
+		{"agent/write", "agent", 1, engine.StepRunning, -1, []runs.Segment{{Attempt: 2, Tries: 1, Outcome: "running", StartMs: 15, EndMs: 20, Open: true}}},
+	}, got)
+	require.Equal(t, 1, w.Lanes, "the lane view has the process step alone")
+}
