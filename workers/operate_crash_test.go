@@ -106,7 +106,7 @@ func TestSignalsSurviveKill9OfEveryProcess(t *testing.T) {
 
 func TestForcedResumeTakesARunFromAFrozenWorker(t *testing.T) {
 	t.Parallel()
-	// A 30 s lease: only the resume can move the run on within a second.
+	// A 30 s lease: only the resume can move the run on before it expires.
 	p := setupProc(t, 30*time.Second)
 	runID := event.NewRunID()
 	s3 := key(runID, "s3", 1)
@@ -140,7 +140,9 @@ func TestForcedResumeTakesARunFromAFrozenWorker(t *testing.T) {
 	require.NoError(t, err)
 	took := time.Since(sent)
 	t.Logf("forced resume to w2's call: %v", took)
-	require.Less(t, took, time.Second, "w2 drives the run within a second of the resume")
+	// The property, not a speed: w2 drove the run while w1's 30 s lease
+	// still held, which only the forced resume allows.
+	require.Less(t, took, 15*time.Second, "w2 drives the run long before w1's lease would have expired")
 	hold.Release()
 	require.Equal(t, event.RunSucceeded, p.WaitEnd(t, runID).Kind)
 	before := p.Events(t, runID)
