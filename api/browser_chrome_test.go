@@ -18,6 +18,7 @@ import (
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/workers"
 )
@@ -137,7 +138,10 @@ func TestBrowserRunsList(t *testing.T) {
 	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
 	b.Serve(t, "the projector", p)
 	ai := b.Start(t, seqWorkflow(2), `{"topic":"a"}`)
-	echo := b.Start(t, echoWorkflow, `{"x":1}`)
+	started, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWorkflow),
+		Input: json.RawMessage(`{"x":1}`), Labels: map[string]string{"customer": "acme"}})
+	require.NoError(t, err)
+	echo := started.RunID
 	b.WaitEnd(t, ai)
 	b.WaitEnd(t, echo)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -179,6 +183,25 @@ func TestBrowserRunsList(t *testing.T) {
 	require.Equal(t, fmt.Sprint(v.Runs[1].Usage.TotalTokens), tokens)
 	require.Contains(t, eval[string](br, `document.querySelector('#counts').textContent`), "succeeded 2")
 	br.screenshot(t, "runs-list")
+
+	// Sorted by cost, descending, then ascending: the ai run costs more.
+	br.do(chromedp.Click(chromedp.CSS(`button.sort[data-sort="cost"]`)))
+	br.waitJS("by cost, descending", fmt.Sprintf(`document.querySelector('#runs tr').dataset.runId === %q`, ai))
+	require.Contains(t, eval[string](br, `location.search`), "sort=-cost")
+	br.do(chromedp.Click(chromedp.CSS(`button.sort[data-sort="cost"]`)))
+	br.waitJS("by cost, ascending", fmt.Sprintf(`document.querySelector('#runs tr').dataset.runId === %q`, echo))
+	br.do(chromedp.Click(chromedp.CSS(`button.sort[data-sort="duration"]`)))
+	br.waitJS("by duration", `document.querySelector('button.sort[data-sort="duration"]').dataset.dir === "desc"`)
+
+	// The label filter and a time range ask the server.
+	br.do(chromedp.SendKeys(chromedp.CSS("#label"), "customer=acme"), chromedp.Click(chromedp.CSS("#filters button")))
+	br.waitJS("only the labelled run", fmt.Sprintf(`document.querySelectorAll('#runs tr').length === 1 && !!document.querySelector('tr[data-run-id=%q]')`, echo))
+	require.Contains(t, eval[string](br, `location.search`), "label=customer%3Dacme")
+	eval[chromedp.Void](br, `document.querySelector('#label').value = ''`)
+	eval[chromedp.Void](br, `document.querySelector('#since').value = '2000-01-01T00:00:00'; document.querySelector('#until').value = '2000-01-02T00:00:00'`)
+	br.do(chromedp.Click(chromedp.CSS("#filters button")))
+	br.waitJS("no run in 2000", `document.querySelectorAll('#runs tr').length === 0`)
+	eval[chromedp.Void](br, `document.querySelector('#since').value = ''; document.querySelector('#until').value = ''`)
 
 	// The workflow filter asks the server; the search filters by id.
 	br.do(chromedp.SendKeys(chromedp.CSS("#workflow"), "echo"), chromedp.Click(chromedp.CSS("#filters button")))

@@ -6,6 +6,12 @@
   const statusSel = document.getElementById("status");
   const wfInput = document.getElementById("workflow");
   const search = document.getElementById("search");
+  const labelInput = document.getElementById("label");
+  const sinceInput = document.getElementById("since");
+  const untilInput = document.getElementById("until");
+  const qInput = document.getElementById("q");
+  // The server's filters the form sets, by query parameter.
+  const serverFilters = { label: labelInput, since: sinceInput, until: untilInput, q: qInput };
   const tbody = document.getElementById("runs");
   const counts = document.getElementById("counts");
   const more = document.getElementById("more");
@@ -19,25 +25,68 @@
   statusSel.value = params.get("status") || "";
   wfInput.value = params.get("workflow") || "";
   search.value = params.get("search") || "";
+  for (const [k, input] of Object.entries(serverFilters)) input.value = params.get(k) || "";
+  // sort is created (the server's order, newest first), duration or cost,
+  // "-" first for descending.
+  let sort = params.get("sort") || "";
+
+  // addFilters puts the form's server filters in q: each label a
+  // parameter of its own, the times as RFC 3339 (the inputs are local).
+  function addFilters(q) {
+    for (const l of labelInput.value.split(",")) if (l.trim()) q.append("label", l.trim());
+    for (const [k, input] of [["since", sinceInput], ["until", untilInput]]) {
+      if (!input.value) continue;
+      const t = new Date(input.value);
+      q.set(k, isNaN(t) ? input.value : t.toISOString());
+    }
+    if (qInput.value.trim()) q.set("q", qInput.value.trim());
+  }
 
   function query(before) {
     const q = new URLSearchParams({ limit: String(limit) });
     if (statusSel.value) q.set("status", statusSel.value);
     if (wfInput.value.trim()) q.set("workflow", wfInput.value.trim());
+    addFilters(q);
     if (params.get("schedule")) q.set("schedule", params.get("schedule")); // from the schedules page
     if (before) q.set("before", before);
     return "/v1/runs?" + q.toString();
   }
 
-  function duration(r) {
+  function durationMs(r) {
     const start = Date.parse(r.created_at);
     const end = r.ended_at ? Date.parse(r.ended_at) : Date.now();
-    return pal.ms(end - start);
+    return end - start;
+  }
+
+  function duration(r) { return pal.ms(durationMs(r)); }
+
+  const sortValue = {
+    created: r => Date.parse(r.created_at),
+    duration: durationMs,
+    cost: r => (r.usage && r.usage.cost_usd) || 0,
+  };
+
+  // sorted is list in the chosen order (the server's when none).
+  function sorted(list) {
+    const key = sort.replace(/^-/, "");
+    const value = sortValue[key];
+    if (!value) return list;
+    const dir = sort.startsWith("-") ? -1 : 1;
+    return list.slice().sort((a, b) => dir * (value(a) - value(b)) || (a.run_id < b.run_id ? -1 : 1));
+  }
+
+  function markSort() {
+    for (const b of document.querySelectorAll("button.sort")) {
+      const on = sort.replace(/^-/, "") === b.dataset.sort;
+      b.classList.toggle("on", on);
+      b.dataset.dir = on ? (sort.startsWith("-") ? "desc" : "asc") : "";
+      b.title = "sort by " + b.dataset.sort + (on ? (sort.startsWith("-") ? ", descending" : ", ascending") : "");
+    }
   }
 
   function draw(list) {
     const needle = search.value.trim();
-    const shown = needle ? list.filter(r => r.run_id.includes(needle)) : list;
+    const shown = sorted(needle ? list.filter(r => r.run_id.includes(needle)) : list);
     const byStatus = {};
     for (const r of list) byStatus[r.status] = (byStatus[r.status] || 0) + 1;
     const parts = Object.keys(byStatus).sort().map(s => s + " " + byStatus[s]);
@@ -83,13 +132,31 @@
     timer = setTimeout(refresh, document.hidden ? 10000 : 2000);
   }
 
-  document.getElementById("filters").addEventListener("submit", async ev => {
-    ev.preventDefault();
+  // pageURL keeps the filters and the order in the page's address.
+  function pageURL() {
     const q = new URLSearchParams();
     if (statusSel.value) q.set("status", statusSel.value);
     if (wfInput.value.trim()) q.set("workflow", wfInput.value.trim());
+    for (const [k, input] of Object.entries(serverFilters)) if (input.value.trim()) q.set(k, input.value.trim());
     if (search.value.trim()) q.set("search", search.value.trim());
+    if (sort) q.set("sort", sort);
     history.replaceState(null, "", q.toString() ? "/?" + q.toString() : "/");
+  }
+
+  for (const b of document.querySelectorAll("button.sort")) {
+    b.addEventListener("click", () => {
+      // A click sorts by the column, descending first; again, ascending.
+      sort = sort === "-" + b.dataset.sort ? b.dataset.sort : "-" + b.dataset.sort;
+      markSort();
+      pageURL();
+      refresh();
+    });
+  }
+  markSort();
+
+  document.getElementById("filters").addEventListener("submit", async ev => {
+    ev.preventDefault();
+    pageURL();
     older = [];
     // A whole run id opens the run, listed or not.
     const id = search.value.trim();
