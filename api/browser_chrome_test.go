@@ -18,8 +18,8 @@ import (
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
-	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/provider/providertest"
+	"github.com/palrun/pal/runs"
 	"github.com/palrun/pal/workers"
 )
 
