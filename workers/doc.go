@@ -19,7 +19,7 @@
 // the fencing token), loop.go (engine.Frontier and its actions),
 // flight.go (the steps in flight at once: branches, their results, the
 // interruption of a failed run's siblings), call.go (a step's executors,
-// run in its branch; mcp.go and mcp_config.go the MCP servers' tools,
+// run in its branch; mcp.go the connections to MCP servers, mcp_call.go their tools as steps, mcp_config.go
 // PAL_MCP_CONFIG, docs/architecture.md §10.4), execute.go (a step's journaling: started, pure, a
 // wait, its outcome), subagent.go (a child run), outcome.go (how a drive ended and what that does with the
 // work message and the lease), end.go (the end of a drive: the receipt,
