@@ -19,12 +19,8 @@ import (
 func TestWaterfallOfNesting(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var evs []event.Event
-	add := func(ms int, k event.Kind, step string, attempt int, data any) {
-		ev := event.MustNew(k, step, attempt, data)
-		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
-		evs = append(evs, ev)
-	}
+	j := &timedJournal{t0: t0}
+	add := j.add
 	start := func(ms int, step, typ string) {
 		add(ms, event.StepStarted, step, 1, event.StepStartedData{NodeID: step, NodeType: typ, IdempotencyKey: "k-" + step})
 	}
@@ -47,10 +43,10 @@ func TestWaterfallOfNesting(t *testing.T) {
 	done(12, "each[0].t")
 	start(13, "orphan[4].t", "tool")
 	start(14, "each[1].t", "tool")
-	st, err := engine.Fold(evs)
+	st, err := engine.Fold(j.evs)
 	require.NoError(t, err)
 
-	w := runs.WaterfallOf(evs, st, t0.Add(20*time.Millisecond))
+	w := runs.WaterfallOf(j.evs, st, t0.Add(20*time.Millisecond))
 	type row struct {
 		ID, Parent string
 		Depth, N   int
@@ -93,12 +89,8 @@ func TestWaterfallOfNesting(t *testing.T) {
 func TestWaterfallInterrupted(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var evs []event.Event
-	add := func(ms int, k event.Kind, step string, attempt int, data any) {
-		ev := event.MustNew(k, step, attempt, data)
-		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
-		evs = append(evs, ev)
-	}
+	j := &timedJournal{t0: t0}
+	add := j.add
 	start := func(ms int, step string, attempt int) {
 		add(ms, event.StepStarted, step, attempt, event.StepStartedData{NodeID: step, NodeType: "tool", IdempotencyKey: "k-" + step})
 	}
@@ -112,10 +104,10 @@ func TestWaterfallInterrupted(t *testing.T) {
 	start(7, "retry", 1)
 	add(8, event.StepRetrying, "retry", 1, event.StepRetryingData{Attempt: 2, Of: 3, Error: "no", Class: "tool", DelayMs: 1000})
 	add(10, event.RunCancelled, "", 0, event.RunCancelledData{Reason: "enough"})
-	st, err := engine.Fold(evs)
+	st, err := engine.Fold(j.evs)
 	require.NoError(t, err)
 
-	w := runs.WaterfallOf(evs, st, t0.Add(time.Hour))
+	w := runs.WaterfallOf(j.evs, st, t0.Add(time.Hour))
 	require.Equal(t, 10.0, w.SpanMs, "the axis ends at the run's end")
 	status := map[string]engine.StepStatus{}
 	for _, r := range w.Rows {
@@ -146,15 +138,13 @@ func TestWaterfallInterrupted(t *testing.T) {
 func TestWaterfallLanes(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var evs []event.Event
+	j := &timedJournal{t0: t0}
 	add := func(ms int, k event.Kind, step string, data any) {
 		attempt := 1
 		if step == "" {
 			attempt = 0
 		}
-		ev := event.MustNew(k, step, attempt, data)
-		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
-		evs = append(evs, ev)
+		j.add(ms, k, step, attempt, data)
 	}
 	start := func(ms int, step string) {
 		add(ms, event.StepStarted, step, event.StepStartedData{NodeID: step, NodeType: "ai-step", IdempotencyKey: "k-" + step})
@@ -173,9 +163,9 @@ func TestWaterfallLanes(t *testing.T) {
 	done(13, "c")
 	done(14, "d")
 	start(15, "join")
-	st, err := engine.Fold(evs)
+	st, err := engine.Fold(j.evs)
 	require.NoError(t, err)
-	w := runs.WaterfallOf(evs, st, t0.Add(20*time.Millisecond))
+	w := runs.WaterfallOf(j.evs, st, t0.Add(20*time.Millisecond))
 	lanes := map[string]int{}
 	for _, r := range w.Rows {
 		lanes[r.StepID] = r.Lane
@@ -192,15 +182,13 @@ func TestWaterfallLanes(t *testing.T) {
 func TestWaterfallParentsSpan(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var evs []event.Event
+	j := &timedJournal{t0: t0}
 	add := func(ms int, k event.Kind, step string, data any) {
 		attempt := 1
 		if step == "" {
 			attempt = 0
 		}
-		ev := event.MustNew(k, step, attempt, data)
-		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
-		evs = append(evs, ev)
+		j.add(ms, k, step, attempt, data)
 	}
 	start := func(ms int, step, typ string) {
 		add(ms, event.StepStarted, step, event.StepStartedData{NodeID: step, NodeType: typ, IdempotencyKey: "k-" + step})
@@ -212,7 +200,7 @@ func TestWaterfallParentsSpan(t *testing.T) {
 	add(1, event.RunResumed, "", event.RunResumedData{Worker: "w1", ResumeCount: 1})
 	start(2, "each[0].ask.turn[0]", "agent")
 	start(3, "each[1].t", "tool")
-	st, err := engine.Fold(evs)
+	st, err := engine.Fold(j.evs)
 	require.NoError(t, err)
 
 	type row struct {
@@ -228,7 +216,7 @@ func TestWaterfallParentsSpan(t *testing.T) {
 		}
 		return got
 	}
-	w := runs.WaterfallOf(evs, st, t0.Add(10*time.Millisecond))
+	w := runs.WaterfallOf(j.evs, st, t0.Add(10*time.Millisecond))
 	require.Equal(t, []row{
 		{"each", "loop", 0, "running", []runs.Segment{{Outcome: "running", StartMs: 2, EndMs: 10, Open: true}}},
 		{"each[0].ask", "agent", 1, "running", []runs.Segment{{Outcome: "running", StartMs: 2, EndMs: 10, Open: true}}},
@@ -237,7 +225,7 @@ func TestWaterfallParentsSpan(t *testing.T) {
 	}, rowsOf(w), "rows stand for the loop and the agent while they run")
 
 	// The run fails mid-loop: the loop and the agent are interrupted.
-	failed := append([]event.Event(nil), evs...)
+	failed := append([]event.Event(nil), j.evs...)
 	ev := event.MustNew(event.RunFailed, "", 0, event.RunFailedData{Error: "no"})
 	ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(failed)+1), t0.Add(12*time.Millisecond)
 	failed = append(failed, ev)
@@ -257,9 +245,9 @@ func TestWaterfallParentsSpan(t *testing.T) {
 	start(8, "each", "loop")
 	done(8, "each")
 	add(9, event.RunSucceeded, "", event.RunSucceededData{Output: json.RawMessage(`{}`)})
-	st, err = engine.Fold(evs)
+	st, err = engine.Fold(j.evs)
 	require.NoError(t, err)
-	w = runs.WaterfallOf(evs, st, t0.Add(time.Hour))
+	w = runs.WaterfallOf(j.evs, st, t0.Add(time.Hour))
 	require.Equal(t, []row{
 		{"each", "loop", 0, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 2, EndMs: 8}}},
 		{"each[0].ask", "agent", 1, "completed", []runs.Segment{{Attempt: 1, Tries: 1, Outcome: "completed", StartMs: 2, EndMs: 6}}},
@@ -276,12 +264,8 @@ func TestWaterfallParentsSpan(t *testing.T) {
 func TestWaterfallSubsteps(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var evs []event.Event
-	add := func(ms int, k event.Kind, step string, attempt int, data any) {
-		ev := event.MustNew(k, step, attempt, data)
-		ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(evs)+1), t0.Add(time.Duration(ms)*time.Millisecond)
-		evs = append(evs, ev)
-	}
+	j := &timedJournal{t0: t0}
+	add := j.add
 	add(0, event.RunCreated, "", 0, event.RunCreatedData{Input: json.RawMessage(`{}`)})
 	add(1, event.RunResumed, "", 0, event.RunResumedData{Worker: "w1", ResumeCount: 1})
 	add(2, event.StepStarted, "agent", 1, event.StepStartedData{NodeID: "agent", NodeType: "process", IdempotencyKey: "k"})
@@ -293,10 +277,10 @@ func TestWaterfallSubsteps(t *testing.T) {
 	add(11, event.SubstepStarted, "agent", 2, event.SubstepStartedData{Name: "search"})
 	add(14, event.SubstepCompleted, "agent", 2, event.SubstepCompletedData{Name: "search", Output: json.RawMessage(`2`)})
 	add(15, event.SubstepStarted, "agent", 2, event.SubstepStartedData{Name: "write"})
-	st, err := engine.Fold(evs)
+	st, err := engine.Fold(j.evs)
 	require.NoError(t, err)
 
-	w := runs.WaterfallOf(evs, st, t0.Add(20*time.Millisecond))
+	w := runs.WaterfallOf(j.evs, st, t0.Add(20*time.Millisecond))
 	require.Len(t, w.Rows, 4)
 	require.Equal(t, "agent", w.Rows[0].StepID)
 	require.Equal(t, 3, w.Rows[0].Children)
@@ -320,4 +304,17 @@ func TestWaterfallSubsteps(t *testing.T) {
 		{"agent/write", "agent", 1, engine.StepRunning, -1, []runs.Segment{{Attempt: 2, Tries: 1, Outcome: "running", StartMs: 15, EndMs: 20, Open: true}}},
 	}, got)
 	require.Equal(t, 1, w.Lanes, "the lane view has the process step alone")
+}
+
+// timedJournal builds run r1's journal, each event ms after t0, with its
+// seq in order.
+type timedJournal struct {
+	t0  time.Time
+	evs []event.Event
+}
+
+func (j *timedJournal) add(ms int, k event.Kind, step string, attempt int, data any) {
+	ev := event.MustNew(k, step, attempt, data)
+	ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(j.evs)+1), j.t0.Add(time.Duration(ms)*time.Millisecond)
+	j.evs = append(j.evs, ev)
 }
