@@ -106,6 +106,11 @@ func (c *call) execTool() (stepResult, error) {
 	if len(out) == 0 {
 		out = json.RawMessage("null")
 	}
+	// Measured before it is parsed: scanning 64 MiB that cannot be
+	// journaled anyway costs seconds a lease may not have.
+	if err := c.d.fits(p, "output", out); err != nil {
+		return stepResult{}, err
+	}
 	if !json.Valid(out) {
 		return stepResult{}, &ToolError{Err: fmt.Errorf("tool %q returned output that is not JSON", in.Tool)}
 	}

@@ -23,11 +23,14 @@ func TestOversizedOutputFailsTheStepOnce(t *testing.T) {
 	t.Parallel()
 	// A 64 MiB value under the race detector can starve the lease keeper
 	// of a 1 s lease; a lost lease would run the step again.
+	// The value is built once, before the run: marshalling 64 MiB inside
+	// the tool took seconds under the race detector on a loaded machine.
 	b := setup(t, paltest.LeaseTTL(5*time.Second))
+	big := json.RawMessage(`"` + strings.Repeat("x", event.MaxBlobBytes) + `"`)
 	var calls atomic.Int32
 	b.worker(t, "w1", map[string]workers.Tool{"big": func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		calls.Add(1)
-		return json.Marshal(strings.Repeat("x", event.MaxBlobBytes))
+		return big, nil
 	}})
 	wf := `{"name":"big","nodes":[{"id":"start","type":"trigger"},
 		{"id":"b","type":"tool","data":{"tool":"big","retry":{"maxAttempts":3,"retryableClasses":["any"]}}}],
