@@ -5,7 +5,7 @@ package engine
 // journal are equal as Comparable, however they were built.
 func Comparable(st *RunState) RunState {
 	c := *st
-	c.loops, c.loopNodes, c.input, c.decoded = nil, nil, nil, false
+	c.loops, c.loopNodes, c.settled, c.input, c.decoded = nil, nil, nil, nil, false
 	c.Steps = make(map[string]*Step, len(st.Steps))
 	for id, s := range st.Steps {
 		cs := *s

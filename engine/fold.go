@@ -93,6 +93,9 @@ func (st *RunState) Apply(ev event.Event) error {
 	if len(st.loops) > 0 && ev.StepID != "" {
 		st.forget(ev.Kind, ev.StepID)
 	}
+	if ev.StepID != "" {
+		st.forgetSettled(ev.StepID)
+	}
 	st.LastSeq = ev.Seq
 	st.UpdatedAt = ev.TS
 	return nil

@@ -61,6 +61,9 @@ func Frontier(ctx context.Context, wf *workflow.Workflow, st *RunState, now time
 		env = scopeEnv(st, wf, nil, st.Input())
 	}
 	f := &frontier{ctx: ctx, st: st, now: now, busy: busy}
+	if wf == st.Workflow {
+		f.memo = st.settledOf(wf)
+	}
 	out, resolved := f.walk(wf, nil, env)
 	switch {
 	case f.stop != nil:
@@ -97,6 +100,10 @@ type frontier struct {
 	// unless the drive that journaled it died before run_failed landed,
 	// so it is the answer only when the walk finds no other.
 	interrupted Action
+	// memo is the run's settled prefix of its top-level graph (nil when
+	// the walk is not of the run's own workflow): the walk starts past it
+	// and extends it.
+	memo *settled
 }
 
 // add takes what planning one step gave: a step, or what stops the run.
@@ -134,8 +141,18 @@ func (f *frontier) walk(wf *workflow.Workflow, scope []Iteration, env workflow.E
 	state := make([]uint8, len(wf.Nodes))
 	done := true
 	var last *Step
-	for _, id := range wf.OrderShared() {
-		idx := wf.Index(id)
+	order, from := wf.OrderShared(), 0
+	memo := f.memo
+	if scope != nil {
+		memo = nil
+	}
+	if memo != nil {
+		copy(state, memo.state)
+		from = memo.n
+		last = f.st.Steps[memo.last]
+	}
+	for k := from; k < len(order); k++ {
+		idx := wf.Index(order[k])
 		s, seen := f.visit(wf, &wf.Nodes[idx], scope, env, state)
 		state[idx] = seen
 		if f.stop != nil {
@@ -143,10 +160,14 @@ func (f *frontier) walk(wf *workflow.Workflow, scope []Iteration, env workflow.E
 		}
 		if seen == pending {
 			done = false
+			memo = nil // the settled prefix ends here
 			continue
 		}
 		if s != nil && s.Status == StepCompleted && (last == nil || s.CompletedSeq > last.CompletedSeq) {
 			last = s
+		}
+		if memo != nil {
+			memo.settle(k, idx, seen, last)
 		}
 	}
 	if !done {

@@ -280,6 +280,9 @@ type RunState struct {
 	// loops memoizes, by loop step id, what Next found of a loop in
 	// progress (planLoop); Apply drops a memo an event could change.
 	loops map[string]*loopMemo
+	// settled is Frontier's memo of the top-level graph's settled
+	// prefix (settled.go); Apply drops it when an event could change it.
+	settled *settled
 	// loopNodes holds the decoded data of the loop nodes Next met: a
 	// loop's data holds its whole body, too much to decode at each step.
 	loopNodes map[*workflow.Node]*workflow.LoopData
