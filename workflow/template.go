@@ -485,6 +485,14 @@ func RenderJSON(v json.RawMessage, env Env) (json.RawMessage, error) {
 		return v, nil
 	}
 	var out bytes.Buffer
+	if !bytes.Contains(v, []byte("{{")) {
+		// Nothing to render (most tool inputs): compacted as it is, not
+		// walked token by token, which cost a step several µs.
+		if err := json.Compact(&out, v); err != nil {
+			return nil, fmt.Errorf("invalid JSON value: %w", err)
+		}
+		return out.Bytes(), nil
+	}
 	r := newResolver(env)
 	err := walkJSON(v, func(loc string, s string) ([]byte, error) {
 		raw, err := renderJSONString(s, r)
