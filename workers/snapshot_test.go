@@ -307,7 +307,9 @@ func tamperSnapshot(t *testing.T, s *paltest.Stack, runID string) {
 // once; the journal verifies on cleanup (chain and writer rule).
 func TestKill9MidLongRunResumesFromSnapshot(t *testing.T) {
 	t.Parallel()
-	p := setupProc(t, time.Second)
+	// w2 takes over when w1's presence ends, not at the lease's end; a
+	// longer lease keeps a loaded machine from adding a third drive.
+	p := setupProc(t, 3*time.Second)
 	const iterations = 3000
 	wf := fmt.Sprintf(`{"name":"long","nodes":[{"id":"start","type":"trigger"},
 	{"id":"each","type":"loop","data":{"maxIterations":%d,"until":"false","body":{"name":"b","nodes":[

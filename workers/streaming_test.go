@@ -219,7 +219,8 @@ func TestKilledMidStreamStartsTheTextAgain(t *testing.T) {
 // gap and none of the others' deltas: each call has a sink of its own.
 func TestParallelStepsStreamApart(t *testing.T) {
 	t.Parallel()
-	p := setupProc(t, time.Second)
+	// A lease lost under load would run the steps again, and stream twice.
+	p := setupProc(t, 3*time.Second)
 	const words = 30
 	p.LLM.SetResponder(func(c providertest.Call) providertest.Reply {
 		return providertest.Reply{Text: c.LastUser() + " " + answer(words-1)}

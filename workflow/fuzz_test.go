@@ -158,7 +158,9 @@ func FuzzExpression(f *testing.F) {
 				require.True(t, errors.As(err, &ce), "unexpected error type %T: %v", err, err)
 			}
 		}
-		// Two evaluations, each stopped at EvalTimeout, plus slack.
-		require.Less(t, time.Since(start), 2*workflow.EvalTimeout+2*time.Second)
+		// Two evaluations, each stopped at EvalTimeout: not a speed check,
+		// a bound that only an evaluation that is never stopped passes,
+		// far above what a loaded machine adds.
+		require.Less(t, time.Since(start), 2*workflow.EvalTimeout+30*time.Second)
 	})
 }
