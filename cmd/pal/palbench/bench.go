@@ -16,7 +16,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +38,7 @@ import (
 
 // Options configure a benchmark environment.
 type Options struct {
-	// Strict turns on fsync-before-ack (SyncAlways) and event packing.
+	// Strict turns on fsync-before-ack (SyncAlways) and group commit.
 	Strict bool
 	// InProcess connects the worker to the server in-process instead of
 	// over loopback TCP.
@@ -112,7 +115,7 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: o.Replicas}); err != nil {
 		return nil, err
 	}
-	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithPacking(o.Strict)); err != nil {
+	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithGroupCommit(o.Strict)); err != nil {
 		return nil, err
 	}
 	leases, err := eventstore.OpenLeases(ctx, js, eventstore.DefaultLeaseTTL)
@@ -395,6 +398,30 @@ func Median(ds []time.Duration) time.Duration {
 // terminal event (pal.watch.<run_id>), which is after the stream stored
 // it, as a watching client sees it.
 func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Duration) (Result, error) {
+	start := time.Now()
+	from, to := start.Add(warm), start.Add(warm+window)
+	var counted atomic.Int64
+	err := e.keep(ctx, n, steps, func() bool { return time.Now().Before(to) }, func() {
+		if now := time.Now(); now.After(from) && !now.After(to) {
+			counted.Add(1)
+		}
+	})
+	return Result{Runs: int(counted.Load()), StepsPerRun: steps, Elapsed: window}, err
+}
+
+// Burst runs total runs of a steps-long sequential workflow, n in flight
+// at once (each run that ends is replaced until total have started), and
+// waits for the last to end; every run must succeed.
+func (e *Env) Burst(ctx context.Context, total, n, steps int) (Result, error) {
+	start := time.Now()
+	var started atomic.Int64
+	err := e.keep(ctx, min(n, total), steps, func() bool { return started.Add(1) <= int64(total) }, func() {})
+	return Result{Runs: total, StepsPerRun: steps, Elapsed: time.Since(start)}, err
+}
+
+// keep runs n loops, each starting a run while more says so and waiting
+// for it to end (ended is called for each); every run must succeed.
+func (e *Env) keep(ctx context.Context, n, steps int, more func() bool, ended func()) error {
 	wf := Workflow(steps)
 	var (
 		mu      sync.Mutex
@@ -409,19 +436,14 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 		}
 	})
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	defer stop()
-	start := time.Now()
-	from, to := start.Add(warm), start.Add(warm+window)
-	var (
-		wg      sync.WaitGroup
-		counted atomic.Int64
-		errs    = make(chan error, n)
-	)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
 	for range n {
 		wg.Go(func() {
-			for time.Now().Before(to) {
+			for more() {
 				id := event.NewRunID()
 				ch := make(chan event.Kind, 1)
 				mu.Lock()
@@ -445,18 +467,60 @@ func (e *Env) Sustain(ctx context.Context, n, steps int, warm, window time.Durat
 					errs <- err
 					return
 				}
-				if now := time.Now(); now.After(from) && !now.After(to) {
-					counted.Add(1)
-				}
+				ended()
 			}
 		})
 	}
 	wg.Wait()
 	close(errs)
-	if err := <-errs; err != nil {
-		return Result{}, err
+	return <-errs
+}
+
+// Memory is what the process holds: its resident set (VmRSS), split into
+// anonymous memory (RssAnon: the Go heap, stacks, the runtime's own) and
+// pages of files (RssFile: the binary's code and data as far as it was
+// touched), and the Go heap in use after a collection and what the
+// runtime holds from the OS for it.
+type Memory struct {
+	RSS, RSSAnon, RSSFile uint64
+	HeapInuse, HeapSys    uint64
+}
+
+// MeasureMemory collects garbage and reads the process's memory; with
+// profile set it also writes the heap profile there (go tool pprof
+// -sample_index=inuse_space says where the bytes are).
+func MeasureMemory(profile string) (Memory, error) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	m := Memory{HeapInuse: ms.HeapInuse, HeapSys: ms.HeapSys - ms.HeapReleased}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return m, fmt.Errorf("bench: reading the resident set: %w", err)
 	}
-	return Result{Runs: int(counted.Load()), StepsPerRun: steps, Elapsed: window}, nil
+	fields := map[string]*uint64{"VmRSS:": &m.RSS, "RssAnon:": &m.RSSAnon, "RssFile:": &m.RSSFile}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		name, rest, _ := strings.Cut(line, "\t")
+		if dst := fields[name]; dst != nil {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return m, fmt.Errorf("bench: reading the resident set: %q: %w", line, err)
+			}
+			*dst = kb << 10
+		}
+	}
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return m, err
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			f.Close()
+			return m, err
+		}
+		return m, f.Close()
+	}
+	return m, nil
 }
 
 // onEnd calls fn with the run id and kind of every terminal event on

@@ -52,6 +52,15 @@ pal dev-nats-node processes on loopback, as pal dev --cluster 3 starts
 them, every stream R3), in process durability: there replication, not
 fsync, is what an ack waits for.
 
+pal bench --durability process --burst 500 measures memory instead: on a
+fresh server and worker, 500 runs of --steps-per-run no-op steps, --runs
+of them in flight at once (each run that ends is replaced), then the
+process's resident set and Go heap in use after a collection, the server
+embedded in the same process as the worker (as pal dev runs them). One
+durability mode at a time, since the resident set is the process's;
+--heap-profile FILE also writes the heap profile (go tool pprof
+-sample_index=inuse_space FILE says where the bytes are).
+
 pal bench --economics measures what a crash costs instead: a 20-step LLM
 workflow (gpt-4o, priced from the price table; PAL_PRICES overrides it) on
 the fake provider, driven by real pal worker processes, the worker killed
@@ -72,6 +81,8 @@ deduplicates) against a restart from scratch at each kill.`,
 	f.Bool("cluster", false, "also measure on a 3-node cluster (three pal dev-nats-node processes on loopback, R3)")
 	f.Int("fan-out", 0, "also measure one run fanning out to this many steps (0: none; at most 10000)")
 	f.Int("fan-out-concurrency", 64, "steps of the fan-out in flight at once (1 to 1000)")
+	f.Int("burst", 0, "measure memory at the end of a burst of this many runs, --runs in flight (0: no; needs one --durability)")
+	f.String("heap-profile", "", "with --burst, write the heap profile at the end of the burst to this file")
 	f.Bool("economics", false, "measure the dollars a crash re-spends, with PAL and with a restart from scratch")
 	f.String("model", "gpt-4o", "model the economics run is priced as")
 	return cmd
@@ -88,6 +99,8 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	sustain, _ := cmd.Flags().GetDuration("duration")
 	fan, _ := cmd.Flags().GetInt("fan-out")
 	fanConc, _ := cmd.Flags().GetInt("fan-out-concurrency")
+	burst, _ := cmd.Flags().GetInt("burst")
+	heapProfile, _ := cmd.Flags().GetString("heap-profile")
 	if econ, _ := cmd.Flags().GetBool("economics"); econ {
 		model, _ := cmd.Flags().GetString("model")
 		return e.runEconomics(ctx, model)
@@ -109,6 +122,19 @@ func (e *env) runBench(cmd *cobra.Command, _ []string) error {
 	}
 	if fan < 0 || fan > 10000 || fanConc < 1 || fanConc > workflow.MaxConcurrency {
 		return badInput("--fan-out=%d --fan-out-concurrency=%d: want 0 to 10000 steps, 1 to %d at once", fan, fanConc, workflow.MaxConcurrency)
+	}
+	if burst < 0 || burst > 100000 {
+		return badInput("--burst=%d: want 0 (no burst) up to 100000 runs", burst)
+	}
+	if heapProfile != "" && burst == 0 {
+		return badInput("--heap-profile needs --burst")
+	}
+	if burst > 0 {
+		if len(modes) != 1 {
+			return badInput("--burst measures the process's memory: give one --durability (process or strict), not both")
+		}
+		return e.benchBurst(ctx, palbench.Options{Strict: modes[0] == DurabilityStrict, InProcess: inproc, Concurrency: max(64, runs)},
+			modes[0], burst, runs, spr, heapProfile)
 	}
 	fo := fanOut{steps: fan, concurrency: fanConc}
 	shape := fmt.Sprintf("%d × %d", runs, spr)
@@ -265,6 +291,40 @@ func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, su
 	fan, err = env.FanOut(ctx, fo.steps, fo.concurrency)
 	return seq, conc, fan, err
 }
+
+// benchBurst runs one burst on a fresh environment and prints the
+// process's memory at its end.
+func (e *env) benchBurst(ctx context.Context, o palbench.Options, mode string, total, runs, spr int, profile string) error {
+	fmt.Fprintf(e.stderr, "pal bench: %s mode, %d runs of %d steps, %d in flight…\n", mode, total, spr, runs)
+	env, err := palbench.Start(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	res, err := env.Burst(ctx, total, runs, spr)
+	if err != nil {
+		return err
+	}
+	mem, err := palbench.MeasureMemory(profile)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "durability\truns × steps\tin flight\truns/s\tRSS at the end\tanonymous\tfile pages\tGo heap in use\tGo heap held")
+	fmt.Fprintf(tw, "%s\t%d × %d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\n", mode, total, spr, runs,
+		float64(total)/res.Elapsed.Seconds(), mib(mem.RSS), mib(mem.RSSAnon), mib(mem.RSSFile), mib(mem.HeapInuse), mib(mem.HeapSys))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if profile != "" {
+		fmt.Fprintf(e.stderr, "pal bench: heap profile in %s (go tool pprof -sample_index=inuse_space %s)\n", profile, profile)
+	}
+	return nil
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
 
