@@ -141,7 +141,7 @@ func (f *frontier) walk(wf *workflow.Workflow, scope []Iteration, env workflow.E
 	state := make([]uint8, len(wf.Nodes))
 	done := true
 	var last *Step
-	order, from := wf.OrderShared(), 0
+	order, from := wf.OrderIndexes(), 0
 	memo := f.memo
 	if scope != nil {
 		memo = nil
@@ -152,8 +152,8 @@ func (f *frontier) walk(wf *workflow.Workflow, scope []Iteration, env workflow.E
 		last = f.st.Steps[memo.last]
 	}
 	for k := from; k < len(order); k++ {
-		idx := wf.Index(order[k])
-		s, seen := f.visit(wf, &wf.Nodes[idx], scope, env, state)
+		idx := order[k]
+		s, seen := f.visit(wf, idx, scope, env, state)
 		state[idx] = seen
 		if f.stop != nil {
 			return nil, false
@@ -186,14 +186,16 @@ func (f *frontier) walk(wf *workflow.Workflow, scope []Iteration, env workflow.E
 // visit decides one node of a walk from the states of the nodes before
 // it: pending, dead or resolved (with its ended step), planning its step
 // when it is ready.
-func (f *frontier) visit(wf *workflow.Workflow, node *workflow.Node, scope []Iteration, env workflow.Env, state []uint8) (*Step, uint8) {
+func (f *frontier) visit(wf *workflow.Workflow, idx int, scope []Iteration, env workflow.Env, state []uint8) (*Step, uint8) {
+	node := &wf.Nodes[idx]
 	if node.Type == workflow.TypeTrigger {
 		return nil, resolved
 	}
 	id := StepID{Loops: scope, Node: node.ID}
 	fired := false
-	for _, e := range wf.IncomingShared(node.ID) {
-		from := state[wf.Index(e.From)]
+	edges, sources := wf.IncomingAt(idx)
+	for i, e := range edges {
+		from := state[sources[i]]
 		if from == pending {
 			return nil, pending
 		}

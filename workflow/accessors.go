@@ -139,18 +139,14 @@ func (n *Node) Retry() *RetryPolicy {
 	return d.Retry
 }
 
-// OrderShared is Order without the copy, for hot paths: the caller must
-// not modify the slice.
-func (w *Workflow) OrderShared() []string { return w.order }
+// OrderIndexes is OrderShared as positions in Nodes, for hot paths: the
+// caller must not modify the slice.
+func (w *Workflow) OrderIndexes() []int { return w.orderIdx }
 
-// IncomingShared is Incoming without the copy, for hot paths: the caller
-// must not modify the slice.
-func (w *Workflow) IncomingShared(id string) []Edge {
-	if w.inEdges == nil {
-		return w.Incoming(id)
-	}
-	return w.inEdges[id]
-}
+// IncomingAt gives the incoming edges of the node at position i of Nodes
+// (IncomingShared's) and, in the same order, their sources' positions,
+// for hot paths: the caller must not modify the slices.
+func (w *Workflow) IncomingAt(i int) ([]Edge, []int) { return w.inAt[i], w.inFrom[i] }
 
 // Index returns the position of node id in Nodes, or -1.
 func (w *Workflow) Index(id string) int {

@@ -62,9 +62,19 @@ func parseAt(raw []byte, depth int) (*Workflow, error) {
 	if ps := w.check(); len(ps) > 0 {
 		return nil, &ValidationError{Workflow: w.Name, Problems: ps}
 	}
-	w.inEdges = make(map[string][]Edge, len(w.incoming))
-	for id, idx := range w.incoming {
-		w.inEdges[id] = w.edges(idx)
+	w.orderIdx = make([]int, len(w.order))
+	for k, id := range w.order {
+		w.orderIdx[k] = w.byID[id]
+	}
+	w.inAt, w.inFrom = make([][]Edge, len(w.Nodes)), make([][]int, len(w.Nodes))
+	for i, n := range w.Nodes {
+		if w.byID[n.ID] != i {
+			continue // a duplicate id, refused by check
+		}
+		w.inAt[i] = w.edges(w.incoming[n.ID])
+		for _, e := range w.inAt[i] {
+			w.inFrom[i] = append(w.inFrom[i], w.byID[e.From])
+		}
 	}
 	return w, nil
 }

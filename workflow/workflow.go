@@ -43,7 +43,12 @@ type Workflow struct {
 	exprs    *conditions          // compiled conditions, by expression
 	subs     map[string]*Workflow // nested workflows by node id (loop bodies, subagents)
 	depth    int                  // how deeply this workflow is nested in its document
-	inEdges  map[string][]Edge    // Incoming, precomputed
+	// The graph by node index, for walks that look up no names: the
+	// order's indexes, and each node's incoming edges with their
+	// sources' indexes (parallel slices).
+	orderIdx []int
+	inAt     [][]Edge
+	inFrom   [][]int
 }
 
 // Node is one node of the graph. Data holds the type's settings, decoded by
