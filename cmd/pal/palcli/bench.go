@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -296,6 +297,11 @@ func benchMode(ctx context.Context, o palbench.Options, steps, runs, spr int, su
 // process's memory at its end.
 func (e *env) benchBurst(ctx context.Context, o palbench.Options, mode string, total, runs, spr int, profile string) error {
 	fmt.Fprintf(e.stderr, "pal bench: %s mode, %d runs of %d steps, %d in flight…\n", mode, total, spr, runs)
+	if profile != "" {
+		// A sample every 4 KiB instead of 512 KiB: the profile names the
+		// small allocations that add up, too.
+		runtime.MemProfileRate = 4 << 10
+	}
 	env, err := palbench.Start(ctx, o)
 	if err != nil {
 		return err
