@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"testing"
@@ -108,14 +109,18 @@ func TestBrowserGraph(t *testing.T) {
 	br.do(chromedp.Click(chromedp.CSS(`.gnode[data-node="ok"] .box`)))
 	br.waitJS("ok's detail", `!document.querySelector('#detail').hidden && document.querySelector('#detail h2').textContent === "ok"`)
 	require.True(t, eval[bool](br, `document.documentElement.scrollWidth <= 800`), "nothing scrolls the page sideways")
-	require.False(t, eval[bool](br, overlapJS+`overlap('#detail', '#graph .legend') || overlap('#detail', '#graph-box')`))
+	require.False(t, overlaps(br, "#detail", "#graph .legend"))
+	require.False(t, overlaps(br, "#detail", "#graph-box"))
 	br.screenshot(t, "graph-800")
 }
 
-// overlapJS defines overlap(a, b): whether the first elements a and b
-// select have intersecting bounding rectangles.
-const overlapJS = `const overlap = (a, b) => { const r = document.querySelector(a).getBoundingClientRect(), s = document.querySelector(b).getBoundingClientRect();
-  return r.width > 0 && s.width > 0 && r.left < s.right && s.left < r.right && r.top < s.bottom && s.top < r.bottom; };`
+// overlaps reports whether the first elements selectors a and b select
+// are both shown and have intersecting bounding rectangles.
+func overlaps(br *browser, a, b string) bool {
+	br.t.Helper()
+	return eval[bool](br, fmt.Sprintf(`((a, b) => { const r = document.querySelector(a).getBoundingClientRect(), s = document.querySelector(b).getBoundingClientRect();
+	  return r.width > 0 && s.width > 0 && r.left < s.right && s.left < r.right && r.top < s.bottom && s.top < r.bottom; })(%q, %q)`, a, b))
+}
 
 // TestBrowserAxis: a run that waited seconds for a signal between steps of
 // a tenth of a second. The compressed axis draws the wait as a break
@@ -199,8 +204,8 @@ func TestBrowserAxis(t *testing.T) {
 		br.waitJS("the window's width", `window.innerWidth === `+jsInt(w))
 		br.do(chromedp.Click(chromedp.CSS(`.wf-row[data-step="hold"] .step-id`)))
 		br.waitJS("hold's detail", `!document.querySelector('#detail').hidden && document.querySelector('#detail h2').textContent === "hold"`)
-		for _, sel := range []string{"#view-waterfall .legend", "#expand-all", "#collapse-all", "#lanes-view", "#axis-mode", "#axis", "#actions"} {
-			require.False(t, eval[bool](br, overlapJS+`overlap('#detail', '`+sel+`')`), "at %d px the detail panel covers %s", w, sel)
+		for _, sel := range []string{"#view-waterfall .legend", "#expand-all", "#collapse-all", "#lanes-view", "#axis-mode", "#axis", "#actions", ".top"} {
+			require.False(t, overlaps(br, "#detail", sel), "at %d px the detail panel covers %s", w, sel)
 		}
 		require.True(t, eval[bool](br, `document.documentElement.scrollWidth <= window.innerWidth`), "at %d px nothing scrolls sideways", w)
 		require.Equal(t, "compressed", eval[string](br, `document.body.dataset.axis`), "at %d px", w)

@@ -192,13 +192,17 @@
       }
     }
     ticks.sort((a, b) => (b.start ? 1 : 0) - (a.start ? 1 : 0)); // a break's ends first
+    const placed = [];
     for (const k of ticks) {
       const x = scale.x(k.t) / 100 * px;
-      const left = k.t === 0 || k.start;
-      const l = left ? x : x - 45, r = left ? x + 90 : x + 45;
+      k.left = k.t === 0 || k.start;
+      const l = k.left ? x : x - 45, r = k.left ? x + 90 : x + 45;
       if (!free(l, r)) continue;
       taken.push([l, r]);
-      const tick = pal.el("span", "tick" + (left ? " left" : ""), pal.ms(k.t));
+      placed.push(k);
+    }
+    for (const k of placed.sort((a, b) => a.t - b.t)) {
+      const tick = pal.el("span", "tick" + (k.left ? " left" : ""), pal.ms(k.t));
       tick.style.left = scale.x(k.t) + "%";
       tick.dataset.ms = k.t;
       frag.appendChild(tick);
