@@ -127,7 +127,7 @@ func overlaps(br *browser, a, b string) bool {
 // labelled with its real length, the ticks on each side of it true to
 // real times, and the steps at least twice as wide as the linear axis
 // does (and wider than 60 px); the toggle switches to the linear axis,
-// which has no break. At 1400 px and at 800 px the step detail panel
+// which has no break; a drag across the axis zooms into a bar. At 1400 px and at 800 px the step detail panel
 // overlaps neither the legend nor its buttons, and nothing scrolls
 // sideways.
 func TestBrowserAxis(t *testing.T) {
@@ -196,6 +196,26 @@ func TestBrowserAxis(t *testing.T) {
 	br.screenshot(t, "axis-linear")
 	br.do(chromedp.Click(chromedp.CSS(`#axis-mode`)))
 	br.waitJS("the compressed axis again", `document.body.dataset.axis === "compressed"`)
+
+	// A drag across the axis over c's bar zooms into it: c fills most of
+	// the track, and every tick is a real time after the wait.
+	type rect struct{ Left, Right, Y float64 }
+	bar := eval[rect](br, `(() => { const r = document.querySelector('.wf-row[data-step="c"] .seg').getBoundingClientRect(),
+	  a = document.querySelector('#axis').getBoundingClientRect(); return {Left: r.left, Right: r.right, Y: a.top + a.height / 2}; })()`)
+	br.do(chromedp.MouseEvent(chromedp.MousePressed, bar.Left+1, bar.Y, chromedp.ButtonLeft, chromedp.ClickCount(1)),
+		chromedp.MouseEvent(chromedp.MouseMoved, (bar.Left+bar.Right)/2, bar.Y, chromedp.ButtonLeft),
+		chromedp.MouseEvent(chromedp.MouseMoved, bar.Right-1, bar.Y, chromedp.ButtonLeft),
+		chromedp.MouseEvent(chromedp.MouseReleased, bar.Right-1, bar.Y, chromedp.ButtonLeft, chromedp.ClickCount(1)))
+	br.waitJS("the zoomed axis", `document.body.dataset.axis === "zoomed" && !document.querySelector('#zoom-reset').hidden`)
+	track := eval[float64](br, `document.querySelector('#axis').getBoundingClientRect().width`)
+	require.Greater(t, width("c"), 0.9*track, "c fills the zoomed track")
+	for _, k := range ticks() {
+		require.GreaterOrEqual(t, k.Ms, brk.Ms, "a tick of the zoomed stretch: %+v", k)
+	}
+	require.Zero(t, eval[int](br, `document.querySelectorAll('#overlay .marker').length`), "the drives lie before the stretch shown")
+	br.screenshot(t, "axis-zoomed")
+	br.do(chromedp.Click(chromedp.CSS(`#zoom-reset`)))
+	br.waitJS("the compressed axis after the zoom", `document.body.dataset.axis === "compressed" && document.querySelector('#zoom-reset').hidden`)
 
 	// The detail panel beside the page at 1400 px, below it at 800 px:
 	// it covers neither the legend nor its buttons.

@@ -19,6 +19,7 @@
   const cancelBtn = document.getElementById("cancel");
   const lanesBtn = document.getElementById("lanes-view");
   const axisBtn = document.getElementById("axis-mode");
+  const zoomBtn = document.getElementById("zoom-reset");
   const terminal = new Set(["succeeded", "failed", "cancelled"]);
   const expanded = new Set();
   const collapsed = new Set(); // rows the user folded that would open by default
@@ -30,6 +31,7 @@
   let tab = "waterfall"; // or "journal", "graph"
   let axisMode = "compressed"; // or "linear"
   let scale = null; // the axis: time → % of the track (makeScale)
+  let zoom = null; // {t0, t1}: the stretch of time a drag on the axis chose
 
   // streamed is each step's text as its deltas tell it, by step id: the
   // call it belongs to, the next index, and the text and thinking so far.
@@ -109,6 +111,12 @@
   // makeScale is the axis for a track px wide: x(ms) gives the % of the
   // track, pieces the linear stretches and the breaks between them.
   function makeScale(span, px) {
+    if (zoom) {
+      // Zoomed: linear over the chosen stretch; what lies outside is
+      // clipped by the track (body[data-zoomed]).
+      const { t0, t1 } = zoom;
+      return { x: ms => Math.max(-1, Math.min(101, (ms - t0) / (t1 - t0) * 100)), pieces: [{ t0, t1, x0: 0, x1: 100 }], breaks: [] };
+    }
     const lin = { x: ms => pct(ms, span), pieces: [{ t0: 0, t1: span, x0: 0, x1: 100 }], breaks: [] };
     if (axisMode !== "compressed" || !(span > 0) || !(px > 0)) return lin;
     const iv = [];
@@ -209,9 +217,51 @@
     }
     axis.replaceChildren(frag);
     document.body.dataset.axisWidth = px; // the width the ticks were laid out for
-    document.body.dataset.axis = scale.breaks.length ? "compressed" : "linear";
+    document.body.dataset.axis = zoom ? "zoomed" : scale.breaks.length ? "compressed" : "linear";
     document.body.dataset.breaks = scale.breaks.length;
+    document.body.dataset.zoomed = zoom ? "true" : "false";
   }
+
+  // timeAt is the time at x% of the track: the scale inverted.
+  function timeAt(x) {
+    for (const p of scale.pieces) {
+      if (x <= p.x1) return p.x1 > p.x0 ? p.t0 + Math.max(0, x - p.x0) / (p.x1 - p.x0) * (p.t1 - p.t0) : p.t0;
+    }
+    const last = scale.pieces[scale.pieces.length - 1];
+    return last ? last.t1 : 0;
+  }
+
+  // A drag across the axis zooms into the stretch it covers (at least
+  // 8 px; at most down to a hundredth of a millisecond); Reset zoom
+  // goes back.
+  axis.addEventListener("mousedown", ev => {
+    if (ev.button !== 0 || !wf || tab !== "waterfall") return;
+    ev.preventDefault();
+    const box = axis.getBoundingClientRect();
+    const at = e => Math.max(0, Math.min(box.width, e.clientX - box.left));
+    const x0 = at(ev);
+    const sel = pal.el("div", "zoom-sel");
+    axis.appendChild(sel);
+    const move = e => {
+      const x1 = at(e);
+      sel.style.left = Math.min(x0, x1) + "px";
+      sel.style.width = Math.abs(x1 - x0) + "px";
+    };
+    const up = e => {
+      window.removeEventListener("mousemove", move);
+      window.removeEventListener("mouseup", up);
+      sel.remove();
+      const x1 = at(e);
+      if (Math.abs(x1 - x0) < 8) return;
+      const t0 = timeAt(Math.min(x0, x1) / box.width * 100), t1 = timeAt(Math.max(x0, x1) / box.width * 100);
+      if (t1 - t0 < 0.01) return;
+      zoom = { t0, t1 };
+      draw();
+    };
+    move(ev);
+    window.addEventListener("mousemove", move);
+    window.addEventListener("mouseup", up);
+  });
 
   // visibleRows flattens the tree as it is folded: a run's rows, and the
   // rows of child runs folded out under their step, shifted onto this
@@ -368,7 +418,10 @@
       band.title = "the run only waited for " + pal.ms(b.t1 - b.t0);
       frag.appendChild(band);
     }
+    // Zoomed, only the markers of the stretch shown.
+    const shown = ms => !zoom || (ms >= zoom.t0 && ms <= zoom.t1);
     for (const d of wf.drives) {
+      if (!shown(d.at_ms)) continue;
       const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : "") + (scale.x(d.at_ms) > 70 ? " flip" : ""));
       m.style.left = scale.x(d.at_ms) + "%";
       m.dataset.worker = d.worker;
@@ -378,6 +431,7 @@
       frag.appendChild(m);
     }
     for (const k of wf.marks) {
+      if (!shown(k.at_ms)) continue;
       const m = pal.el("div", "marker mark kind-" + k.kind + (scale.x(k.at_ms) > 70 ? " flip" : ""));
       m.style.left = scale.x(k.at_ms) + "%";
       m.dataset.kind = k.kind;
@@ -437,7 +491,8 @@
     if (selected) drawDetail();
     scale = makeScale(span, axis.clientWidth);
     drawAxis(span);
-    axisBtn.hidden = axisMode === "compressed" && scale.breaks.length === 0;
+    axisBtn.hidden = !!zoom || (axisMode === "compressed" && scale.breaks.length === 0);
+    zoomBtn.hidden = !zoom;
     axisBtn.textContent = axisMode === "compressed" ? "Linear axis" : "Compressed axis";
     const frag = document.createDocumentFragment();
     if (lanesView) for (const row of laneRows(span)) frag.appendChild(row);
@@ -773,6 +828,10 @@
     requestAnimationFrame(() => { resizing = false; draw(); });
   });
 
+  zoomBtn.addEventListener("click", () => {
+    zoom = null;
+    draw();
+  });
   axisBtn.addEventListener("click", () => {
     axisMode = axisMode === "compressed" ? "linear" : "compressed";
     draw();
