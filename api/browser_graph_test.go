@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,7 +41,8 @@ const graphWorkflow = `{"name":"graph","nodes":[{"id":"start","type":"trigger"},
 // link from the loop to its body; a click on a node opens its step's
 // detail, the same panel as the waterfall's (a loop body's node: its
 // latest iteration); a node not reached opens none. At 800 px the graph
-// scrolls in its box, and the panel covers neither it nor the legend.
+// scrolls in its box, and the panel covers neither it nor the legend. A
+// workflow of 1,000 nodes, the most validation allows, is drawn whole.
 func TestBrowserGraph(t *testing.T) {
 	b := setup(t)
 	boom := func(context.Context, json.RawMessage) (json.RawMessage, error) {
@@ -112,6 +114,29 @@ func TestBrowserGraph(t *testing.T) {
 	require.False(t, overlaps(br, "#detail", "#graph .legend"))
 	require.False(t, overlaps(br, "#detail", "#graph-box"))
 	br.screenshot(t, "graph-800")
+
+	// The largest workflow validation allows, 1,000 nodes: a chain of
+	// 998 behind a condition that is false, so the run ends at once and
+	// every node is drawn, 997 of them not reached.
+	var nodesJSON, edgesJSON strings.Builder
+	nodesJSON.WriteString(`{"id":"start","type":"trigger"},{"id":"a","type":"tool","data":{"tool":"echo","input":{}}}`)
+	edgesJSON.WriteString(`{"from":"start","to":"a"},{"from":"a","to":"n0","condition":"input.go == true"}`)
+	for i := range 998 {
+		fmt.Fprintf(&nodesJSON, `,{"id":"n%d","type":"tool","data":{"tool":"echo","input":{}}}`, i)
+		if i > 0 {
+			fmt.Fprintf(&edgesJSON, `,{"from":"n%d","to":"n%d"}`, i-1, i)
+		}
+	}
+	big := b.Start(t, `{"name":"big","nodes":[`+nodesJSON.String()+`],"edges":[`+edgesJSON.String()+`]}`, `{"go":false}`)
+	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, big).Kind)
+	br.do(chromedp.EmulateViewport(1400, 900), chromedp.Navigate(b.url+"/runs/"+big+"#graph"))
+	br.waitJS("the large graph", `document.body.dataset.status === "succeeded" && document.querySelectorAll('#graph-box .gnode').length === 1000`)
+	require.Equal(t, 999, eval[int](br, `document.querySelectorAll('#graph-box path.edge').length`))
+	require.Equal(t, 998, eval[int](br, `document.querySelectorAll('#graph-box .gnode.status-not_reached').length`))
+	t.Logf("1,000 nodes: layout %s ms, drawing %s ms", eval[string](br, `document.querySelector('#graph-box').dataset.layoutMs`),
+		eval[string](br, `document.querySelector('#graph-box').dataset.drawMs`))
+	require.True(t, eval[bool](br, `document.documentElement.scrollWidth <= window.innerWidth`), "the graph scrolls in its box, not the page")
+	br.screenshot(t, "graph-1000")
 }
 
 // overlaps reports whether the first elements selectors a and b select

@@ -153,8 +153,13 @@ pal.graph = function (box, metaEl, onSelect) {
     const k = g.nodes.map(x => x.id).join("\n") + "\n\n" + g.edges.map(e => e.from + "\n" + e.to).join("\n");
     if (k !== key || !box.querySelector("svg")) {
       key = k;
+      const t0 = performance.now();
       placed = layout(g);
+      const t1 = performance.now();
       drawAll(g, selected);
+      // How long the layout and the drawing took, for the curious.
+      box.dataset.layoutMs = (t1 - t0).toFixed(1);
+      box.dataset.drawMs = (performance.now() - t1).toFixed(1);
     } else {
       // The same workflow: only the outcomes change.
       const els = box.querySelectorAll(".gnode");
