@@ -547,7 +547,7 @@ func TestBrowserCancel(t *testing.T) {
 	require.False(t, g.Open)
 	require.InDelta(t, 100, g.End, 0.01, "the bar ends at the run's end")
 	require.Zero(t, eval[int](br, `document.querySelectorAll('.seg.running, .wf-row.status-running').length`))
-	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('.legend .sw.interrupted').length`))
+	require.Equal(t, 1, eval[int](br, `document.querySelectorAll('#view-waterfall .legend .sw.interrupted').length`))
 	br.screenshot(t, "cancelled")
 }
 

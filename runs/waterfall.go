@@ -45,6 +45,9 @@ type Waterfall struct {
 	// Lanes is how many lanes the lane view has: the most steps that
 	// were in flight at once (readmodel.Lanes); each row says its Lane.
 	Lanes int `json:"lanes"`
+	// Graph is the run's workflow, each node with its outcome (GraphOf),
+	// for the graph tab; absent for a plain LLM run.
+	Graph *Graph `json:"graph,omitempty"`
 }
 
 // WaterfallRow is one step of a Waterfall.
@@ -340,6 +343,7 @@ func WaterfallOf(evs []event.Event, st *engine.RunState, now time.Time) *Waterfa
 	}
 	w.Lanes = laneRows(w.Rows)
 	spanRows(w.Rows, runEnded, ms(end))
+	w.Graph = GraphOf(st.Workflow, w.Rows)
 	return w
 }
 

@@ -2,6 +2,8 @@ package runs_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/palrun/pal/engine"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/runs"
+	"github.com/palrun/pal/workflow"
 )
 
 // TestWaterfallOfNesting folds a hand-made journal of an agent with turns
@@ -317,4 +320,91 @@ func (j *timedJournal) add(ms int, k event.Kind, step string, attempt int, data 
 	ev := event.MustNew(k, step, attempt, data)
 	ev.RunID, ev.Seq, ev.TS = "r1", uint64(len(j.evs)+1), j.t0.Add(time.Duration(ms)*time.Millisecond)
 	j.evs = append(j.evs, ev)
+}
+
+// TestWaterfallGraph: the waterfall carries the run's workflow as a graph,
+// its loop body's and its subagent's workflows included, each node with
+// its outcome: a failed branch, a completed one, a node not reached, a
+// loop body node running in its second iteration, the trigger fired.
+func TestWaterfallGraph(t *testing.T) {
+	t.Parallel()
+	wf := `{"name":"g","nodes":[{"id":"start","type":"trigger"},
+	  {"id":"ok","type":"tool","data":{"tool":"echo"}},
+	  {"id":"bad","type":"tool","data":{"tool":"echo"},"onFailure":"continue"},
+	  {"id":"each","type":"loop","data":{"over":"{{input.items}}","body":{"name":"b","nodes":[{"id":"start","type":"trigger"},
+	    {"id":"t","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"t"}]}}},
+	  {"id":"sub","type":"subagent","data":{"workflow":{"name":"c","nodes":[{"id":"start","type":"trigger"},
+	    {"id":"x","type":"tool","data":{"tool":"echo"}}],"edges":[{"from":"start","to":"x"}]}}},
+	  {"id":"later","type":"tool","data":{"tool":"echo"}}],
+	  "edges":[{"from":"start","to":"ok"},{"from":"start","to":"bad"},{"from":"ok","to":"each"},{"from":"each","to":"sub"},
+	    {"from":"sub","to":"later","condition":"true"}]}`
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	j := &timedJournal{t0: t0}
+	start := func(ms int, step, node, typ string) {
+		j.add(ms, event.StepStarted, step, 1, event.StepStartedData{NodeID: node, NodeType: typ, IdempotencyKey: "k-" + step})
+	}
+	j.add(0, event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(wf), WorkflowName: "g", Input: json.RawMessage(`{"items":[1,2]}`)})
+	start(1, "ok", "ok", "tool")
+	j.add(2, event.StepCompleted, "ok", 1, event.StepCompletedData{Output: json.RawMessage(`{}`)})
+	start(3, "bad", "bad", "tool")
+	j.add(4, event.StepFailed, "bad", 1, event.StepFailedData{Error: "no", Class: "tool"})
+	start(5, "each[0].t", "t", "tool")
+	j.add(6, event.StepCompleted, "each[0].t", 1, event.StepCompletedData{Output: json.RawMessage(`{}`)})
+	start(7, "each[1].t", "t", "tool")
+	st, err := engine.Fold(j.evs)
+	require.NoError(t, err)
+	require.NotNil(t, st.Workflow, "%v", st.WorkflowErr)
+
+	g := runs.WaterfallOf(j.evs, st, t0.Add(time.Second)).Graph
+	require.NotNil(t, g)
+	status := map[string]string{}
+	for _, n := range g.Nodes {
+		status[n.ID] = n.Status
+	}
+	require.Equal(t, map[string]string{"start": "completed", "ok": "completed", "bad": "failed", "each": "running", "sub": "not_reached",
+		"later": "not_reached", "each/start": "completed", "each/t": "running", "sub/start": "child", "sub/x": "child"}, status)
+	byID := map[string]runs.GraphNode{}
+	for _, n := range g.Nodes {
+		byID[n.ID] = n
+	}
+	require.Equal(t, runs.GraphNode{ID: "each/t", Node: "t", Type: "tool", Parent: "each", Status: "running", StepID: "each[1].t", Steps: 2}, byID["each/t"])
+	require.Equal(t, "bad", byID["bad"].StepID)
+	require.Equal(t, []runs.GraphEdge{{From: "start", To: "ok"}, {From: "start", To: "bad"}, {From: "ok", To: "each"}, {From: "each", To: "sub"},
+		{From: "sub", To: "later", Condition: "true"}, {From: "each/start", To: "each/t"}, {From: "each", To: "each/start", Contains: true},
+		{From: "sub/start", To: "sub/x"}, {From: "sub", To: "sub/start", Contains: true}}, g.Edges)
+	require.False(t, g.Truncated)
+
+	// A plain LLM run has no graph.
+	require.Nil(t, runs.GraphOf(nil, nil))
+}
+
+// TestWaterfallGraphBound: a workflow whose loop bodies hold more nodes
+// than MaxGraphNodes in all is cut, outer workflow first, and says so.
+func TestWaterfallGraphBound(t *testing.T) {
+	t.Parallel()
+	body := func() string {
+		nodes := []string{`{"id":"start","type":"trigger"}`}
+		edges := []string{}
+		prev := "start"
+		for i := range 999 {
+			id := fmt.Sprintf("n%d", i)
+			nodes = append(nodes, fmt.Sprintf(`{"id":%q,"type":"tool","data":{"tool":"echo"}}`, id))
+			edges = append(edges, fmt.Sprintf(`{"from":%q,"to":%q}`, prev, id))
+			prev = id
+		}
+		return `{"name":"b","nodes":[` + strings.Join(nodes, ",") + `],"edges":[` + strings.Join(edges, ",") + `]}`
+	}()
+	var nodes, edges []string
+	nodes = append(nodes, `{"id":"start","type":"trigger"}`)
+	for i := range 6 {
+		nodes = append(nodes, fmt.Sprintf(`{"id":"l%d","type":"loop","data":{"over":"{{input.items}}","body":%s}}`, i, body))
+		edges = append(edges, fmt.Sprintf(`{"from":"start","to":"l%d"}`, i))
+	}
+	wf, err := workflow.Parse([]byte(`{"name":"big","nodes":[` + strings.Join(nodes, ",") + `],"edges":[` + strings.Join(edges, ",") + `]}`))
+	require.NoError(t, err)
+	g := runs.GraphOf(wf, nil)
+	require.True(t, g.Truncated)
+	require.LessOrEqual(t, len(g.Nodes), runs.MaxGraphNodes)
+	require.Len(t, g.Nodes, 7+4*1000, "the outer workflow and the bodies that fit")
+	require.Equal(t, "l3/n998", g.Nodes[len(g.Nodes)-1].ID)
 }

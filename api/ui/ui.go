@@ -10,7 +10,9 @@
 // /v1/runs/{id}/waterfall (the fold of its journal), refreshed while the
 // run is in flight on each event of GET /v1/runs/{id}/events. The run
 // page's Journal tab lists that feed's events as they come, from the
-// first, each envelope as sent (journal.js). The pages operate runs
+// first, each envelope as sent (journal.js); its Graph tab lays out and
+// draws the run's workflow, each node by its outcome, from the
+// waterfall's graph (graph.js). The pages operate runs
 // through the REST routes with the session's CSRF token: start.js starts
 // a deployed workflow, actions.js retries, forks, resumes, signals,
 // raises a budget and verifies a receipt; a page shows an action only to

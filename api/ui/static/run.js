@@ -3,7 +3,9 @@
 // again on each event of the run's SSE feed while the run is in flight.
 // The feed also carries the text LLM steps stream (event: delta, ?deltas=1),
 // shown growing in the step's row and detail panel until the step ends.
-// The Journal tab beside it lists the journal's events (journal.js).
+// The Journal tab beside it lists the journal's events (journal.js), the
+// Graph tab draws the run's workflow (graph.js). The axis is compressed:
+// long stretches in which the run only waited are drawn as breaks.
 "use strict";
 
 (function () {
@@ -16,6 +18,8 @@
   const approvals = document.getElementById("approvals");
   const cancelBtn = document.getElementById("cancel");
   const lanesBtn = document.getElementById("lanes-view");
+  const axisBtn = document.getElementById("axis-mode");
+  const zoomBtn = document.getElementById("zoom-reset");
   const terminal = new Set(["succeeded", "failed", "cancelled"]);
   const expanded = new Set();
   const collapsed = new Set(); // rows the user folded that would open by default
@@ -24,7 +28,10 @@
   let selected = "";
   let es = null;
   let lanesView = false; // one row per lane instead of one per step
-  let tab = "waterfall"; // or "journal"
+  let tab = "waterfall"; // or "journal", "graph"
+  let axisMode = "compressed"; // or "linear"
+  let scale = null; // the axis: time → % of the track (makeScale)
+  let zoom = null; // {t0, t1}: the stretch of time a drag on the axis chose
 
   // streamed is each step's text as its deltas tell it, by step id: the
   // call it belongs to, the next index, and the text and thinking so far.
@@ -72,19 +79,189 @@
     return 10 * p;
   }
 
+  // The compressed axis: a gap of at least BREAK_MIN_MS in which no step
+  // works (only waits, backoffs, parked time) is drawn as a break
+  // BREAK_PX wide, labelled with its real length, when at the scale of
+  // the rest it would be wider than two breaks; the longest gaps first,
+  // while the rest keeps half the track. Short steps beside an hour-long
+  // wait stay readable; between breaks the axis is linear.
+  const BREAK_PX = 56, BREAK_MIN_MS = 1000;
+
+  // busyOf adds the times in which some step of w (and of the child runs
+  // folded out, shifted onto this run's axis) worked: each attempt but
+  // its wait. A loop's or an agent's bar spans its nested steps, which
+  // say when it worked; folded rows count too, so folding changes
+  // nothing.
+  function busyOf(w, shift, out, seen) {
+    if (seen.has(w.run_id)) return;
+    seen.add(w.run_id);
+    for (const r of w.rows) {
+      if (r.node_type !== "loop" && r.node_type !== "agent") {
+        for (const s of r.segments) {
+          const a = s.start_ms + shift, b = s.end_ms + shift;
+          if (s.wait) out.push([a, s.wait.start_ms + shift], [s.wait.end_ms + shift, b]);
+          else out.push([a, b]);
+        }
+      }
+      const c = r.child_run_id && children.get(r.child_run_id);
+      if (c) busyOf(c, Date.parse(c.created_at) - Date.parse(w.created_at) + shift, out, seen);
+    }
+  }
+
+  // makeScale is the axis for a track px wide: x(ms) gives the % of the
+  // track, pieces the linear stretches and the breaks between them.
+  function makeScale(span, px) {
+    if (zoom) {
+      // Zoomed: linear over the chosen stretch; what lies outside is
+      // clipped by the track (body[data-zoomed]).
+      const { t0, t1 } = zoom;
+      return { x: ms => Math.max(-1, Math.min(101, (ms - t0) / (t1 - t0) * 100)), pieces: [{ t0, t1, x0: 0, x1: 100 }], breaks: [] };
+    }
+    const lin = { x: ms => pct(ms, span), pieces: [{ t0: 0, t1: span, x0: 0, x1: 100 }], breaks: [] };
+    if (axisMode !== "compressed" || !(span > 0) || !(px > 0)) return lin;
+    const iv = [];
+    busyOf(wf, 0, iv, new Set());
+    const busy = [];
+    for (const [a, b] of iv.map(([a, b]) => [Math.max(0, a), Math.min(span, b)]).filter(([a, b]) => b >= a).sort((p, q) => p[0] - q[0])) {
+      const last = busy[busy.length - 1];
+      if (last && a <= last[1]) last[1] = Math.max(last[1], b); else busy.push([a, b]);
+    }
+    if (busy.length === 0) return lin;
+    const gaps = [];
+    let prev = 0;
+    for (const [a, b] of busy) {
+      if (a - prev >= BREAK_MIN_MS) gaps.push([prev, a]);
+      prev = Math.max(prev, b);
+    }
+    if (span - prev >= BREAK_MIN_MS) gaps.push([prev, span]);
+    gaps.sort((p, q) => (q[1] - q[0]) - (p[1] - p[0]));
+    const chosen = [];
+    let cut = 0;
+    for (const g of gaps) {
+      const len = g[1] - g[0], room = px - (chosen.length + 1) * BREAK_PX, rest = span - cut - len;
+      if (room < px / 2 || rest <= 0 || len * room / rest <= 2 * BREAK_PX) break;
+      chosen.push(g);
+      cut += len;
+    }
+    if (chosen.length === 0) return lin;
+    chosen.sort((p, q) => p[0] - q[0]);
+    const perMs = (px - chosen.length * BREAK_PX) / (span - cut);
+    const pieces = [], breaks = [];
+    let t = 0, x = 0;
+    const P = v => v / px * 100;
+    for (const [a, b] of chosen) {
+      if (a > t) { pieces.push({ t0: t, t1: a, x0: P(x), x1: P(x + (a - t) * perMs) }); x += (a - t) * perMs; }
+      const br = { t0: a, t1: b, x0: P(x), x1: P(x + BREAK_PX), brk: true };
+      pieces.push(br);
+      breaks.push(br);
+      x += BREAK_PX;
+      t = b;
+    }
+    if (span > t) pieces.push({ t0: t, t1: span, x0: P(x), x1: 100 });
+    return {
+      pieces, breaks,
+      x(ms) {
+        if (!(ms > 0)) return 0;
+        for (const p of pieces) {
+          if (ms <= p.t1) return p.t1 > p.t0 ? p.x0 + (ms - p.t0) / (p.t1 - p.t0) * (p.x1 - p.x0) : p.x0;
+        }
+        return 100;
+      },
+    };
+  }
+
+  // drawAxis writes the ticks of each linear stretch of the axis, true
+  // to the real times on each side of a break, and each break's length.
+  // A tick label every 90 px at least, so labels such as "0.00 ms" and
+  // "2.00 s" never run together on a narrow window.
   function drawAxis(span) {
     const frag = document.createDocumentFragment();
-    // A tick label every 90 px at least, so labels such as "0.00 ms"
-    // and "2.00 s" never run together on a narrow window.
-    const step = niceStep(span || 1, Math.max(1, Math.min(8, Math.floor(axis.clientWidth / 90))));
-    for (let t = 0; t <= span + 1e-9; t += step) {
-      const tick = pal.el("span", "tick", pal.ms(t));
-      tick.style.left = pct(t, span) + "%";
+    const px = axis.clientWidth;
+    const taken = []; // [left, right] in px of the labels placed
+    const free = (l, r) => taken.every(([a, b]) => r <= a || l >= b);
+    for (const b of scale.breaks) {
+      const el = pal.el("span", "axis-break", pal.ms(b.t1 - b.t0));
+      el.style.left = b.x0 + "%";
+      el.style.width = (b.x1 - b.x0) + "%";
+      el.title = "the run only waited for " + pal.ms(b.t1 - b.t0) + ", from +" + pal.ms(b.t0) + " to +" + pal.ms(b.t1) + ": drawn " + BREAK_PX + " px wide";
+      el.dataset.ms = b.t1 - b.t0;
+      frag.appendChild(el);
+      taken.push([b.x0 / 100 * px, b.x1 / 100 * px]);
+    }
+    const ticks = [];
+    for (const p of scale.pieces) {
+      if (p.brk) continue;
+      const w = (p.x1 - p.x0) / 100 * px, dur = p.t1 - p.t0;
+      if (p.t0 > 0) ticks.push({ t: p.t0, start: true }); // just after a break
+      const step = niceStep(dur || 1, Math.max(1, Math.min(8, Math.floor(w / 90))));
+      for (let t = Math.ceil(p.t0 / step - 1e-9) * step; t <= p.t1 + 1e-9; t += step) {
+        if (p.t0 > 0 && t - p.t0 < step / 2) continue;
+        ticks.push({ t });
+      }
+    }
+    ticks.sort((a, b) => (b.start ? 1 : 0) - (a.start ? 1 : 0)); // a break's ends first
+    const placed = [];
+    for (const k of ticks) {
+      const x = scale.x(k.t) / 100 * px;
+      k.left = k.t === 0 || k.start;
+      const l = k.left ? x : x - 45, r = k.left ? x + 90 : x + 45;
+      if (!free(l, r)) continue;
+      taken.push([l, r]);
+      placed.push(k);
+    }
+    for (const k of placed.sort((a, b) => a.t - b.t)) {
+      const tick = pal.el("span", "tick" + (k.left ? " left" : ""), pal.ms(k.t));
+      tick.style.left = scale.x(k.t) + "%";
+      tick.dataset.ms = k.t;
       frag.appendChild(tick);
     }
     axis.replaceChildren(frag);
-    document.body.dataset.axisWidth = axis.clientWidth; // the width the ticks were laid out for
+    document.body.dataset.axisWidth = px; // the width the ticks were laid out for
+    document.body.dataset.axis = zoom ? "zoomed" : scale.breaks.length ? "compressed" : "linear";
+    document.body.dataset.breaks = scale.breaks.length;
+    document.body.dataset.zoomed = zoom ? "true" : "false";
   }
+
+  // timeAt is the time at x% of the track: the scale inverted.
+  function timeAt(x) {
+    for (const p of scale.pieces) {
+      if (x <= p.x1) return p.x1 > p.x0 ? p.t0 + Math.max(0, x - p.x0) / (p.x1 - p.x0) * (p.t1 - p.t0) : p.t0;
+    }
+    const last = scale.pieces[scale.pieces.length - 1];
+    return last ? last.t1 : 0;
+  }
+
+  // A drag across the axis zooms into the stretch it covers (at least
+  // 8 px; at most down to a hundredth of a millisecond); Reset zoom
+  // goes back.
+  axis.addEventListener("mousedown", ev => {
+    if (ev.button !== 0 || !wf || tab !== "waterfall") return;
+    ev.preventDefault();
+    const box = axis.getBoundingClientRect();
+    const at = e => Math.max(0, Math.min(box.width, e.clientX - box.left));
+    const x0 = at(ev);
+    const sel = pal.el("div", "zoom-sel");
+    axis.appendChild(sel);
+    const move = e => {
+      const x1 = at(e);
+      sel.style.left = Math.min(x0, x1) + "px";
+      sel.style.width = Math.abs(x1 - x0) + "px";
+    };
+    const up = e => {
+      window.removeEventListener("mousemove", move);
+      window.removeEventListener("mouseup", up);
+      sel.remove();
+      const x1 = at(e);
+      if (Math.abs(x1 - x0) < 8) return;
+      const t0 = timeAt(Math.min(x0, x1) / box.width * 100), t1 = timeAt(Math.max(x0, x1) / box.width * 100);
+      if (t1 - t0 < 0.01) return;
+      zoom = { t0, t1 };
+      draw();
+    };
+    move(ev);
+    window.addEventListener("mousemove", move);
+    window.addEventListener("mouseup", up);
+  });
 
   // visibleRows flattens the tree as it is folded: a run's rows, and the
   // rows of child runs folded out under their step, shifted onto this
@@ -145,8 +322,9 @@
     for (const s of r.segments) {
       const start = s.start_ms + v.shift, end = s.end_ms + v.shift;
       const seg = pal.el("div", "seg " + s.outcome + (s.open ? " open" : ""));
-      seg.style.left = pct(start, span) + "%";
-      seg.style.width = (pct(end, span) - pct(start, span)) + "%";
+      const x0 = scale.x(start), x1 = scale.x(end);
+      seg.style.left = x0 + "%";
+      seg.style.width = (x1 - x0) + "%";
       seg.dataset.attempt = s.attempt;
       seg.dataset.outcome = s.outcome;
       // Attempt 0 stands for a loop or an agent not journaled yet: its
@@ -154,11 +332,12 @@
       seg.title = (s.attempt ? "attempt " + s.attempt : "its nested steps") + (s.tries > 1 ? " (" + s.tries + " tries)" : "") + ": " + s.outcome +
         ", " + pal.ms(s.end_ms - s.start_ms) + (s.error ? " — " + s.error : "");
       if (s.wait) {
-        const ws = s.wait.start_ms + v.shift;
+        // Placed on the axis, which may be compressed inside the bar.
         const wait = pal.el("div", "wait");
-        const segW = Math.max(end - start, 1e-9);
-        wait.style.left = ((ws - start) / segW) * 100 + "%";
-        wait.style.width = ((s.wait.end_ms - s.wait.start_ms) / segW) * 100 + "%";
+        const segW = Math.max(x1 - x0, 1e-9);
+        const w0 = scale.x(s.wait.start_ms + v.shift), w1 = scale.x(s.wait.end_ms + v.shift);
+        wait.style.left = ((w0 - x0) / segW) * 100 + "%";
+        wait.style.width = ((w1 - w0) / segW) * 100 + "%";
         wait.dataset.reason = s.wait.reason || "";
         wait.title = "waited for " + (s.wait.reason || "input") + ": " + pal.ms(s.wait.end_ms - s.wait.start_ms) + (s.wait.open ? " so far" : "");
         seg.appendChild(wait);
@@ -194,8 +373,8 @@
       const track = rows[r.lane].lastChild;
       for (const s of r.segments) {
         const seg = pal.el("div", "seg " + s.outcome + (s.open ? " open" : "") + (r.step_id === selected ? " selected" : ""));
-        seg.style.left = pct(s.start_ms, span) + "%";
-        seg.style.width = (pct(s.end_ms, span) - pct(s.start_ms, span)) + "%";
+        seg.style.left = scale.x(s.start_ms) + "%";
+        seg.style.width = (scale.x(s.end_ms) - scale.x(s.start_ms)) + "%";
         seg.dataset.key = r.step_id;
         seg.dataset.step = r.step_id;
         seg.dataset.attempt = s.attempt;
@@ -229,11 +408,22 @@
     }
   }
 
-  function drawMarkers(span) {
+  function drawMarkers() {
     const frag = document.createDocumentFragment();
+    // Each break of a compressed axis, across the rows.
+    for (const b of scale.breaks) {
+      const band = pal.el("div", "wf-break");
+      band.style.left = b.x0 + "%";
+      band.style.width = (b.x1 - b.x0) + "%";
+      band.title = "the run only waited for " + pal.ms(b.t1 - b.t0);
+      frag.appendChild(band);
+    }
+    // Zoomed, only the markers of the stretch shown.
+    const shown = ms => !zoom || (ms >= zoom.t0 && ms <= zoom.t1);
     for (const d of wf.drives) {
-      const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : "") + (pct(d.at_ms, span) > 70 ? " flip" : ""));
-      m.style.left = pct(d.at_ms, span) + "%";
+      if (!shown(d.at_ms)) continue;
+      const m = pal.el("div", "marker drive" + (d.interrupted ? " interrupted" : "") + (scale.x(d.at_ms) > 70 ? " flip" : ""));
+      m.style.left = scale.x(d.at_ms) + "%";
       m.dataset.worker = d.worker;
       const label = "drive " + d.count + " · " + d.worker + (d.interrupted ? " · previous drive interrupted" : "");
       m.title = label + " at " + pal.ms(d.at_ms);
@@ -241,8 +431,9 @@
       frag.appendChild(m);
     }
     for (const k of wf.marks) {
-      const m = pal.el("div", "marker mark kind-" + k.kind + (pct(k.at_ms, span) > 70 ? " flip" : ""));
-      m.style.left = pct(k.at_ms, span) + "%";
+      if (!shown(k.at_ms)) continue;
+      const m = pal.el("div", "marker mark kind-" + k.kind + (scale.x(k.at_ms) > 70 ? " flip" : ""));
+      m.style.left = scale.x(k.at_ms) + "%";
       m.dataset.kind = k.kind;
       m.title = k.kind + (k.step_id ? " (" + k.step_id + ")" : "") + " at " + pal.ms(k.at_ms) + (k.data ? ": " + JSON.stringify(k.data) : "");
       m.appendChild(pal.el("span", "label", k.kind.replace(/_/g, " ")));
@@ -295,17 +486,24 @@
       a.href = "/runs/" + encodeURIComponent(wf.forked_from.run_id);
       document.getElementById("run-meta").appendChild(a);
     }
+    // The detail panel first: the page makes room for it, and the axis
+    // is laid out for the width left.
+    if (selected) drawDetail();
+    scale = makeScale(span, axis.clientWidth);
     drawAxis(span);
+    axisBtn.hidden = !!zoom || (axisMode === "compressed" && scale.breaks.length === 0);
+    zoomBtn.hidden = !zoom;
+    axisBtn.textContent = axisMode === "compressed" ? "Linear axis" : "Compressed axis";
     const frag = document.createDocumentFragment();
     if (lanesView) for (const row of laneRows(span)) frag.appendChild(row);
     else for (const v of visibleRows(wf, 0, 0, "", [])) frag.appendChild(drawRow(v, span));
     rowsEl.replaceChildren(overlay, frag);
     document.body.dataset.view = lanesView ? "lanes" : "steps";
     lanesBtn.textContent = lanesView ? "Step view" : "Lane view";
-    drawMarkers(span);
+    drawMarkers();
+    if (tab === "graph") graphView.draw(wf.graph, selected);
     drawApprovals();
     cancelBtn.hidden = terminal.has(wf.status) || !pal.may("cancel");
-    if (selected) drawDetail();
     // The run's actions (actions.js) follow its status and steps.
     document.dispatchEvent(new CustomEvent("pal:waterfall", { detail: wf }));
     // How long drawing took, for the benchmark and the curious.
@@ -441,7 +639,7 @@
   }
 
   function drawDetail() {
-    if (tab !== "waterfall") { detail.hidden = true; return; }
+    if (tab === "journal") { detail.hidden = true; return; }
     const v = findSelected();
     if (!v) { detail.hidden = true; return; }
     const r = v.r;
@@ -578,30 +776,45 @@
     if (seg) {
       selected = seg.dataset.key;
       draw();
+      showDetail();
       return;
     }
     const row = ev.target.closest(".wf-row");
     if (!row) return;
     selected = row.dataset.key;
     draw();
+    showDetail();
   });
+
+  // showDetail brings the detail panel into view where it is laid out
+  // below the page (a narrow window) rather than beside it.
+  function showDetail() {
+    if (!detail.hidden && getComputedStyle(detail).position === "static") detail.scrollIntoView({ block: "nearest" });
+  }
 
   // The tabs: the waterfall, or the journal's events (#journal in the
   // address opens the journal).
   const journal = pal.journal(runID, kinds);
+  // The graph's nodes open their step's detail, as the waterfall's rows do.
+  const graphView = pal.graph(document.getElementById("graph-box"), document.getElementById("graph-meta"), step => {
+    selected = step;
+    if (!step) detail.hidden = true;
+    draw();
+    showDetail();
+  });
   function showTab(name) {
     tab = name;
     document.body.dataset.tab = name;
     document.getElementById("view-waterfall").hidden = name !== "waterfall";
     document.getElementById("journal").hidden = name !== "journal";
+    document.getElementById("graph").hidden = name !== "graph";
     for (const b of document.querySelectorAll(".tabs .tab")) b.setAttribute("aria-selected", b.id === "tab-" + name ? "true" : "false");
     if (name === "journal") { detail.hidden = true; journal.show(); }
     else if (wf) draw();
-    history.replaceState(null, "", name === "journal" ? "#journal" : location.pathname + location.search);
+    history.replaceState(null, "", name === "waterfall" ? location.pathname + location.search : "#" + name);
   }
-  document.getElementById("tab-waterfall").addEventListener("click", () => showTab("waterfall"));
-  document.getElementById("tab-journal").addEventListener("click", () => showTab("journal"));
-  const tabOfAddress = () => location.hash === "#journal" ? "journal" : "waterfall";
+  for (const name of ["waterfall", "journal", "graph"]) document.getElementById("tab-" + name).addEventListener("click", () => showTab(name));
+  const tabOfAddress = () => location.hash === "#journal" ? "journal" : location.hash === "#graph" ? "graph" : "waterfall";
   window.addEventListener("hashchange", () => showTab(tabOfAddress()));
   showTab(tabOfAddress());
 
@@ -610,7 +823,18 @@
   window.addEventListener("resize", () => {
     if (resizing || !wf || tab !== "waterfall") return;
     resizing = true;
-    requestAnimationFrame(() => { resizing = false; drawAxis(wf.span_ms); drawMarkers(wf.span_ms); });
+    // The compressed axis's breaks are so many pixels wide: the
+    // rows are drawn again for the new width.
+    requestAnimationFrame(() => { resizing = false; draw(); });
+  });
+
+  zoomBtn.addEventListener("click", () => {
+    zoom = null;
+    draw();
+  });
+  axisBtn.addEventListener("click", () => {
+    axisMode = axisMode === "compressed" ? "linear" : "compressed";
+    draw();
   });
 
   lanesBtn.addEventListener("click", () => {
