@@ -526,7 +526,7 @@ const devClusterDatabase = "pal_cluster"
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", natsauth.EnvUsers, "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
-	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", envDevFake}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev
 // --no-worker (the workers come later). nc is the worker role's.
@@ -586,7 +586,11 @@ const defaultDevStreamPace = 30 * time.Millisecond
 // the variables that point a worker at it.
 func (e *env) devProviders() (provider.Registry, string, map[string]string, func(), error) {
 	if e.getenv("OPENAI_API_KEY") != "" || e.getenv("ANTHROPIC_API_KEY") != "" {
-		return e.providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
+		providers, err := e.providersFromEnv()
+		if err != nil {
+			return nil, "", nil, nil, err
+		}
+		return providers, "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
 	}
 	pace := defaultDevStreamPace
 	if v := e.getenv(envDevStreamPace); v != "" {
@@ -608,9 +612,16 @@ func (e *env) devProviders() (provider.Registry, string, map[string]string, func
 	vars := map[string]string{
 		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
 		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",
+		// The workers send the nodes' fake blocks to it.
+		envDevFake: "1",
 	}
 	note := fmt.Sprintf("built-in fake provider at %s (set OPENAI_API_KEY or ANTHROPIC_API_KEY for real calls)", fake.URL())
-	return providersOf(func(k string) string { return vars[k] }), note, vars, fake.Close, nil
+	providers, err := providersOf(func(k string) string { return vars[k] })
+	if err != nil {
+		fake.Close()
+		return nil, "", nil, nil, err
+	}
+	return providers, note, vars, fake.Close, nil
 }
 
 // listenAddr turns PAL_NATS_URL into the embedded server's listen address;
