@@ -64,7 +64,7 @@ While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
 nkeys), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
-with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
+with the fake provider, OPENAI_*, ANTHROPIC_* and PAL_DEV_FAKE=1) to dev.env in its data
 directory, readable by you only. Every other pal command run in this
 directory or below it (or anywhere, with PAL_HOME naming the data
 directory; PAL_DATA_DIR is its earlier name) uses those values for the
@@ -79,7 +79,10 @@ variables.
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
 built-in fake provider that answers "echo: <prompt>" and, offered tools,
 first calls each of them once (arguments made from its schema), then
-answers with their results.`,
+answers with their results. An ai-step's or agent's "fake" block scripts
+it: its turns (tool calls, text or json) and a failure (HTTP status, how
+many times); workers send the block only with PAL_DEV_FAKE=1 and only to a
+provider on loopback.`,
 		Args: cobra.NoArgs,
 		RunE: e.withSettings(e.runDev),
 	}
