@@ -76,8 +76,9 @@ func TestAdapters(t *testing.T) {
 }
 
 // TestAdaptersFakeHeader: a request's Fake reaches the server as the
-// X-Pal-Fake and X-Pal-Fake-Step headers only from an adapter configured
-// for pal dev's fake (DevFake); the fake then answers from the block.
+// X-Pal-Fake, X-Pal-Fake-Step and X-Pal-Fake-Turn headers only from an
+// adapter configured for pal dev's fake (DevFake); the fake then answers
+// from the block.
 // Without DevFake the headers are never sent, and the answer is the
 // fake's default.
 func TestAdaptersFakeHeader(t *testing.T) {
@@ -96,6 +97,7 @@ func TestAdaptersFakeHeader(t *testing.T) {
 			call := b.srv.Calls()[0]
 			require.Empty(t, call.Header.Values(provider.FakeHeader), "not sent without DevFake")
 			require.Empty(t, call.Header.Values(provider.FakeStepHeader))
+			require.Empty(t, call.Header.Values(provider.FakeTurnHeader))
 
 			dev := a.dev(b.srv.URL(), b.hc)
 			resp, err = dev.Complete(ctx, req, nil)
@@ -104,6 +106,7 @@ func TestAdaptersFakeHeader(t *testing.T) {
 			call = b.srv.Calls()[1]
 			require.Equal(t, req.Fake.Script, call.Header.Get(provider.FakeHeader))
 			require.Equal(t, "run1/ask", call.Header.Get(provider.FakeStepHeader))
+			require.Equal(t, "0", call.Header.Get(provider.FakeTurnHeader))
 
 			// DevFake and no Fake on the request: nothing sent.
 			_, err = dev.Complete(ctx, hello(key(t)), nil)

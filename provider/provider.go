@@ -108,8 +108,9 @@ type Request struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	// Fake, when set, scripts pal dev's fake provider: a provider
 	// configured for it (DevFake in provider/openai's and
-	// provider/anthropic's Config) sends it as the FakeHeader and
-	// FakeStepHeader headers; any other ignores it. Never journaled.
+	// provider/anthropic's Config) sends it as the FakeHeader,
+	// FakeStepHeader and FakeTurnHeader headers; any other ignores it.
+	// Never journaled.
 	Fake *Fake `json:"-"`
 }
 
@@ -121,6 +122,9 @@ const (
 	// FakeStepHeader names the step the block's failures are counted
 	// under: "<run id>/<step id>".
 	FakeStepHeader = "X-Pal-Fake-Step"
+	// FakeTurnHeader is the turn of the block that answers: an agent
+	// turn's index, 0 for an ai-step.
+	FakeTurnHeader = "X-Pal-Fake-Turn"
 )
 
 // Fake is what a request tells pal dev's fake provider: the node's fake
@@ -131,6 +135,9 @@ type Fake struct {
 	// Step is "<run id>/<step id>": the node's step (an agent's, for each
 	// of its turns).
 	Step string
+	// Turn is the index of the turn that answers: the agent turn's, 0 for
+	// an ai-step (whatever assistant messages its prompt or thread holds).
+	Turn int
 }
 
 // Usage is the token accounting the provider reported. InputTokens counts

@@ -62,14 +62,40 @@ func TestFakeBlockScriptsAnAgent(t *testing.T) {
 			require.NotContains(t, string(data[event.StepStartedData](t, ev).Input), "fake", "%s %s", prov, ev.StepID)
 		}
 
-		var scripted int
+		var turns []string
 		for _, c := range b.LLM.Calls() {
 			if c.Header.Get(provider.FakeStepHeader) == runID+"/ask" {
-				scripted++
+				turns = append(turns, c.Header.Get(provider.FakeTurnHeader))
 				require.NotNil(t, c.Fake, prov)
 			}
 		}
-		require.Equal(t, 3, scripted, "%s: the failure, turn 0 and turn 1, counted under the agent's step", prov)
+		require.Equal(t, []string{"0", "0", "1"}, turns, "%s: the failure, turn 0 and turn 1, counted under the agent's step", prov)
 	}
 	require.Zero(t, other.Load(), "the script named echo alone; ToolUser would have called other too")
+}
+
+// TestFakeBlockScriptsAFewShotAIStep: an ai-step is answered by its fake
+// block's turn 0 although its messages hold an assistant message (a
+// few-shot prompt): the worker names the turn (X-Pal-Fake-Turn).
+func TestFakeBlockScriptsAFewShotAIStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.worker(t, "w1", nil)
+	runID := b.Start(t, `{"name":"few-shot","nodes":[{"id":"start","type":"trigger"},
+		{"id":"label","type":"ai-step","data":{"provider":"anthropic","model":"m",
+		 "messages":[{"role":"user","content":"Label: crash on start"},{"role":"assistant","content":"bug"},
+		             {"role":"user","content":"Label: {{input.text}}"}],
+		 "fake":{"turns":[{"text":"question"}]}}}],
+		"edges":[{"from":"start","to":"label"}]}`, `{"text":"how do I deploy?"}`)
+	final := b.WaitEnd(t, runID)
+	require.Equal(t, event.RunSucceeded, final.Kind, "%s", final.Data)
+	done := find(b.Events(t, runID), event.StepCompleted, "label")
+	require.Len(t, done, 1)
+	var out struct{ Text string }
+	require.NoError(t, json.Unmarshal(data[event.StepCompletedData](t, done[0]).Output, &out))
+	require.Equal(t, "question", out.Text)
+	calls := b.LLM.CallsWithKey(key(runID, "label", 1))
+	require.Len(t, calls, 1)
+	require.Equal(t, "0", calls[0].Header.Get(provider.FakeTurnHeader))
+	require.Equal(t, runID+"/label", calls[0].Header.Get(provider.FakeStepHeader))
 }

@@ -126,7 +126,8 @@ func (c *call) execAI() (stepResult, error) {
 // the fake (DevFake, PAL_DEV_FAKE) sends it; any other ignores it, so the
 // block is not part of the step's journaled input (the journal holds it
 // in the workflow, docs/architecture.md §9.7). Its failures count under
-// the node's step: an agent's, for all its turns.
+// the node's step (an agent's, for all its turns), and its turn is the
+// agent turn's index (0 for an ai-step).
 func (c *call) fake() *provider.Fake {
 	if c.p.Node == nil {
 		return nil
@@ -139,11 +140,11 @@ func (c *call) fake() *provider.Fake {
 	if err != nil {
 		return nil
 	}
-	step := c.p.StepID
-	if id, err := engine.ParseStepID(step); err == nil && id.Kind != engine.StepOfNode {
-		step = engine.StepID{Loops: id.Loops, Node: id.Node}.String()
+	step, turn := c.p.StepID, 0
+	if id, err := engine.ParseStepID(step); err == nil && id.Kind == engine.StepOfTurn {
+		step, turn = engine.StepID{Loops: id.Loops, Node: id.Node}.String(), id.Turn
 	}
-	return &provider.Fake{Script: script, Step: c.d.runID + "/" + step}
+	return &provider.Fake{Script: script, Step: c.d.runID + "/" + step, Turn: turn}
 }
 
 // complete sends one model call once a concurrency slot for its provider

@@ -16,9 +16,8 @@ import (
 // of a step's input, and changes no step's input, key or outcome on a
 // real provider.
 type Fake struct {
-	// Turns script the answers: turn i answers the request whose
-	// conversation already holds i assistant messages (an agent's turn i,
-	// an ai-step's only turn 0). Past the last, the fake answers as it
+	// Turns script the answers: turn i answers an agent's turn i (an
+	// ai-step's call is turn 0). Past the last, the fake answers as it
 	// does without a script.
 	Turns []FakeTurn `json:"turns,omitempty"`
 	// Fail makes the first Times requests of the node's step (an agent's

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
@@ -49,7 +50,7 @@ type Config struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient.
 	HTTPClient *http.Client
 	// DevFake: the server is pal dev's fake provider, so a request's
-	// Fake is sent (provider.FakeHeader, provider.FakeStepHeader).
+	// Fake is sent (provider.FakeHeader, FakeStepHeader, FakeTurnHeader).
 	// Otherwise it never is.
 	DevFake bool
 }
@@ -122,7 +123,8 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request, sink prov
 	}
 	if p.devFake && req.Fake != nil {
 		opts = append(opts, option.WithHeader(provider.FakeHeader, req.Fake.Script),
-			option.WithHeader(provider.FakeStepHeader, req.Fake.Step))
+			option.WithHeader(provider.FakeStepHeader, req.Fake.Step),
+			option.WithHeader(provider.FakeTurnHeader, strconv.Itoa(req.Fake.Turn)))
 	}
 	stream := p.messages.NewStreaming(ctx, params, opts...)
 	defer stream.Close()

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -44,7 +45,7 @@ type Config struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient.
 	HTTPClient *http.Client
 	// DevFake: the server is pal dev's fake provider, so a request's
-	// Fake is sent (provider.FakeHeader, provider.FakeStepHeader).
+	// Fake is sent (provider.FakeHeader, FakeStepHeader, FakeTurnHeader).
 	// Otherwise it never is.
 	DevFake bool
 }
@@ -109,7 +110,8 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request, sink prov
 	}
 	if p.devFake && req.Fake != nil {
 		opts = append(opts, option.WithHeader(provider.FakeHeader, req.Fake.Script),
-			option.WithHeader(provider.FakeStepHeader, req.Fake.Step))
+			option.WithHeader(provider.FakeStepHeader, req.Fake.Step),
+			option.WithHeader(provider.FakeTurnHeader, strconv.Itoa(req.Fake.Turn)))
 	}
 	stream := p.completions.NewStreaming(ctx, params, opts...)
 	defer stream.Close()

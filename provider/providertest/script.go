@@ -4,20 +4,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/palrun/pal/provider"
 	"github.com/palrun/pal/workflow"
 )
 
 // A request may carry a workflow node's fake block (workflow.Fake, the
-// X-Pal-Fake header, sent by a worker with PAL_DEV_FAKE=1) and the step
-// it belongs to (X-Pal-Fake-Step). The server then answers from it:
+// X-Pal-Fake header, sent by a worker with PAL_DEV_FAKE=1), the step it
+// belongs to (X-Pal-Fake-Step) and its turn (X-Pal-Fake-Turn). The server
+// then answers from it:
 //
 //   - fail: the first fail.times requests of the step are answered with
 //     fail.status and the provider's error body (counted per step, whatever
 //     their idempotency keys: a retry of the step counts too);
-//   - turns: turn i answers a request whose conversation holds i assistant
-//     messages, with its tool calls and its text (json as compact text);
+//   - turns: turn i answers the request whose X-Pal-Fake-Turn is i (the
+//     worker sends an agent turn's index, 0 for an ai-step), or, without
+//     that header, whose conversation holds i assistant messages; with its
+//     tool calls and its text (json as compact text);
 //   - past the last turn, or with no turns, the responder answers (in pal
 //     dev ToolUser), as for a request without a block.
 //
@@ -44,7 +48,30 @@ func fakeOf(h http.Header) (*workflow.Fake, error) {
 	if len(f.Turns) > workflow.MaxFakeTurns {
 		return nil, fmt.Errorf("%s: %d turns, over %d", provider.FakeHeader, len(f.Turns), workflow.MaxFakeTurns)
 	}
+	if t := h.Get(provider.FakeTurnHeader); t != "" {
+		if n, err := strconv.Atoi(t); err != nil || n < 0 || n > maxFakeTurnIndex {
+			return nil, fmt.Errorf("%s: %q is not a turn index (0 to %d)", provider.FakeTurnHeader, t, maxFakeTurnIndex)
+		}
+	}
 	return &f, nil
+}
+
+// maxFakeTurnIndex bounds X-Pal-Fake-Turn: an agent's most turns.
+const maxFakeTurnIndex = 1000
+
+// fakeTurn is the turn of the block that answers c: X-Pal-Fake-Turn
+// (checked by fakeOf), else the assistant messages its conversation holds.
+func fakeTurn(c Call) int {
+	if n, err := strconv.Atoi(c.Header.Get(provider.FakeTurnHeader)); err == nil {
+		return n
+	}
+	turn := 0
+	for _, m := range c.Messages {
+		if m.Role == provider.RoleAssistant {
+			turn++
+		}
+	}
+	return turn
 }
 
 // fakeStep is what the block's failures are counted under: the
@@ -76,12 +103,7 @@ func scripted(c Call) (Reply, bool) {
 	if c.Fake == nil {
 		return Reply{}, false
 	}
-	turn := 0
-	for _, m := range c.Messages {
-		if m.Role == provider.RoleAssistant {
-			turn++
-		}
-	}
+	turn := fakeTurn(c)
 	if turn >= len(c.Fake.Turns) {
 		return Reply{}, false
 	}

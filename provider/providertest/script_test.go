@@ -73,11 +73,20 @@ func TestScriptedTurns(t *testing.T) {
 	require.NoError(t, a.err)
 	require.Len(t, a.body["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["tool_calls"].([]any), 2)
 
+	// X-Pal-Fake-Turn names the turn, whatever assistant messages the
+	// conversation holds (an ai-step's few-shot prompt, a thread).
+	h1 := h.Clone()
+	h1.Set(provider.FakeTurnHeader, "1")
+	a = b.postWith(ctx, chatPath, h1, `{"model":"m","messages":[{"role":"user","content":"add"}]}`)
+	require.NoError(t, a.err)
+	require.Equal(t, "It is 4 — sure.", a.body["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"])
+
 	calls2 := b.srv.Calls()
-	require.Len(t, calls2, 5)
+	require.Len(t, calls2, 6)
 	require.NotNil(t, calls2[0].Fake)
 	require.Len(t, calls2[0].Fake.Turns, 3)
 	require.Nil(t, calls2[4].Fake)
+	require.NotNil(t, calls2[5].Fake)
 }
 
 // TestScriptedFailure: the first fail.times requests of a step fail with
@@ -129,5 +138,12 @@ func TestBadFakeBlock(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, a.status, name)
 		require.Contains(t, a.body["error"].(map[string]any)["message"], provider.FakeHeader, name)
 	}
-	require.Len(t, b.srv.Calls(), 4)
+	for _, turn := range []string{"-1", "x", "1001"} {
+		h := fakeHeaders(script, "r/s")
+		h.Set(provider.FakeTurnHeader, turn)
+		a := b.postWith(ctx, chatPath, h, chatBody)
+		require.Equal(t, http.StatusBadRequest, a.status, turn)
+		require.Contains(t, a.body["error"].(map[string]any)["message"], provider.FakeTurnHeader+`: "`+turn, turn)
+	}
+	require.Len(t, b.srv.Calls(), 7)
 }
