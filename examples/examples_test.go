@@ -123,6 +123,26 @@ func examples() map[string]example {
 				require.Len(t, completed(t, s, runID, "ask.turn[0].tool[0]"), 1)
 			},
 		},
+		"fake.json": {
+			// No responder: the node's fake block scripts the fake (the
+			// stack's providers send it, as pal dev's do).
+			check: func(t *testing.T, s *paltest.Stack, runID string, out map[string]any) {
+				require.Equal(t, map[string]any{"answer": float64(4)}, out["json"])
+				require.EqualValues(t, 2, out["turns"])
+				tool := completed(t, s, runID, "ask.turn[0].tool[0]")
+				require.Len(t, tool, 1)
+				var d event.StepCompletedData
+				require.NoError(t, tool[0].DecodeData(&d))
+				require.JSONEq(t, `{"text":"2+2"}`, string(d.Output))
+				var retried int
+				for _, ev := range s.Events(t, runID) {
+					if ev.Kind == event.StepRetrying && ev.StepID == "ask.turn[0]" {
+						retried++
+					}
+				}
+				require.Equal(t, 1, retried, "the scripted 429, retried once")
+			},
+		},
 		"condition.json": {
 			check: func(t *testing.T, s *paltest.Stack, runID string, out map[string]any) {
 				require.Equal(t, map[string]any{"text": "short"}, out, "the short branch ran")

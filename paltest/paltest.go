@@ -124,11 +124,12 @@ func New(tb testing.TB, opts ...Option) *Stack {
 	return s
 }
 
-// Providers is openai and anthropic, both pointed at the stack's fake LLM.
+// Providers is openai and anthropic, both pointed at the stack's fake LLM
+// as pal dev's are (DevFake: a node's fake block reaches it).
 func (s *Stack) Providers() provider.Registry {
 	return provider.Registry{
-		"openai":    openai.New(openai.Config{APIKey: "test", BaseURL: s.LLM.OpenAIBaseURL()}),
-		"anthropic": anthropic.New(anthropic.Config{APIKey: "test", BaseURL: s.LLM.AnthropicBaseURL()}),
+		"openai":    openai.New(openai.Config{APIKey: "test", BaseURL: s.LLM.OpenAIBaseURL(), DevFake: true}),
+		"anthropic": anthropic.New(anthropic.Config{APIKey: "test", BaseURL: s.LLM.AnthropicBaseURL(), DevFake: true}),
 	}
 }
 

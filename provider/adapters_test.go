@@ -39,6 +39,8 @@ type adapter struct {
 	finish, finishTools string
 	// new builds the provider for baseURL (the server's root) and hc.
 	new func(root string, hc *http.Client) provider.Provider
+	// dev builds it for pal dev's fake provider (Config.DevFake).
+	dev func(root string, hc *http.Client) provider.Provider
 }
 
 var adapters = []adapter{
@@ -47,11 +49,17 @@ var adapters = []adapter{
 		new: func(root string, hc *http.Client) provider.Provider {
 			return openai.New(openai.Config{APIKey: "test", BaseURL: root + "/v1", HTTPClient: hc})
 		},
+		dev: func(root string, hc *http.Client) provider.Provider {
+			return openai.New(openai.Config{APIKey: "test", BaseURL: root + "/v1", HTTPClient: hc, DevFake: true})
+		},
 	},
 	{
 		name: "anthropic", finish: "end_turn", finishTools: "tool_use",
 		new: func(root string, hc *http.Client) provider.Provider {
 			return anthropic.New(anthropic.Config{APIKey: "test", BaseURL: root, HTTPClient: hc})
+		},
+		dev: func(root string, hc *http.Client) provider.Provider {
+			return anthropic.New(anthropic.Config{APIKey: "test", BaseURL: root, HTTPClient: hc, DevFake: true})
 		},
 	},
 }
@@ -63,6 +71,47 @@ func TestAdapters(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
 			exercise(t, a)
+		})
+	}
+}
+
+// TestAdaptersFakeHeader: a request's Fake reaches the server as the
+// X-Pal-Fake, X-Pal-Fake-Step and X-Pal-Fake-Turn headers only from an
+// adapter configured for pal dev's fake (DevFake); the fake then answers
+// from the block.
+// Without DevFake the headers are never sent, and the answer is the
+// fake's default.
+func TestAdaptersFakeHeader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, a := range adapters {
+		t.Run(a.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, a)
+			req := hello(key(t))
+			req.Fake = &provider.Fake{Script: `{"turns":[{"text":"scripted"}]}`, Step: "run1/ask"}
+
+			resp, err := b.p.Complete(ctx, req, nil)
+			require.NoError(t, err)
+			require.Equal(t, "echo: hello there", resp.Text)
+			call := b.srv.Calls()[0]
+			require.Empty(t, call.Header.Values(provider.FakeHeader), "not sent without DevFake")
+			require.Empty(t, call.Header.Values(provider.FakeStepHeader))
+			require.Empty(t, call.Header.Values(provider.FakeTurnHeader))
+
+			dev := a.dev(b.srv.URL(), b.hc)
+			resp, err = dev.Complete(ctx, req, nil)
+			require.NoError(t, err)
+			require.Equal(t, "scripted", resp.Text)
+			call = b.srv.Calls()[1]
+			require.Equal(t, req.Fake.Script, call.Header.Get(provider.FakeHeader))
+			require.Equal(t, "run1/ask", call.Header.Get(provider.FakeStepHeader))
+			require.Equal(t, "0", call.Header.Get(provider.FakeTurnHeader))
+
+			// DevFake and no Fake on the request: nothing sent.
+			_, err = dev.Complete(ctx, hello(key(t)), nil)
+			require.NoError(t, err)
+			require.Empty(t, b.srv.Calls()[2].Header.Values(provider.FakeHeader))
 		})
 	}
 }

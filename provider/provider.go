@@ -106,6 +106,38 @@ type Request struct {
 	ResponseSchema json.RawMessage `json:"response_schema,omitempty"`
 	// IdempotencyKey is sent as the Idempotency-Key header. Required.
 	IdempotencyKey string `json:"idempotency_key"`
+	// Fake, when set, scripts pal dev's fake provider: a provider
+	// configured for it (DevFake in provider/openai's and
+	// provider/anthropic's Config) sends it as the FakeHeader,
+	// FakeStepHeader and FakeTurnHeader headers; any other ignores it.
+	// Never journaled.
+	Fake *Fake `json:"-"`
+}
+
+// Headers that carry a node's fake block to pal dev's fake provider
+// (provider/providertest, docs/architecture.md §9.7).
+const (
+	// FakeHeader holds the block (workflow.Fake) as compact JSON.
+	FakeHeader = "X-Pal-Fake"
+	// FakeStepHeader names the step the block's failures are counted
+	// under: "<run id>/<step id>".
+	FakeStepHeader = "X-Pal-Fake-Step"
+	// FakeTurnHeader is the turn of the block that answers: an agent
+	// turn's index, 0 for an ai-step.
+	FakeTurnHeader = "X-Pal-Fake-Turn"
+)
+
+// Fake is what a request tells pal dev's fake provider: the node's fake
+// block, and the step whose requests its failures count.
+type Fake struct {
+	// Script is the block as compact JSON (workflow.Fake.Header).
+	Script string
+	// Step is "<run id>/<step id>": the node's step (an agent's, for each
+	// of its turns).
+	Step string
+	// Turn is the index of the turn that answers: the agent turn's, 0 for
+	// an ai-step (whatever assistant messages its prompt or thread holds).
+	Turn int
 }
 
 // Usage is the token accounting the provider reported. InputTokens counts

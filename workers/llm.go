@@ -73,6 +73,7 @@ func (c *call) execAI() (stepResult, error) {
 	req := provider.Request{Model: in.Model, System: in.System, MaxTokens: in.MaxTokens,
 		Temperature: in.Temperature, Messages: msgs, Tools: in.Tools, IdempotencyKey: p.Key,
 		ResponseSchema: in.ResponseSchema, Logprobs: gate != nil && gate.Source == workflow.ConfidenceLogprobs}
+	req.Fake = c.fake()
 	if req.MaxTokens <= 0 {
 		// A step journaled before every call sent a cap: send the default.
 		req.MaxTokens = engine.DefaultOutputTokens
@@ -118,6 +119,32 @@ func (c *call) execAI() (stepResult, error) {
 		res.confidence.Output = res.output
 	}
 	return res, nil
+}
+
+// fake is what the step's node tells pal dev's fake provider (its fake
+// block, workflow.Fake), nil when it has none. A provider configured for
+// the fake (DevFake, PAL_DEV_FAKE) sends it; any other ignores it, so the
+// block is not part of the step's journaled input (the journal holds it
+// in the workflow, docs/architecture.md §9.7). Its failures count under
+// the node's step (an agent's, for all its turns), and its turn is the
+// agent turn's index (0 for an ai-step).
+func (c *call) fake() *provider.Fake {
+	if c.p.Node == nil {
+		return nil
+	}
+	f := workflow.FakeOf(c.p.Node)
+	if f == nil {
+		return nil
+	}
+	script, err := f.Header()
+	if err != nil {
+		return nil
+	}
+	step, turn := c.p.StepID, 0
+	if id, err := engine.ParseStepID(step); err == nil && id.Kind == engine.StepOfTurn {
+		step, turn = engine.StepID{Loops: id.Loops, Node: id.Node}.String(), id.Turn
+	}
+	return &provider.Fake{Script: script, Step: c.d.runID + "/" + step, Turn: turn}
 }
 
 // complete sends one model call once a concurrency slot for its provider

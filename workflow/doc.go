@@ -44,7 +44,9 @@
 //     to the next once its retry policy is spent on one, or at once on an
 //     outage. With responseSchema (a JSON Schema) the answer must be JSON
 //     that matches it, else the attempt fails (class llm); its parsed value
-//     is steps.<id>.output.json.
+//     is steps.<id>.output.json. fake (an agent's too) scripts pal dev's
+//     fake provider and no other (Fake): turns of toolCalls, text or json,
+//     and fail {status, times}.
 //
 //   - tool: a Go function registered on the worker under data.tool, or a
 //     built-in tool: "http" (one HTTP request), "echo" (returns its input)

@@ -148,6 +148,9 @@ type AgentData struct {
 	// ResponseSchema, when set, is the JSON Schema the final answer must
 	// match (each turn is asked for it).
 	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
+	// Fake scripts pal dev's fake provider (Fake); real providers never
+	// see it.
+	Fake *Fake `json:"fake,omitempty"`
 }
 
 // DefaultMaxTurns bounds an agent that sets no maxTurns.
@@ -359,6 +362,7 @@ func (w *Workflow) checkNewNode(n *Node, tmpl func(field, s string), tmplJSON fu
 		}
 		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
 		checkThread(n, d.Thread, d.ThreadWindow, ps)
+		checkFake(n, d.Fake, seen, len(servers) > 0, ps)
 	}
 }
 

@@ -378,6 +378,7 @@ func (w *Workflow) checkNode(n *Node, anc ancestry, ps *problems) {
 		}
 		checkLLM(n, d.Provider, d.Model, d.ResponseSchema, d.Retry, ps)
 		checkThread(n, d.Thread, d.ThreadWindow, ps)
+		checkFake(n, d.Fake, nil, false, ps)
 	case TypeTool:
 		d, err := n.Tool()
 		if err != nil {

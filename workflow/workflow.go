@@ -171,6 +171,9 @@ type AIStepData struct {
 	// sent to the provider natively, checked, and its parsed value is
 	// steps.<id>.output.json.
 	ResponseSchema json.RawMessage `json:"responseSchema,omitempty"`
+	// Fake scripts pal dev's fake provider (Fake); real providers never
+	// see it.
+	Fake *Fake `json:"fake,omitempty"`
 }
 
 // ToolData is the data of a tool node: a Go function registered on the

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
@@ -48,11 +49,16 @@ type Config struct {
 	BaseURL string
 	// HTTPClient sends the requests; nil means http.DefaultClient.
 	HTTPClient *http.Client
+	// DevFake: the server is pal dev's fake provider, so a request's
+	// Fake is sent (provider.FakeHeader, FakeStepHeader, FakeTurnHeader).
+	// Otherwise it never is.
+	DevFake bool
 }
 
 // Provider calls the Messages API. It is safe for concurrent use.
 type Provider struct {
 	messages anthropic.MessageService
+	devFake  bool
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -76,7 +82,7 @@ func New(cfg Config) *Provider {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
 	}
 	client := anthropic.NewClient(opts...)
-	return &Provider{messages: client.Messages}
+	return &Provider{messages: client.Messages, devFake: cfg.DevFake}
 }
 
 // FromEnv returns a Provider configured from ANTHROPIC_API_KEY and
@@ -111,10 +117,16 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request, sink prov
 		return nil, &provider.Error{Provider: Name, Err: err}
 	}
 	var attempt provider.Attempt
-	stream := p.messages.NewStreaming(ctx, params,
+	opts := []option.RequestOption{
 		option.WithHeader("Idempotency-Key", req.IdempotencyKey),
 		option.WithMiddleware(attempt.Middleware),
-	)
+	}
+	if p.devFake && req.Fake != nil {
+		opts = append(opts, option.WithHeader(provider.FakeHeader, req.Fake.Script),
+			option.WithHeader(provider.FakeStepHeader, req.Fake.Step),
+			option.WithHeader(provider.FakeTurnHeader, strconv.Itoa(req.Fake.Turn)))
+	}
+	stream := p.messages.NewStreaming(ctx, params, opts...)
 	defer stream.Close()
 	var out anthropic.Message
 	n := 0

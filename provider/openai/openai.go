@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -43,11 +44,16 @@ type Config struct {
 	BaseURL string
 	// HTTPClient sends the requests; nil means http.DefaultClient.
 	HTTPClient *http.Client
+	// DevFake: the server is pal dev's fake provider, so a request's
+	// Fake is sent (provider.FakeHeader, FakeStepHeader, FakeTurnHeader).
+	// Otherwise it never is.
+	DevFake bool
 }
 
 // Provider calls the Chat Completions API. It is safe for concurrent use.
 type Provider struct {
 	completions openai.ChatCompletionService
+	devFake     bool
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -70,7 +76,7 @@ func New(cfg Config) *Provider {
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
 	}
-	return &Provider{completions: openai.NewChatCompletionService(opts...)}
+	return &Provider{completions: openai.NewChatCompletionService(opts...), devFake: cfg.DevFake}
 }
 
 // FromEnv returns a Provider configured from OPENAI_API_KEY and
@@ -98,10 +104,16 @@ func (p *Provider) Complete(ctx context.Context, req provider.Request, sink prov
 	}
 	params.StreamOptions.IncludeUsage = param.NewOpt(true)
 	var attempt provider.Attempt
-	stream := p.completions.NewStreaming(ctx, params,
+	opts := []option.RequestOption{
 		option.WithHeader("Idempotency-Key", req.IdempotencyKey),
 		option.WithMiddleware(attempt.Middleware),
-	)
+	}
+	if p.devFake && req.Fake != nil {
+		opts = append(opts, option.WithHeader(provider.FakeHeader, req.Fake.Script),
+			option.WithHeader(provider.FakeStepHeader, req.Fake.Step),
+			option.WithHeader(provider.FakeTurnHeader, strconv.Itoa(req.Fake.Turn)))
+	}
+	stream := p.completions.NewStreaming(ctx, params, opts...)
 	defer stream.Close()
 	var acc openai.ChatCompletionAccumulator
 	n := 0

@@ -24,7 +24,8 @@
 //
 // The default answer is deterministic: "echo: " followed by the last user
 // message, with token counts taken from word counts. SetResponder scripts
-// other answers.
+// other answers; a request that carries a workflow node's fake block (the
+// X-Pal-Fake header, see script.go) is answered from it first.
 //
 // A Server listens on TCP so that worker processes started by a test can
 // reach it: pass Env() to their environment.
@@ -42,7 +43,10 @@ import (
 	"testing"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
+
 	"github.com/palrun/pal/provider"
+	"github.com/palrun/pal/workflow"
 )
 
 // Provider names recorded in Call.Provider.
@@ -80,9 +84,12 @@ type Call struct {
 	// match (OpenAI response_format json_schema, Anthropic
 	// output_config.format), nil when none.
 	ResponseSchema json.RawMessage
-	Body           []byte
-	Header         http.Header
-	At             time.Time
+	// Fake is the workflow node's fake block the request carried (the
+	// X-Pal-Fake header; see script.go), nil when none.
+	Fake   *workflow.Fake
+	Body   []byte
+	Header http.Header
+	At     time.Time
 	// streamUsage: a streamed answer ends with its usage.
 	streamUsage bool
 }
@@ -146,6 +153,9 @@ type Server struct {
 	// client went away before an answer (a cancelled call).
 	answered  []Call
 	abandoned []Call
+	// fakeSteps counts the requests of each step that carried a fake
+	// block with fail (script.go), the last maxFakeSteps steps.
+	fakeSteps *lru.Cache[string, int]
 }
 
 // answer is an answer the server gave, kept for Dedup: an error's status
@@ -196,6 +206,7 @@ func Start(addr string) (*Server, error) {
 		answers:  map[string]answer{},
 		inFlight: map[string]struct{}{},
 	}
+	s.fakeSteps, _ = lru.New[string, int](maxFakeSteps) // fails only for a size below 1
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		defer close(s.done)
@@ -402,15 +413,16 @@ func (s *Server) CallsWithKey(key string) []Call {
 	return out
 }
 
-// Reset forgets the recorded requests, the answers kept for Dedup and the
-// pending FailNext and Drop rules. The responder, the Dedup setting and the
-// holds stay.
+// Reset forgets the recorded requests, the answers kept for Dedup, the
+// pending FailNext and Drop rules and the steps' counts of fake-block
+// failures. The responder, the Dedup setting and the holds stay.
 func (s *Server) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls, s.answered, s.abandoned = nil, nil, nil
 	s.answers = map[string]answer{}
 	s.faults = nil
+	s.fakeSteps.Purge()
 	s.maxActive = s.active
 }
 
@@ -464,6 +476,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		At:             time.Now(),
 	}
 	parseErr := wf.parse(&call)
+	if parseErr == nil {
+		call.Fake, parseErr = fakeOf(r.Header)
+	}
 
 	// With Dedup, the first request for a key owns it until it is answered
 	// (held requests included): others get 409 meanwhile.
@@ -531,6 +546,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(f.status, wf.fail(f.status, fmt.Sprintf("fake provider: scripted failure (HTTP %d)", f.status)))
 		return
 	}
+	s.mu.Lock()
+	status := s.takeScriptedFailure(call)
+	s.mu.Unlock()
+	if status != 0 {
+		reply(status, wf.fail(status, fmt.Sprintf("fake provider: the workflow's fake block fails this request (HTTP %d)", status)))
+		return
+	}
 
 	s.mu.Lock()
 	dedup := s.dedup && key != ""
@@ -570,9 +592,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	rep := Reply{Text: "echo: " + call.LastUser()}
-	if responder != nil {
+	rep, ok := scripted(call)
+	switch {
+	case ok:
+	case responder != nil:
 		rep = responder(call)
+	default:
+		rep = Reply{Text: "echo: " + call.LastUser()}
 	}
 	a := answer{status: http.StatusOK, reply: withUsage(call, rep), id: id}
 	if rep.Status != 0 && rep.Status != http.StatusOK {

@@ -43,14 +43,21 @@ type answer struct {
 
 // post sends body to path with key as Idempotency-Key.
 func (b *testBundle) post(ctx context.Context, path, key, body string) answer {
+	h := http.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return b.postWith(ctx, path, h, body)
+}
+
+// postWith sends body to path with the headers h.
+func (b *testBundle) postWith(ctx context.Context, path string, h http.Header, body string) answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL()+path, strings.NewReader(body))
 	if err != nil {
 		return answer{err: err}
 	}
+	req.Header = h.Clone()
 	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
 	resp, err := b.hc.Do(req)
 	if err != nil {
 		return answer{err: err}

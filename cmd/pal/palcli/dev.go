@@ -64,7 +64,7 @@ While it runs, pal dev writes how to reach it (PAL_NATS_URL, PAL_NATS_CREDS
 nkeys), DATABASE_URL,
 PAL_API_TOKENS and PAL_API_TOKEN, PAL_HTTP_ADDR, PAL_DURABILITY,
 PAL_LEASE_TTL, PAL_EGRESS_ALLOW (with loopback, which pal dev allows) and,
-with the fake provider, OPENAI_* and ANTHROPIC_*) to dev.env in its data
+with the fake provider, OPENAI_*, ANTHROPIC_* and PAL_DEV_FAKE=1) to dev.env in its data
 directory, readable by you only. Every other pal command run in this
 directory or below it (or anywhere, with PAL_HOME naming the data
 directory; PAL_DATA_DIR is its earlier name) uses those values for the
@@ -79,7 +79,10 @@ variables.
 When neither OPENAI_API_KEY nor ANTHROPIC_API_KEY is set, LLM steps go to a
 built-in fake provider that answers "echo: <prompt>" and, offered tools,
 first calls each of them once (arguments made from its schema), then
-answers with their results.`,
+answers with their results. An ai-step's or agent's "fake" block scripts
+it: its turns (tool calls, text or json) and a failure (HTTP status, how
+many times); workers send the block only with PAL_DEV_FAKE=1 and only to a
+provider on loopback.`,
 		Args: cobra.NoArgs,
 		RunE: e.withSettings(e.runDev),
 	}
@@ -526,7 +529,7 @@ const devClusterDatabase = "pal_cluster"
 
 // devEnvKeys are the variables pal dev writes to dev.env, in order.
 var devEnvKeys = []string{"PAL_NATS_URL", "PAL_NATS_CREDS", natsauth.EnvUsers, "DATABASE_URL", "PAL_HTTP_ADDR", "PAL_API_TOKENS", "PAL_API_TOKEN",
-	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+	"PAL_DURABILITY", "PAL_LEASE_TTL", "PAL_REPLICAS", egress.EnvAllow, "PAL_SIGNING_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", envDevFake}
 
 // devSetup sets up PAL's streams as a worker with wc would, for pal dev
 // --no-worker (the workers come later). nc is the worker role's.
@@ -586,7 +589,11 @@ const defaultDevStreamPace = 30 * time.Millisecond
 // the variables that point a worker at it.
 func (e *env) devProviders() (provider.Registry, string, map[string]string, func(), error) {
 	if e.getenv("OPENAI_API_KEY") != "" || e.getenv("ANTHROPIC_API_KEY") != "" {
-		return e.providersFromEnv(), "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
+		providers, err := e.providersFromEnv()
+		if err != nil {
+			return nil, "", nil, nil, err
+		}
+		return providers, "OpenAI / Anthropic from OPENAI_* and ANTHROPIC_* variables", nil, func() {}, nil
 	}
 	pace := defaultDevStreamPace
 	if v := e.getenv(envDevStreamPace); v != "" {
@@ -608,9 +615,16 @@ func (e *env) devProviders() (provider.Registry, string, map[string]string, func
 	vars := map[string]string{
 		"OPENAI_BASE_URL": fake.OpenAIBaseURL(), "OPENAI_API_KEY": "pal-dev",
 		"ANTHROPIC_BASE_URL": fake.AnthropicBaseURL(), "ANTHROPIC_API_KEY": "pal-dev",
+		// The workers send the nodes' fake blocks to it.
+		envDevFake: "1",
 	}
 	note := fmt.Sprintf("built-in fake provider at %s (set OPENAI_API_KEY or ANTHROPIC_API_KEY for real calls)", fake.URL())
-	return providersOf(func(k string) string { return vars[k] }), note, vars, fake.Close, nil
+	providers, err := providersOf(func(k string) string { return vars[k] })
+	if err != nil {
+		fake.Close()
+		return nil, "", nil, nil, err
+	}
+	return providers, note, vars, fake.Close, nil
 }
 
 // listenAddr turns PAL_NATS_URL into the embedded server's listen address;

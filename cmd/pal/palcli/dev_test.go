@@ -54,17 +54,18 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	// The file is shell-sourceable, and a shell reads what pal dev meant.
-	sh := exec.Command("sh", "-c", `. "$1" && printf '%s\n' "$PAL_NATS_URL" "$DATABASE_URL" "$PAL_LEASE_TTL" "$OPENAI_API_KEY" "$PAL_EGRESS_ALLOW" "$OPENAI_BASE_URL" "$PAL_API_TOKEN" "$PAL_API_TOKENS"`, "sh", envPath)
+	sh := exec.Command("sh", "-c", `. "$1" && printf '%s\n' "$PAL_NATS_URL" "$DATABASE_URL" "$PAL_LEASE_TTL" "$OPENAI_API_KEY" "$PAL_EGRESS_ALLOW" "$OPENAI_BASE_URL" "$PAL_API_TOKEN" "$PAL_API_TOKENS" "$PAL_DEV_FAKE"`, "sh", envPath)
 	out, err := sh.Output()
 	require.NoError(t, err)
 	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
-	require.Len(t, got, 8, "%s", out)
+	require.Len(t, got, 9, "%s", out)
 	// Loopback egress, as pal dev's own worker has it, for the workers
 	// started beside pal dev --no-worker.
 	require.Equal(t, []string{natsURL, pg.DSN(), "1s", "pal-dev", "127.0.0.0/8,::1/128"}, got[:5])
 	require.Regexp(t, `^http://127\.0\.0\.1:\d+/v1$`, got[5])
 	require.Regexp(t, `^pal_`, got[6])
 	require.Equal(t, "dev="+got[6]+":admin", got[7])
+	require.Equal(t, "1", got[8], "the workers send the nodes' fake blocks to the fake")
 	// The data directory is not ./.pal: pal dev says how to reach it.
 	abs, err := filepath.Abs(dataDir)
 	require.NoError(t, err)
@@ -136,6 +137,23 @@ func TestDevWritesItsSettingsForTheOtherCommands(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.jsonl"), []byte(r.stdout), 0o644))
 	r = runPalIn(t, bin, dir, nil, "receipt", "verify", rpath, "--journal", "run.jsonl", "--pubkey", filepath.Join(dataDir, "pal.pub"))
 	require.Equal(t, 0, r.code, "%s", r)
+
+	// A node's fake block scripts pal dev's fake, through the pal worker
+	// that read PAL_DEV_FAKE=1 from dev.env (this pal dev drives no runs):
+	// the tool call it names, with its arguments, then its answer.
+	scripted := filepath.Join(dir, "scripted.json")
+	require.NoError(t, os.WriteFile(scripted, []byte(`{"name":"scripted","nodes":[{"id":"start","type":"trigger"},
+		{"id":"ask","type":"agent","data":{"provider":"anthropic","model":"m","prompt":"{{input.question}}",
+		 "tools":[{"name":"echo","parameters":{"type":"object","properties":{"text":{"type":"string"}}}}],
+		 "fake":{"turns":[{"toolCalls":[{"name":"echo","arguments":{"text":"2+2"}}]},{"text":"It is 4."}]}}}],
+		"edges":[{"from":"start","to":"ask"}]}`), 0o644))
+	r = runPalIn(t, bin, dir, nil, "run", "start", "--workflow", scripted, "--input", `{"question":"What is 2+2?"}`, "--wait", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	scriptedRun, _ := decodeJSON[map[string]any](t, r.stdout)["run_id"].(string)
+	r = runPalIn(t, bin, dir, nil, "run", "get", scriptedRun, "--json", "--journal")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, `"text":"It is 4."`)
+	require.Contains(t, r.stdout, `{\"text\":\"2+2\"}`, "the scripted arguments, journaled")
 
 	// The environment wins over the file, and a flag over the environment.
 	r = runPalIn(t, bin, dir, []string{"PAL_NATS_URL=nats://127.0.0.1:1"}, "run", "events", id)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -66,7 +68,11 @@ exports OpenTelemetry traces (one per drive) over OTLP/HTTP.`,
 			for _, w := range providerWarnings(e.getenv) {
 				s.log.Warn(w)
 			}
-			return e.runWorker(cmd.Context(), s, wc, e.providersFromEnv(), e.getenv("DATABASE_URL"))
+			providers, err := e.providersFromEnv()
+			if err != nil {
+				return err
+			}
+			return e.runWorker(cmd.Context(), s, wc, providers, e.getenv("DATABASE_URL"))
 		}),
 	}
 	addWorkerFlags(cmd)
@@ -260,17 +266,49 @@ func (e *env) processSandbox(cmd *cobra.Command) (*sandbox.Runner, error) {
 	return r, nil
 }
 
-// providersFromEnv builds the LLM providers from OPENAI_* and ANTHROPIC_*
-// (the environment, then pal dev's dev.env).
-func (e *env) providersFromEnv() provider.Registry { return providersOf(e.getenv) }
+// providersFromEnv builds the LLM providers from OPENAI_*, ANTHROPIC_* and
+// PAL_DEV_FAKE (the environment, then pal dev's dev.env).
+func (e *env) providersFromEnv() (provider.Registry, error) { return providersOf(e.getenv) }
+
+// envDevFake names the setting that says the providers are pal dev's
+// built-in fake: a node's fake block is sent to it (§9.7).
+const envDevFake = "PAL_DEV_FAKE"
 
 // providersOf builds the LLM providers from OPENAI_API_KEY, OPENAI_BASE_URL,
-// ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL as getenv gives them.
-func providersOf(getenv func(string) string) provider.Registry {
-	return provider.Registry{
-		"openai":    openai.New(openai.Config{APIKey: getenv("OPENAI_API_KEY"), BaseURL: getenv("OPENAI_BASE_URL")}),
-		"anthropic": anthropic.New(anthropic.Config{APIKey: getenv("ANTHROPIC_API_KEY"), BaseURL: getenv("ANTHROPIC_BASE_URL")}),
+// ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL and PAL_DEV_FAKE as getenv gives
+// them. With PAL_DEV_FAKE=1 a provider whose base URL is on loopback sends
+// the nodes' fake blocks (DevFake); a provider elsewhere never does.
+func providersOf(getenv func(string) string) (provider.Registry, error) {
+	var fake bool
+	switch v := getenv(envDevFake); v {
+	case "", "0", "false":
+	case "1", "true":
+		fake = true
+	default:
+		return nil, badInput("%s=%q: want 1 or 0", envDevFake, v)
 	}
+	openaiURL, anthropicURL := getenv("OPENAI_BASE_URL"), getenv("ANTHROPIC_BASE_URL")
+	return provider.Registry{
+		"openai": openai.New(openai.Config{APIKey: getenv("OPENAI_API_KEY"), BaseURL: openaiURL,
+			DevFake: fake && onLoopback(openaiURL)}),
+		"anthropic": anthropic.New(anthropic.Config{APIKey: getenv("ANTHROPIC_API_KEY"), BaseURL: anthropicURL,
+			DevFake: fake && onLoopback(anthropicURL)}),
+	}, nil
+}
+
+// onLoopback reports whether a base URL names this machine (localhost or
+// a loopback address), where pal dev's fake provider listens.
+func onLoopback(base string) bool {
+	u, err := url.Parse(base)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // providerWarnings names each provider that would call its public API
