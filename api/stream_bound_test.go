@@ -27,7 +27,7 @@ import (
 func bigRun(tb testing.TB, js jetstream.JetStream, size int) (string, eventstore.Head, int) {
 	tb.Helper()
 	ctx := context.Background()
-	store, err := eventstore.Open(ctx, js, eventstore.WithGroupCommit(true))
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
 	require.NoError(tb, err)
 	res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWorkflow), Input: json.RawMessage(`{}`), By: "test"})
 	require.NoError(tb, err)
@@ -190,7 +190,7 @@ func TestLaggingStreamGoesBackToTheJournal(t *testing.T) {
 	// 1,200 events, half of them 8 KiB, while the client reads nothing:
 	// more than the connection's buffers (about 80 of the big ones) and
 	// the feed's 512 hold.
-	store, err := eventstore.Open(ctx, b.JS, eventstore.WithGroupCommit(true))
+	store, err := eventstore.Open(ctx, b.JS, eventstore.WithPacking(true))
 	require.NoError(t, err)
 	output, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 8<<10)})
 	require.NoError(t, err)

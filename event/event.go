@@ -156,7 +156,7 @@ func (e Event) DecodeData(v any) error {
 var ErrMalformed = errors.New("malformed event message")
 
 // Encode marshals events into one message body: an object for one event, an
-// array for several (a flush's events, packed).
+// array for several (strict-mode packing).
 func Encode(evs ...Event) ([]byte, error) {
 	switch len(evs) {
 	case 0:

@@ -82,10 +82,10 @@ func TestAppendNothing(t *testing.T) {
 
 func TestAppendCreateTwiceConflicts(t *testing.T) {
 	t.Parallel()
-	for _, group := range []bool{false, true} {
-		t.Run(groupName(group), func(t *testing.T) {
+	for _, packed := range []bool{false, true} {
+		t.Run(packName(packed), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(group))
+			b := setup(t, eventstore.Config{}, eventstore.WithPacking(packed))
 			ctx := t.Context()
 			const run = "run_twice"
 			h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))
@@ -121,10 +121,10 @@ func TestAppendCreateTwiceConflicts(t *testing.T) {
 // it for its own append whose acknowledgement was lost.
 func TestAppendFencesSameSeq(t *testing.T) {
 	t.Parallel()
-	for _, group := range []bool{false, true} {
-		t.Run(groupName(group), func(t *testing.T) {
+	for _, packed := range []bool{false, true} {
+		t.Run(packName(packed), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(group))
+			b := setup(t, eventstore.Config{}, eventstore.WithPacking(packed))
 			ctx := t.Context()
 			const run = "run_zombie"
 			h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1), ev(event.RunResumed, 2))
@@ -163,7 +163,8 @@ func TestAppendStaleHeadConflicts(t *testing.T) {
 	const run = "run_stale"
 	h1, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))
 	require.NoError(t, err)
-	h3 := appendEach(t, b.store, run, h1, ev(event.RunResumed, 2), ev(event.StepStarted, 3))
+	h3, err := b.store.Append(ctx, run, h1, ev(event.RunResumed, 2), ev(event.StepStarted, 3))
+	require.NoError(t, err)
 	requireHead(t, 3, 3, h3)
 
 	for _, stale := range []eventstore.Head{{}, h1, {Seq: 2, StreamSeq: 2}} {
@@ -201,18 +202,18 @@ func TestAppendStaleHeadConflicts(t *testing.T) {
 func TestAppendLostAck(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name  string
-		group bool // the store commits in groups (strict mode)
-		n     int
+		name   string
+		packed bool
+		n      int
 	}{
 		{"one", false, 1},
 		{"several", false, 3},
-		{"several group-committed", true, 3},
+		{"packed", true, 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(tc.group))
+			b := setup(t, eventstore.Config{}, eventstore.WithPacking(tc.packed))
 			ctx := t.Context()
 			const run = "run_lostack"
 			h0, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))
@@ -256,7 +257,7 @@ func TestAppendLostAck(t *testing.T) {
 
 func TestAppendPacked(t *testing.T) {
 	t.Parallel()
-	b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(true))
+	b := setup(t, eventstore.Config{}, eventstore.WithPacking(true))
 	ctx := t.Context()
 	const run = "run_packed"
 
@@ -285,12 +286,12 @@ func TestAppendPacked(t *testing.T) {
 	require.Equal(t, []event.Kind{event.RunCreated, event.RunResumed, event.StepStarted, event.StepCompleted},
 		[]event.Kind{evs[0].Kind, evs[1].Kind, evs[2].Kind, evs[3].Kind})
 
-	// A store without group commit (process durability) packs alike.
+	// An unpacked store appends to the same run one message per event.
 	plain := b.openStore(t)
 	h, err = plain.Append(ctx, run, h, ev(event.StepStarted, 5), ev(event.StepCompleted, 6))
 	require.NoError(t, err)
-	requireHead(t, 6, 3, h)
-	require.Equal(t, uint64(3), b.msgCount(t, eventstore.EventsStream))
+	requireHead(t, 6, 4, h)
+	require.Equal(t, uint64(4), b.msgCount(t, eventstore.EventsStream))
 	evs, _, err = b.store.Read(ctx, run)
 	require.NoError(t, err)
 	requireJournal(t, run, evs, 6)
@@ -307,18 +308,18 @@ func TestAppendTooLarge(t *testing.T) {
 		return e
 	}
 	cases := []struct {
-		name  string
-		group bool
-		evs   func() []event.Event
+		name   string
+		packed bool
+		evs    func() []event.Event
 	}{
 		{"one", false, func() []event.Event { return []event.Event{big(2)} }},
 		{"last of several", false, func() []event.Event { return []event.Event{ev(event.StepStarted, 2), ev(event.StepStarted, 3), big(4)} }},
-		{"several group-committed", true, func() []event.Event { return []event.Event{ev(event.StepStarted, 2), big(3)} }},
+		{"packed", true, func() []event.Event { return []event.Event{ev(event.StepStarted, 2), big(3)} }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{MaxEventBytes: limit}, eventstore.WithGroupCommit(tc.group))
+			b := setup(t, eventstore.Config{MaxEventBytes: limit}, eventstore.WithPacking(tc.packed))
 			ctx := t.Context()
 			const run = "run_big"
 			h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))
@@ -370,12 +371,11 @@ func TestAppendCanceled(t *testing.T) {
 	require.Zero(t, b.msgCount(t, eventstore.EventsStream))
 }
 
-// groupName names a subtest by whether its store commits in groups.
-func groupName(group bool) string {
-	if group {
-		return "group-commit"
+func packName(packed bool) string {
+	if packed {
+		return "packed"
 	}
-	return "plain"
+	return "unpacked"
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -391,7 +391,7 @@ func TestAppendStrict(t *testing.T) {
 	require.NoError(t, err)
 	ctx := timeout(t, 30*time.Second)
 	require.NoError(t, eventstore.Setup(ctx, js, eventstore.Config{}))
-	s, err := eventstore.Open(ctx, js, eventstore.WithGroupCommit(true))
+	s, err := eventstore.Open(ctx, js, eventstore.WithPacking(true))
 	require.NoError(t, err)
 
 	const run = "run_strict"

@@ -139,7 +139,7 @@ func TestBlobThresholdIsBounded(t *testing.T) {
 func TestPackedAppendSplitsBigMessages(t *testing.T) {
 	t.Parallel()
 	const limit = 8 << 10
-	b := setup(t, eventstore.Config{MaxEventBytes: limit}, eventstore.WithGroupCommit(true))
+	b := setup(t, eventstore.Config{MaxEventBytes: limit}, eventstore.WithPacking(true))
 	ctx := t.Context()
 	th := b.store.BlobThreshold()
 	require.Equal(t, limit/4, th)

@@ -15,6 +15,7 @@ import (
 func TestAppendChainsMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t, eventstore.Config{})
+	packed := b.openStore(t, eventstore.WithPacking(true))
 	ctx := t.Context()
 	const run = "run_chain"
 
@@ -22,7 +23,7 @@ func TestAppendChainsMessages(t *testing.T) {
 	require.NoError(t, err)
 	first := b.lastMsg(t, run)
 	require.Equal(t, event.Hash(first.Data), h.Hash)
-	h, err = b.store.Append(ctx, run, h, ev(event.RunResumed, 2), ev(event.StepStarted, 3))
+	h, err = packed.Append(ctx, run, h, ev(event.RunResumed, 2), ev(event.StepStarted, 3))
 	require.NoError(t, err)
 	second := b.lastMsg(t, run)
 	evs, err := event.Decode(second.Data)
@@ -30,7 +31,8 @@ func TestAppendChainsMessages(t *testing.T) {
 	require.Len(t, evs, 2)
 	require.Equal(t, event.Hash(first.Data), evs[0].Prev)
 	require.Equal(t, evs[0].Prev, evs[1].Prev, "one prev per message")
-	h = appendEach(t, b.store, run, h, ev(event.StepCompleted, 4), ev(event.StepStarted, 5))
+	h, err = b.store.Append(ctx, run, h, ev(event.StepCompleted, 4), ev(event.StepStarted, 5))
+	require.NoError(t, err)
 
 	last, err := b.store.LastHead(ctx, run)
 	require.NoError(t, err)
@@ -40,7 +42,7 @@ func TestAppendChainsMessages(t *testing.T) {
 	require.Equal(t, h, rh)
 	requireJournal(t, run, read, 5)
 	require.Empty(t, read[0].Prev)
-	require.Equal(t, read[3].Prev == read[4].Prev, false, "each message chains on the one before")
+	require.Equal(t, read[3].Prev == read[4].Prev, false, "unpacked: each message chains on the one before")
 }
 
 // TestReadCorruptJournal: a message that does not verify is not returned,
@@ -51,8 +53,9 @@ func TestReadCorruptJournal(t *testing.T) {
 	b := setup(t, eventstore.Config{})
 	ctx := t.Context()
 	const run = "run_bad"
-	h := appendEach(t, b.store, run, eventstore.Head{}, ev(event.RunCreated, 1), ev(event.RunResumed, 2))
-	_, err := b.js.Publish(ctx, eventstore.EventsSubject(run), []byte("not an event"))
+	h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1), ev(event.RunResumed, 2))
+	require.NoError(t, err)
+	_, err = b.js.Publish(ctx, eventstore.EventsSubject(run), []byte("not an event"))
 	require.NoError(t, err)
 	// A sound-looking event after it is not read either.
 	_, err = b.store.Append(ctx, run, eventstore.Head{Seq: 2, StreamSeq: 3, Hash: event.Hash([]byte("not an event"))}, ev(event.StepStarted, 3))

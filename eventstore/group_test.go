@@ -17,7 +17,7 @@ import (
 	"github.com/palrun/pal/paltest/testenv"
 )
 
-// strictStore is a group-committing store on a server that fsyncs every write, as
+// strictStore is a packing store on a server that fsyncs every write, as
 // PAL_DURABILITY=strict runs it, connected as the worker role.
 func strictStore(t *testing.T) *eventstore.Store {
 	t.Helper()
@@ -27,10 +27,10 @@ func strictStore(t *testing.T) *eventstore.Store {
 	require.NoError(t, eventstore.Setup(t.Context(), admin, eventstore.Config{}))
 	js, err := jetstream.New(srv.ConnAs(t, natsauth.Worker))
 	require.NoError(t, err)
-	s, err := eventstore.Open(t.Context(), js, eventstore.WithGroupCommit(true))
+	s, err := eventstore.Open(t.Context(), js, eventstore.WithPacking(true))
 	require.NoError(t, err)
 	_, _, ok := s.GroupStats()
-	require.True(t, ok, "a group-committing store on PAL_EVENTS commits in groups")
+	require.True(t, ok, "a packing store on PAL_EVENTS commits in groups")
 	return s
 }
 
@@ -203,7 +203,7 @@ func TestGroupCommitGivesUpWithItsCaller(t *testing.T) {
 func TestGroupCommitOnACluster(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t, 2*time.Minute)
-	s, _ := clusterStore(t, ctx, eventstore.WithGroupCommit(true))
+	s, _ := clusterStore(t, ctx, eventstore.WithPacking(true))
 	const runs, appends = 32, 10
 	appendAtOnce(t, ctx, s, "run_cluster_", runs, appends, 1)
 	batches, batched, _ := s.GroupStats()

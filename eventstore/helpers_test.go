@@ -133,15 +133,3 @@ func requireHead(t *testing.T, seq, streamSeq uint64, h eventstore.Head) {
 	require.Equal(t, streamSeq, h.StreamSeq, "head stream seq")
 	require.Len(t, h.Hash, 64, "head hash")
 }
-
-// appendEach appends evs one Append each, so each is a message of its
-// own (an Append of several is one message): a journal of many messages.
-func appendEach(t *testing.T, s *eventstore.Store, run string, h eventstore.Head, evs ...event.Event) eventstore.Head {
-	t.Helper()
-	for _, e := range evs {
-		var err error
-		h, err = s.Append(t.Context(), run, h, e)
-		require.NoError(t, err)
-	}
-	return h
-}

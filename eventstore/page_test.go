@@ -39,26 +39,17 @@ func readPages(t *testing.T, p *eventstore.Pages) (evs []event.Event, pages []in
 func TestPages(t *testing.T) {
 	t.Parallel()
 	for _, packed := range []bool{false, true} {
-		name := "one event per message"
-		if packed {
-			name = "packed"
-		}
-		t.Run(name, func(t *testing.T) {
+		t.Run(packName(packed), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(packed))
+			b := setup(t, eventstore.Config{}, eventstore.WithPacking(packed))
 			ctx := t.Context()
 			const run = "run_pages"
 			h := eventstore.Head{}
 			for n := 1; n <= 600; n += 3 {
-				three := []event.Event{ev(event.ApprovalReceived, n), ev(event.ApprovalReceived, n+1), ev(event.ApprovalReceived, n+2)}
-				if packed {
-					var err error
-					h, err = b.store.Append(ctx, run, h, three...)
-					require.NoError(t, err)
-				} else {
-					h = appendEach(t, b.store, run, h, three...)
-				}
-				_, err := b.store.Append(ctx, fmt.Sprintf("run_other%d", n), eventstore.Head{}, ev(event.RunCreated, 1))
+				var err error
+				h, err = b.store.Append(ctx, run, h, ev(event.ApprovalReceived, n), ev(event.ApprovalReceived, n+1), ev(event.ApprovalReceived, n+2))
+				require.NoError(t, err)
+				_, err = b.store.Append(ctx, fmt.Sprintf("run_other%d", n), eventstore.Head{}, ev(event.RunCreated, 1))
 				require.NoError(t, err)
 			}
 			msgs := uint64(600)

@@ -69,7 +69,7 @@ func TestReadLongRuns(t *testing.T) {
 	b := setup(t, eventstore.Config{})
 	ctx := t.Context()
 	plain := b.store
-	packed := b.openStore(t, eventstore.WithGroupCommit(true))
+	packed := b.openStore(t, eventstore.WithPacking(true))
 
 	const events = 1700
 	type writer struct {
@@ -132,10 +132,10 @@ func TestReadLongRuns(t *testing.T) {
 
 func TestReadAfter(t *testing.T) {
 	t.Parallel()
-	for _, group := range []bool{false, true} {
-		t.Run(groupName(group), func(t *testing.T) {
+	for _, packed := range []bool{false, true} {
+		t.Run(packName(packed), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(group))
+			b := setup(t, eventstore.Config{}, eventstore.WithPacking(packed))
 			ctx := t.Context()
 			const run = "run_after"
 			var heads []eventstore.Head
@@ -190,7 +190,7 @@ func TestReadManyRuns(t *testing.T) {
 	t.Parallel()
 	b := setup(t, eventstore.Config{})
 	ctx := t.Context()
-	packed := b.openStore(t, eventstore.WithGroupCommit(true))
+	packed := b.openStore(t, eventstore.WithPacking(true))
 
 	const runs, perRun = 24, 60
 	heads := make([]eventstore.Head, runs)
@@ -230,7 +230,7 @@ func TestReadManyRuns(t *testing.T) {
 
 func TestLastHead(t *testing.T) {
 	t.Parallel()
-	b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(true))
+	b := setup(t, eventstore.Config{}, eventstore.WithPacking(true))
 	ctx := t.Context()
 	const run = "run_head"
 	h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1))

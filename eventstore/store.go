@@ -58,9 +58,9 @@ type Store struct {
 	work   jetstream.Stream
 	maxMsg int
 	// apiPrefix is the JetStream API's subject prefix ($JS.API.).
-	apiPrefix   string
-	groupCommit bool
-	timeout     time.Duration
+	apiPrefix string
+	pack      bool
+	timeout   time.Duration
 	// inflight is the PAL_INFLIGHT index, opened by the first listing
 	// (the sweep's): other roles write it by subject only.
 	inflight lazy[jetstream.KeyValue]
@@ -76,8 +76,8 @@ type Store struct {
 	workflows lazy[jetstream.KeyValue]
 	// schedules is PAL_SCHEDULES (schedules.go), opened on first use.
 	schedules lazy[jetstream.KeyValue]
-	// group commits the appends of runs appending at once in atomic
-	// batches (group.go); nil without WithGroupCommit.
+	// group commits packed appends in atomic batches (group.go); nil
+	// without packing.
 	group *groupCommit
 	// reads counts what the store has read of the journal (ReadStats).
 	reads readStats
@@ -107,10 +107,18 @@ func (l *lazy[T]) get(open func() (T, error)) (T, error) {
 // Option configures a Store.
 type Option func(*Store)
 
-// WithGroupCommit makes the store commit the appends of runs appending at
-// once as atomic batches (group.go), when the stream allows them. PAL uses
-// it in strict durability mode, where every append is an fsync.
-func WithGroupCommit(on bool) Option { return func(s *Store) { s.groupCommit = on } }
+// packFrom is the fewest events an Append carries in one message without
+// packing: a flush of several concurrent steps' events (a fan-out) is one
+// round trip, where one message per event would be as many, one after
+// the other, each fenced on the ack of the one before (§12). A step
+// boundary of a run going one step at a time (a completion and the next
+// start) stays one message per event.
+const packFrom = 4
+
+// WithPacking makes Append carry all the events of one call in one message
+// (a JSON array), so a step boundary costs one append. PAL uses it in
+// strict durability mode, where every append is an fsync.
+func WithPacking(on bool) Option { return func(s *Store) { s.pack = on } }
 
 // WithRequestTimeout bounds each JetStream request (default 5s).
 func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
@@ -133,7 +141,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 		s.maxMsg = mp
 	}
 	s.clampBlobThreshold()
-	if s.groupCommit && s.events.CachedInfo().Config.AllowAtomicPublish {
+	if s.pack && s.events.CachedInfo().Config.AllowAtomicPublish {
 		s.group = newGroupCommit(js, s.timeout)
 	}
 	return s, nil
@@ -151,11 +159,9 @@ func (s *Store) JetStream() jetstream.JetStream { return s.js }
 // ts, prev (the head's Hash, so every event of a packed message carries
 // the same prev) and returns the new head.
 //
-// The events go as one message, a JSON array when there are several,
-// split in halves only while a message would pass the stream's size
-// (values near the blob threshold); if a later half fails, the returned
-// head covers those that landed. An oversized event refuses the whole
-// append before anything is published.
+// Without packing each event is one message and Append publishes them in
+// order; if one fails, the returned head covers those that landed. An
+// oversized event refuses the whole append before anything is published.
 // Transient failures (timeouts, no responders, a reconnecting connection)
 // are retried until ctx ends; a retry whose first try had landed is
 // recognised by its Nats-Msg-Id and content. So is a whole Append called
@@ -244,11 +250,13 @@ func (s *Store) append(ctx context.Context, runID string, head Head, idSuffix st
 	if err != nil {
 		return head, err
 	}
-	// One message for the whole append (§6.1): a step boundary (a
-	// completion and the next start) or a fan-out's flush is one round
-	// trip, where a message per event would be as many, one after the
-	// other, each fenced on the ack of the one before.
 	groups := [][]event.Event{stored}
+	if !s.pack && len(stored) < packFrom {
+		groups = make([][]event.Event, len(stored))
+		for i := range stored {
+			groups[i] = stored[i : i+1]
+		}
+	}
 	// Encode and size-check every message before publishing any, so an
 	// oversized event refuses the whole append instead of half-applying it.
 	// Each message's prev is the hash of the one before it, so the bodies

@@ -81,7 +81,7 @@ func TestWatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, eventstore.Config{})
 	ctx := t.Context()
-	packed := b.openStore(t, eventstore.WithGroupCommit(true))
+	packed := b.openStore(t, eventstore.WithPacking(true))
 	const run = "run_watch"
 
 	h, err := b.store.Append(ctx, run, eventstore.Head{}, ev(event.RunCreated, 1), ev(event.RunResumed, 2))
@@ -127,7 +127,7 @@ func TestWatch(t *testing.T) {
 
 func TestWatchFromStart(t *testing.T) {
 	t.Parallel()
-	b := setup(t, eventstore.Config{}, eventstore.WithGroupCommit(true))
+	b := setup(t, eventstore.Config{}, eventstore.WithPacking(true))
 	ctx := t.Context()
 	const run = "run_watch"
 

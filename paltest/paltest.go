@@ -111,7 +111,7 @@ func New(tb testing.TB, opts ...Option) *Stack {
 	require.NoError(tb, err)
 	ctx := context.Background()
 	require.NoError(tb, eventstore.Setup(ctx, s.JS, eventstore.Config{LeaseTTL: cfg.ttl}))
-	s.Store, err = eventstore.Open(ctx, s.JS, eventstore.WithGroupCommit(cfg.strict))
+	s.Store, err = eventstore.Open(ctx, s.JS, eventstore.WithPacking(cfg.strict))
 	require.NoError(tb, err)
 	s.Leases, err = eventstore.OpenLeases(ctx, s.JS, cfg.ttl)
 	require.NoError(tb, err)

@@ -56,15 +56,15 @@ func TestRoundTripsOfAStart(t *testing.T) {
 
 // TestRoundTripsOfAStep: one echo step of a sequential run, from the
 // step's tool call to the next one's, is the append of its step_completed
-// and of the next step_started: one message, one round trip, in either
-// durability mode.
+// and of the next step_started. In process durability they are two
+// messages, each a round trip; packed (strict durability) one.
 func TestRoundTripsOfAStep(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		strict bool
 		want   int
-	}{{"process", false, 1}, {"strict", true, 1}} {
+	}{{"process", false, 2}, {"strict", true, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := setupCounted(t, tc.strict)
@@ -79,24 +79,25 @@ func TestRoundTripsOfAStep(t *testing.T) {
 
 // TestRoundTripsOfAFirstDrive: a run's first drive, from its work
 // message to its first step's call, takes the lease, reads the journal
-// and appends run_resumed with the first step_started, one message.
+// and appends run_resumed with the first step_started (two messages in
+// process durability).
 func TestRoundTripsOfAFirstDrive(t *testing.T) {
 	t.Parallel()
 	c := setupCounted(t, false)
 	d := c.driveChain(t, 1)
-	requireTrips(t, map[string]int{tripLease: 1, tripRead: 1, tripAppend: 1}, d.first)
+	requireTrips(t, map[string]int{tripLease: 1, tripRead: 1, tripAppend: 2}, d.first)
 }
 
 // TestRoundTripsOfARunEnd: the end of a run, from its last step's call to
 // the drive's end, appends the step's step_completed and run_succeeded
-// (one message), acks the work message (a double
+// (two messages in process durability), acks the work message (a double
 // ack, which waits), releases the lease and stores the signed receipt.
 // The in-flight index's purge is published without waiting.
 func TestRoundTripsOfARunEnd(t *testing.T) {
 	t.Parallel()
 	c := setupCounted(t, false)
 	d := c.driveChain(t, 1)
-	requireTrips(t, map[string]int{tripAppend: 1, tripAck: 1, tripLease: 1, tripReceipt: 1}, d.end)
+	requireTrips(t, map[string]int{tripAppend: 2, tripAck: 1, tripLease: 1, tripReceipt: 1}, d.end)
 }
 
 // What a request is for, by its subject.
@@ -176,7 +177,7 @@ func setupCounted(t *testing.T, strict bool) *counted {
 	nc, reqs := b.NATS.CountRequests(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	store, err := eventstore.Open(ctx, js, eventstore.WithGroupCommit(strict))
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(strict))
 	require.NoError(t, err)
 	leases, err := eventstore.OpenLeases(ctx, js, b.TTL)
 	require.NoError(t, err)

@@ -558,7 +558,7 @@ func devStore(ctx context.Context, nc *nats.Conn, wc workerConfig) (*eventstore.
 	if err != nil {
 		return nil, err
 	}
-	store, err := eventstore.Open(ctx, js, eventstore.WithGroupCommit(wc.durability == DurabilityStrict), eventstore.WithBlobThreshold(wc.blobThreshold))
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {
 		return nil, withCode(ExitUnavailable, err)
 	}

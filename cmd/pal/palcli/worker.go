@@ -359,7 +359,7 @@ func startWriteSide(ctx context.Context, st *service.Stack, s *settings, wc work
 	// lost-ack check. Short, since on a cluster the new leader is there
 	// within about a second (natsraft.Fast): 500 ms at the default TTL.
 	reqTimeout := min(max(wc.leaseTTL/6, 500*time.Millisecond), 5*time.Second)
-	store, err := eventstore.Open(ctx, js, eventstore.WithGroupCommit(wc.durability == DurabilityStrict),
+	store, err := eventstore.Open(ctx, js, eventstore.WithPacking(wc.durability == DurabilityStrict),
 		eventstore.WithRequestTimeout(reqTimeout), eventstore.WithBlobThreshold(wc.blobThreshold))
 	if err != nil {
 		return withCode(ExitUnavailable, err)
