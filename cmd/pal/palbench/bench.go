@@ -115,7 +115,7 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	if err := eventstore.Setup(ctx, js, eventstore.Config{Replicas: o.Replicas}); err != nil {
 		return nil, err
 	}
-	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithGroupCommit(o.Strict)); err != nil {
+	if e.Store, err = eventstore.Open(ctx, js, eventstore.WithPacking(o.Strict)); err != nil {
 		return nil, err
 	}
 	leases, err := eventstore.OpenLeases(ctx, js, eventstore.DefaultLeaseTTL)
