@@ -38,7 +38,7 @@ import (
 
 // Options configure a benchmark environment.
 type Options struct {
-	// Strict turns on fsync-before-ack (SyncAlways) and group commit.
+	// Strict turns on fsync-before-ack (SyncAlways) and event packing.
 	Strict bool
 	// InProcess connects the worker to the server in-process instead of
 	// over loopback TCP.
