@@ -94,7 +94,7 @@ fuzz: ## Run every fuzz target in the tree briefly (FUZZTIME=10s each) beyond it
 	done
 
 .PHONY: bench
-bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, 10,000 SSE watchers, pal bench, strict runs kept in flight, pal bench --economics)
+bench: build ## Benchmarks: the README's Performance tables (workers, long runs, recovery with 3s and 1s leases, projections, REST load, 10,000 SSE watchers, pal bench, strict runs kept in flight, memory after a burst, pal bench --economics)
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill|WorkflowFixedCost|LongRun' -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench LoopIteration -benchtime 100x ./engine/
 	$(GO) test -run '^$$' -bench ResumeFold ./engine/
@@ -104,6 +104,7 @@ bench: build ## Benchmarks: the README's Performance tables (workers, long runs,
 	PAL_TEST_SSE_WATCHERS=10000 $(GO) test -count=1 -run '^TestSSEWatchers$$' -v ./api/
 	./$(BIN) bench
 	./$(BIN) bench --durability strict --runs 64 --steps-per-run 10 --duration 10s
+	./$(BIN) bench --durability process --burst 500 --runs 64 --steps-per-run 10
 	./$(BIN) bench --economics
 
 .PHONY: lint
