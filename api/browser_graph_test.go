@@ -247,7 +247,7 @@ func TestBrowserAxis(t *testing.T) {
 	for _, w := range []int64{1400, 800} {
 		br.do(chromedp.EmulateViewport(w, 900))
 		br.waitJS("the window's width", `window.innerWidth === `+jsInt(w))
-		br.do(chromedp.Click(chromedp.CSS(`.wf-row[data-step="hold"] .step-id`)))
+		br.clickJS(`.wf-row[data-step="hold"] .step-id`) // the resize redraws the rows
 		br.waitJS("hold's detail", `!document.querySelector('#detail').hidden && document.querySelector('#detail h2').textContent === "hold"`)
 		for _, sel := range []string{"#view-waterfall .legend", "#expand-all", "#collapse-all", "#lanes-view", "#axis-mode", "#axis", "#actions", ".top"} {
 			require.False(t, overlaps(br, "#detail", sel), "at %d px the detail panel covers %s", w, sel)
@@ -255,7 +255,7 @@ func TestBrowserAxis(t *testing.T) {
 		require.True(t, eval[bool](br, `document.documentElement.scrollWidth <= window.innerWidth`), "at %d px nothing scrolls sideways", w)
 		require.Equal(t, "compressed", eval[string](br, `document.body.dataset.axis`), "at %d px", w)
 		br.screenshot(t, "detail-"+jsInt(w))
-		br.do(chromedp.Click(chromedp.CSS(`#detail .close`)))
+		br.clickJS(`#detail .close`)
 		br.waitJS("the detail closed", `document.querySelector('#detail').hidden`)
 	}
 }

@@ -185,7 +185,13 @@ func TestBlobReleaseOnACluster(t *testing.T) {
 	// Asked of the leader: the meta says deleted.
 	_, err = s.Append(ctx, "run_c3", begin(t, s, "run_c3"), completed(2, out))
 	require.NoError(t, err)
-	evs, _, err := s.Read(ctx, "run_c3")
-	require.NoError(t, err)
+	// A Direct Get a follower answers may not have the last append yet
+	// (R3 reads are not read-your-writes): read until the journal has it.
+	var evs []event.Event
+	eventually(t, 10*time.Second, 20*time.Millisecond, func() bool {
+		evs, _, err = s.Read(ctx, "run_c3")
+		require.NoError(t, err)
+		return len(evs) == 3
+	}, "run_c3 reads back whole")
 	require.Contains(t, string(evs[2].Data), string(out[:100]))
 }
