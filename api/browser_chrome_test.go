@@ -96,12 +96,13 @@ func (br *browser) waitJS(what, expr string) {
 // clickJS clicks the element sel names from inside the page, waiting
 // until there is one: one step, where a mouse click finds the node, then
 // its box, then clicks, and fails if the page redrew it in between (as a
-// resized waterfall does).
+// resized waterfall does). A dispatched event, as SVG elements have no
+// click().
 func (br *browser) clickJS(sel string) {
 	br.t.Helper()
 	q, err := json.Marshal(sel)
 	require.NoError(br.t, err)
-	br.waitJS("a click on "+sel, `(() => { const e = document.querySelector(`+string(q)+`); if (!e) return false; e.click(); return true })()`)
+	br.waitJS("a click on "+sel, `(() => { const e = document.querySelector(`+string(q)+`); if (!e) return false; e.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true, view: window})); return true })()`)
 }
 
 // screenshot saves the whole page as name.png in the test's artifact

@@ -108,7 +108,7 @@ func TestBrowserGraph(t *testing.T) {
 	// detail panel, below the page, covers neither it nor the legend.
 	br.do(chromedp.EmulateViewport(800, 900))
 	br.waitJS("the narrow page", `window.innerWidth === 800`)
-	br.do(chromedp.Click(chromedp.CSS(`.gnode[data-node="ok"] .box`)))
+	br.clickJS(`.gnode[data-node="ok"] .box`)
 	br.waitJS("ok's detail", `!document.querySelector('#detail').hidden && document.querySelector('#detail h2').textContent === "ok"`)
 	require.True(t, eval[bool](br, `document.documentElement.scrollWidth <= 800`), "nothing scrolls the page sideways")
 	require.False(t, overlaps(br, "#detail", "#graph .legend"))
