@@ -98,6 +98,7 @@ bench: build ## Benchmarks: the README's Performance tables (workers, long runs,
 	$(GO) test -run '^$$' -bench 'StepOverhead|ConcurrentRuns|RecoveryAfterKill|WorkflowFixedCost|LongRun' -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench LoopIteration -benchtime 100x ./engine/
 	$(GO) test -run '^$$' -bench ResumeFold ./engine/
+	$(GO) test -run '^$$' -bench AppendRoundTrip -benchtime 3000x ./eventstore/
 	PAL_LEASE_TTL=1s $(GO) test -run '^$$' -bench RecoveryAfterKill -benchtime 1x ./workers/
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./projections/
 	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x ./api/
