@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -261,37 +259,32 @@ func TestStatus(t *testing.T) {
 // is asked.
 func TestFoldDeterministic(t *testing.T) {
 	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			evs := readHistory(t, path)
-			first := foldSummary(t, evs)
-			require.Equal(t, string(first), string(foldSummary(t, evs)), "second fold")
+	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) {
+		first := foldSummary(t, evs)
+		require.Equal(t, string(first), string(foldSummary(t, evs)), "second fold")
 
-			// One event at a time, as a worker folds what it appends.
-			st := &engine.RunState{}
-			for _, e := range evs {
-				require.NoError(t, st.Apply(e))
-			}
-			a1 := engine.Next(st.Workflow, st, st.UpdatedAt)
-			a2 := engine.Next(st.Workflow, st, st.UpdatedAt)
-			require.Equal(t, summariseAction(a1), summariseAction(a2), "Next twice")
-			require.Equal(t, a1, engine.Next(st.Workflow, st, st.UpdatedAt), "Next three times")
-			require.Equal(t, string(first), string(stateSummary(t, st)), "incremental fold")
+		// One event at a time, as a worker folds what it appends.
+		st := &engine.RunState{}
+		for _, e := range evs {
+			require.NoError(t, st.Apply(e))
+		}
+		a1 := engine.Next(st.Workflow, st, st.UpdatedAt)
+		a2 := engine.Next(st.Workflow, st, st.UpdatedAt)
+		require.Equal(t, summariseAction(a1), summariseAction(a2), "Next twice")
+		require.Equal(t, a1, engine.Next(st.Workflow, st, st.UpdatedAt), "Next three times")
+		require.Equal(t, string(first), string(stateSummary(t, st)), "incremental fold")
 
-			// Through the wire again.
-			var again []event.Event
-			for _, e := range evs {
-				body, err := event.Encode(e)
-				require.NoError(t, err)
-				got, err := event.Decode(body)
-				require.NoError(t, err)
-				again = append(again, got...)
-			}
-			require.Equal(t, string(first), string(foldSummary(t, again)), "after a wire round trip")
-		})
-	}
+		// Through the wire again.
+		var again []event.Event
+		for _, e := range evs {
+			body, err := event.Encode(e)
+			require.NoError(t, err)
+			got, err := event.Decode(body)
+			require.NoError(t, err)
+			again = append(again, got...)
+		}
+		require.Equal(t, string(first), string(foldSummary(t, again)), "after a wire round trip")
+	})
 }
 
 // TestParseCacheDoesNotAlias: two runs that claim the same workflow hash

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,22 +21,17 @@ import (
 // already completed, nor one in flight.
 func TestHistoriesFollowNext(t *testing.T) {
 	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			evs := readHistory(t, path)
-			st := &engine.RunState{}
-			busy := map[string]bool{}
-			for i, ev := range evs {
-				if i > 0 {
-					checkFollowsNext(t, st, busy, ev)
-				}
-				require.NoError(t, st.Apply(ev))
-				trackBusy(busy, ev)
+	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) {
+		st := &engine.RunState{}
+		busy := map[string]bool{}
+		for i, ev := range evs {
+			if i > 0 {
+				checkFollowsNext(t, st, busy, ev)
 			}
-		})
-	}
+			require.NoError(t, st.Apply(ev))
+			trackBusy(busy, ev)
+		}
+	})
 }
 
 func checkFollowsNext(t *testing.T, st *engine.RunState, busy map[string]bool, ev event.Event) {

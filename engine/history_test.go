@@ -368,6 +368,19 @@ func historyFiles(t *testing.T) []string {
 	return files
 }
 
+// eachHistory runs fn on every saved journal, each in a parallel subtest
+// named after its file.
+func eachHistory(t *testing.T, fn func(t *testing.T, name string, evs []event.Event)) {
+	t.Helper()
+	for _, path := range historyFiles(t) {
+		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, name, readHistory(t, path))
+		})
+	}
+}
+
 // TestWriteHistories regenerates testdata/*.jsonl with -histories.
 // Otherwise it checks that the scenarios still build the saved journals,
 // so the generator and the files cannot drift apart unnoticed. It is not
@@ -395,21 +408,17 @@ func TestWriteHistories(t *testing.T) {
 // them).
 func TestGoldenHistories(t *testing.T) {
 	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			got := foldSummary(t, readHistory(t, path))
-			golden := filepath.Join("testdata", name+".golden.json")
-			if *update {
-				require.NoError(t, os.WriteFile(golden, got, 0o644))
-				return
-			}
-			want, err := os.ReadFile(golden)
-			require.NoError(t, err, "run go test ./engine -run TestGoldenHistories -update to write it")
-			require.Equal(t, string(want), string(got))
-		})
-	}
+	eachHistory(t, func(t *testing.T, name string, evs []event.Event) {
+		got := foldSummary(t, evs)
+		golden := filepath.Join("testdata", name+".golden.json")
+		if *update {
+			require.NoError(t, os.WriteFile(golden, got, 0o644))
+			return
+		}
+		want, err := os.ReadFile(golden)
+		require.NoError(t, err, "run go test ./engine -run TestGoldenHistories -update to write it")
+		require.Equal(t, string(want), string(got))
+	})
 }
 
 // TestPackingIsOnlyWire: a packed journal folds exactly like the same

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -51,13 +50,9 @@ func requireIncrementalFold(t *testing.T, evs []event.Event) {
 // from scratch.
 func TestIncrementalFoldEqualsScratch(t *testing.T) {
 	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			requireIncrementalFold(t, readHistory(t, path))
-		})
-	}
+	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) {
+		requireIncrementalFold(t, evs)
+	})
 	t.Run("loop_over_with_retry_and_crash", func(t *testing.T) {
 		t.Parallel()
 		items := make([]string, 30)

@@ -3,8 +3,6 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,33 +19,28 @@ import (
 // run's own workflow only), at every point of every saved journal.
 func TestSettledMemoDecidesAsAFreshWalk(t *testing.T) {
 	t.Parallel()
-	for _, path := range historyFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".jsonl")
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			evs := readHistory(t, path)
-			var created event.RunCreatedData
-			require.NoError(t, json.Unmarshal(evs[0].Data, &created))
-			// A workflow that does not parse leaves both states without one.
-			copied, err := workflow.Parse(created.Workflow)
-			if err != nil {
-				copied = nil
+	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) {
+		var created event.RunCreatedData
+		require.NoError(t, json.Unmarshal(evs[0].Data, &created))
+		// A workflow that does not parse leaves both states without one.
+		copied, err := workflow.Parse(created.Workflow)
+		if err != nil {
+			copied = nil
+		}
+		st := &engine.RunState{}
+		busy := map[string]bool{}
+		for i, ev := range evs {
+			require.NoError(t, st.Apply(ev))
+			trackBusy(busy, ev)
+			fresh := &engine.RunState{}
+			for _, e := range evs[:i+1] {
+				require.NoError(t, fresh.Apply(e))
 			}
-			st := &engine.RunState{}
-			busy := map[string]bool{}
-			for i, ev := range evs {
-				require.NoError(t, st.Apply(ev))
-				trackBusy(busy, ev)
-				fresh := &engine.RunState{}
-				for _, e := range evs[:i+1] {
-					require.NoError(t, fresh.Apply(e))
-				}
-				ctx := context.Background()
-				require.Equal(t,
-					engine.Frontier(ctx, copied, fresh, ev.TS, busy),
-					engine.Frontier(ctx, st.Workflow, st, ev.TS, busy),
-					"seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
-			}
-		})
-	}
+			ctx := context.Background()
+			require.Equal(t,
+				engine.Frontier(ctx, copied, fresh, ev.TS, busy),
+				engine.Frontier(ctx, st.Workflow, st, ev.TS, busy),
+				"seq %d (%s %s)", ev.Seq, ev.Kind, ev.StepID)
+		}
+	})
 }
