@@ -20,6 +20,7 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
+	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
 )
 
@@ -140,4 +141,33 @@ func seqWorkflow(n int) string {
 		id := fmt.Sprintf("s%d", i)
 		return id, fmt.Sprintf(`{"id":%q,"type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"step %d: {{input.text}}"}}`, id, i)
 	})
+}
+
+// projection is the bundle's journal projected into a fresh Postgres, as
+// pal run list and pal run get with DATABASE_URL read it.
+type projection struct {
+	*projections.Projector
+	// db points pal at it: DATABASE_URL.
+	db []string
+}
+
+// project migrates a fresh Postgres and serves a projector of the
+// bundle's journal into it.
+func (b *bundle) project(t *testing.T) *projection {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	pool := pg.Pool(t)
+	_, err := projections.Migrate(context.Background(), pool)
+	require.NoError(t, err)
+	p := projections.New(pool, b.Store, projections.Config{})
+	b.Serve(t, "the projector", p)
+	return &projection{Projector: p, db: []string{"DATABASE_URL=" + pg.DSN()}}
+}
+
+// caughtUp waits until the projection holds everything journaled so far.
+func (p *projection) caughtUp(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, p.WaitCaughtUp(ctx))
 }

@@ -1,7 +1,6 @@
 package palcli_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,8 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/paltest/testenv"
-	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
 
@@ -20,13 +17,7 @@ import (
 func TestRunLabels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
-	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
-	p := projections.New(pool, b.Store, projections.Config{})
-	b.Serve(t, "the projector", p)
+	p := b.project(t)
 	wf := b.file(t, "wf.json", seqWorkflow(1))
 	since := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339)
 
@@ -45,10 +36,8 @@ func TestRunLabels(t *testing.T) {
 	prod := start("one", "customer=acme", "env=prod")
 	failed := start("FAIL two", "customer=acme", "note=a b=c")
 	globex := start("three", "customer=globex")
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, p.WaitCaughtUp(wctx))
-	db := []string{"DATABASE_URL=" + pg.DSN()}
+	p.caughtUp(t)
+	db := p.db
 
 	list := func(args ...string) runs.RunList {
 		t.Helper()

@@ -18,7 +18,6 @@ import (
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
-	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/provider/providertest"
 	"github.com/palrun/pal/runs"
 )
@@ -203,13 +202,7 @@ func TestRunExitCodes(t *testing.T) {
 func TestRunListAndGetFromPostgres(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
-	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
-	p := projections.New(pool, b.Store, projections.Config{})
-	b.Serve(t, "the projector", p)
+	p := b.project(t)
 	var ids []string
 	for _, text := range []string{"one", "FAIL two", "three"} {
 		id := b.start(t, seqWorkflow(2), fmt.Sprintf(`{"text":%q}`, text))
@@ -220,10 +213,8 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 		return "s1", `{"id":"s1","type":"ai-step","data":{"provider":"openai","model":"gpt-4o-mini","prompt":"other"}}`
 	}), `{}`)
 	b.WaitEnd(t, other)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, p.WaitCaughtUp(wctx))
-	db := []string{"DATABASE_URL=" + pg.DSN()}
+	p.caughtUp(t)
+	db := p.db
 
 	r := b.pal(t, db, "run", "list", "--workflow", "other", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
@@ -284,7 +275,7 @@ func TestRunListAndGetFromPostgres(t *testing.T) {
 		require.JSONEq(t, string(fromJournal.Steps[i].Output), string(fromPG.Steps[i].Output))
 	}
 	// A run the projection does not hold (yet) is read from the journal.
-	require.NoError(t, p.Stop(ctx))
+	require.NoError(t, p.Stop(context.Background()))
 	late := b.start(t, seqWorkflow(1), `{"text":"late"}`)
 	b.WaitEnd(t, late)
 	r = b.pal(t, db, "run", "get", late, "--json")

@@ -1,7 +1,6 @@
 package palcli_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -9,8 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
-	"github.com/palrun/pal/paltest/testenv"
-	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
 
@@ -21,13 +18,7 @@ import (
 func TestScheduleCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
-	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
-	p := projections.New(pool, b.Store, projections.Config{})
-	b.Serve(t, "the projector", p)
+	p := b.project(t)
 	wf := b.file(t, "wf.json", seqWorkflow(1))
 	r := b.pal(t, nil, "workflow", "deploy", wf)
 	require.Equal(t, 0, r.code, "%s", r)
@@ -94,16 +85,14 @@ func TestScheduleCommands(t *testing.T) {
 	res := decodeJSON[runs.TriggerResult](t, r.stdout)
 	require.Equal(t, event.ScheduleRunID("nightly", res.Tick), res.RunID)
 	require.Equal(t, event.RunSucceeded, b.WaitEnd(t, res.RunID).Kind)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, p.WaitCaughtUp(wctx))
-	r = b.pal(t, []string{"DATABASE_URL=" + pg.DSN()}, "run", "list", "--schedule", "nightly", "--json")
+	p.caughtUp(t)
+	r = b.pal(t, p.db, "run", "list", "--schedule", "nightly", "--json")
 	require.Equal(t, 0, r.code, "%s", r)
 	l := decodeJSON[runs.RunList](t, r.stdout)
 	require.Equal(t, []string{res.RunID}, runIDs(l))
 	require.Equal(t, "nightly", l.Runs[0].Schedule)
 	require.Equal(t, runs.FormatTime(res.Tick), l.Runs[0].Tick)
-	r = b.pal(t, []string{"DATABASE_URL=" + pg.DSN()}, "run", "list", "--schedule", "a.b")
+	r = b.pal(t, p.db, "run", "list", "--schedule", "a.b")
 	require.Equal(t, 2, r.code, "%s", r)
 	require.Contains(t, r.stderr, "--schedule")
 

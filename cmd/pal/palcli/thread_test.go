@@ -1,15 +1,11 @@
 package palcli_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/palrun/pal/paltest/testenv"
-	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
 
@@ -21,13 +17,7 @@ import (
 func TestThreadCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
-	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
-	p := projections.New(pool, b.Store, projections.Config{})
-	b.Serve(t, "the projector", p)
+	p := b.project(t)
 	wf := b.file(t, "chat.json", `{"name":"chat","nodes":[{"id":"start","type":"trigger"},
 		{"id":"ask","type":"ai-step","data":{"provider":"openai","model":"m","prompt":"{{input.q}}","thread":true}}],
 		"edges":[{"from":"start","to":"ask"}]}`)
@@ -63,10 +53,8 @@ func TestThreadCommands(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Equal(t, "chat-1", decodeJSON[runs.RunView](t, r.stdout).Thread)
 
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, p.WaitCaughtUp(wctx))
-	db := []string{"DATABASE_URL=" + pg.DSN()}
+	p.caughtUp(t)
+	db := p.db
 	r = b.pal(t, db, "run", "list", "--json", "--thread", "chat-1")
 	require.Equal(t, 0, r.code, "%s", r)
 	l := decodeJSON[runs.RunList](t, r.stdout)
