@@ -140,15 +140,11 @@ func gateTool(release <-chan struct{}) workers.Tool {
 }
 
 func TestBrowserRunsList(t *testing.T) {
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
+	pool := migratedPool(t)
 	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
 	b := setup(t, withRuns(projections.NewReader(pool)))
 	b.Worker(t, "w1")
-	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	b.Serve(t, "the projector", p)
+	p := b.project(t, pool)
 	ai := b.Start(t, seqWorkflow(2), `{"topic":"a"}`)
 	started, err := runs.New(b.Store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(echoWorkflow),
 		Input: json.RawMessage(`{"x":1}`), Labels: map[string]string{"customer": "acme"}})

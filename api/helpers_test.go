@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/palrun/pal/eventstore"
 	"github.com/palrun/pal/paltest"
 	"github.com/palrun/pal/paltest/testenv"
+	"github.com/palrun/pal/projections"
 )
 
 // testToken is the bearer token of the bundle's API (named "ci", with
@@ -319,4 +321,22 @@ func (s *sseStream) readAll(t testing.TB) []sseEvent {
 		require.NoError(t, err)
 		out = append(out, ev)
 	}
+}
+
+// migratedPool is a pool on a fresh Postgres holding the projections'
+// tables: the read model a server's run listing reads (withRuns).
+func migratedPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := testenv.Postgres(t).Pool(t)
+	_, err := projections.Migrate(context.Background(), pool)
+	require.NoError(t, err)
+	return pool
+}
+
+// project serves a projector of the bundle's journal into pool.
+func (b *bundle) project(t testing.TB, pool *pgxpool.Pool) *projections.Projector {
+	t.Helper()
+	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
+	b.Serve(t, "the projector", p)
+	return p
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/paltest"
-	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
@@ -25,13 +24,10 @@ import (
 // filter of the listing reaches Postgres from its query parameter.
 func TestListRunsByLabel(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t).Pool(t)
+	pool := migratedPool(t)
 	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
 	b := setup(t, withWorker(), withRuns(projections.NewReader(pool)))
-	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	b.Serve(t, "the projector", p)
+	p := b.project(t, pool)
 	svc, err := api.StartService(ctx, b.NC, b.Runs, paltest.Logger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
@@ -112,9 +108,7 @@ func TestListRunsByLabel(t *testing.T) {
 // nothing written.
 func TestBadLabelsAndFilters(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t).Pool(t)
-	_, err := projections.Migrate(context.Background(), pool)
-	require.NoError(t, err)
+	pool := migratedPool(t)
 	b := setup(t, withRuns(projections.NewReader(pool)))
 	var many []string
 	for i := range event.MaxLabels + 1 {

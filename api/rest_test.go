@@ -18,7 +18,6 @@ import (
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/event"
 	"github.com/palrun/pal/paltest"
-	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
@@ -289,14 +288,10 @@ func TestHealthAndReady(t *testing.T) {
 
 func TestListRuns(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	pool := pg.Pool(t)
+	pool := migratedPool(t)
 	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
 	b := setup(t, withWorker(), withRuns(projections.NewReader(pool)))
-	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	b.Serve(t, "the projector", p)
+	p := b.project(t, pool)
 
 	var ids []string
 	for i := range 3 {
@@ -347,9 +342,7 @@ func TestListRuns(t *testing.T) {
 // as a failure.
 func TestListRunsRefusesBadText(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t).Pool(t)
-	_, err := projections.Migrate(context.Background(), pool)
-	require.NoError(t, err)
+	pool := migratedPool(t)
 	logs := paltest.NewLogCapture()
 	b := setup(t, withRuns(projections.NewReader(pool)), withHandler(func(hc *api.HandlerConfig) {
 		hc.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))

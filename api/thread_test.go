@@ -13,7 +13,6 @@ import (
 
 	"github.com/palrun/pal/api"
 	"github.com/palrun/pal/paltest"
-	"github.com/palrun/pal/paltest/testenv"
 	"github.com/palrun/pal/projections"
 	"github.com/palrun/pal/runs"
 )
@@ -29,13 +28,10 @@ const chatWorkflow = `{"name":"chat","nodes":[{"id":"start","type":"trigger"},
 // field, with nothing written.
 func TestThreadOverREST(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t).Pool(t)
+	pool := migratedPool(t)
 	ctx := context.Background()
-	_, err := projections.Migrate(ctx, pool)
-	require.NoError(t, err)
 	b := setup(t, withWorker(), withRuns(projections.NewReader(pool)))
-	p := projections.New(pool, b.Store, projections.Config{Logger: paltest.Logger(t)})
-	b.Serve(t, "the projector", p)
+	p := b.project(t, pool)
 	svc, err := api.StartService(ctx, b.NC, b.Runs, paltest.Logger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = svc.Stop() })
