@@ -12,7 +12,8 @@
 // page's Journal tab lists that feed's events as they come, from the
 // first, each envelope as sent (journal.js); its Graph tab lays out and
 // draws the run's workflow, each node by its outcome, from the
-// waterfall's graph (graph.js). The pages operate runs
+// waterfall's graph (graph.js); the waterfall's compressed axis is
+// axis.js's. The pages operate runs
 // through the REST routes with the session's CSRF token: start.js starts
 // a deployed workflow, actions.js retries, forks, resumes, signals,
 // raises a budget and verifies a receipt; a page shows an action only to

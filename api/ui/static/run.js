@@ -5,7 +5,8 @@
 // shown growing in the step's row and detail panel until the step ends.
 // The Journal tab beside it lists the journal's events (journal.js), the
 // Graph tab draws the run's workflow (graph.js). The axis is compressed:
-// long stretches in which the run only waited are drawn as breaks.
+// long stretches in which the run only waited are drawn as breaks
+// (axis.js).
 "use strict";
 
 (function () {
@@ -79,14 +80,6 @@
     return 10 * p;
   }
 
-  // The compressed axis: a gap of at least BREAK_MIN_MS in which no step
-  // works (only waits, backoffs, parked time) is drawn as a break
-  // BREAK_PX wide, labelled with its real length, when at the scale of
-  // the rest it would be wider than two breaks; the longest gaps first,
-  // while the rest keeps half the track. Short steps beside an hour-long
-  // wait stay readable; between breaks the axis is linear.
-  const BREAK_PX = 56, BREAK_MIN_MS = 1000;
-
   // busyOf adds the times in which some step of w (and of the child runs
   // folded out, shifted onto this run's axis) worked: each attempt but
   // its wait. A loop's or an agent's bar spans its nested steps, which
@@ -121,53 +114,7 @@
     if (axisMode !== "compressed" || !(span > 0) || !(px > 0)) return lin;
     const iv = [];
     busyOf(wf, 0, iv, new Set());
-    const busy = [];
-    for (const [a, b] of iv.map(([a, b]) => [Math.max(0, a), Math.min(span, b)]).filter(([a, b]) => b >= a).sort((p, q) => p[0] - q[0])) {
-      const last = busy[busy.length - 1];
-      if (last && a <= last[1]) last[1] = Math.max(last[1], b); else busy.push([a, b]);
-    }
-    if (busy.length === 0) return lin;
-    const gaps = [];
-    let prev = 0;
-    for (const [a, b] of busy) {
-      if (a - prev >= BREAK_MIN_MS) gaps.push([prev, a]);
-      prev = Math.max(prev, b);
-    }
-    if (span - prev >= BREAK_MIN_MS) gaps.push([prev, span]);
-    gaps.sort((p, q) => (q[1] - q[0]) - (p[1] - p[0]));
-    const chosen = [];
-    let cut = 0;
-    for (const g of gaps) {
-      const len = g[1] - g[0], room = px - (chosen.length + 1) * BREAK_PX, rest = span - cut - len;
-      if (room < px / 2 || rest <= 0 || len * room / rest <= 2 * BREAK_PX) break;
-      chosen.push(g);
-      cut += len;
-    }
-    if (chosen.length === 0) return lin;
-    chosen.sort((p, q) => p[0] - q[0]);
-    const perMs = (px - chosen.length * BREAK_PX) / (span - cut);
-    const pieces = [], breaks = [];
-    let t = 0, x = 0;
-    const P = v => v / px * 100;
-    for (const [a, b] of chosen) {
-      if (a > t) { pieces.push({ t0: t, t1: a, x0: P(x), x1: P(x + (a - t) * perMs) }); x += (a - t) * perMs; }
-      const br = { t0: a, t1: b, x0: P(x), x1: P(x + BREAK_PX), brk: true };
-      pieces.push(br);
-      breaks.push(br);
-      x += BREAK_PX;
-      t = b;
-    }
-    if (span > t) pieces.push({ t0: t, t1: span, x0: P(x), x1: 100 });
-    return {
-      pieces, breaks,
-      x(ms) {
-        if (!(ms > 0)) return 0;
-        for (const p of pieces) {
-          if (ms <= p.t1) return p.t1 > p.t0 ? p.x0 + (ms - p.t0) / (p.t1 - p.t0) * (p.x1 - p.x0) : p.x0;
-        }
-        return 100;
-      },
-    };
+    return pal.compressedScale(iv, span, px) || lin;
   }
 
   // drawAxis writes the ticks of each linear stretch of the axis, true
@@ -183,7 +130,7 @@
       const el = pal.el("span", "axis-break", pal.ms(b.t1 - b.t0));
       el.style.left = b.x0 + "%";
       el.style.width = (b.x1 - b.x0) + "%";
-      el.title = "the run only waited for " + pal.ms(b.t1 - b.t0) + ", from +" + pal.ms(b.t0) + " to +" + pal.ms(b.t1) + ": drawn " + BREAK_PX + " px wide";
+      el.title = "the run only waited for " + pal.ms(b.t1 - b.t0) + ", from +" + pal.ms(b.t0) + " to +" + pal.ms(b.t1) + ": drawn " + pal.axisBreakPx + " px wide";
       el.dataset.ms = b.t1 - b.t0;
       frag.appendChild(el);
       taken.push([b.x0 / 100 * px, b.x1 / 100 * px]);
