@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -72,8 +73,10 @@ type Store struct {
 	blobCache     *blobCache
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
 	snaps lazy[jetstream.ObjectStore]
-	// workflows is PAL_WORKFLOWS (workflows.go), opened on first use.
+	// workflows is PAL_WORKFLOWS (workflows.go), opened on first use;
+	// versions holds the versions read or written, checked (workflows.go).
 	workflows lazy[jetstream.KeyValue]
+	versions  *lru.Cache[string, DeployedWorkflow]
 	// schedules is PAL_SCHEDULES (schedules.go), opened on first use.
 	schedules lazy[jetstream.KeyValue]
 	// group commits packed appends in atomic batches (group.go); nil
@@ -125,7 +128,7 @@ func WithRequestTimeout(d time.Duration) Option { return func(s *Store) { s.time
 
 // Open returns a Store over streams created by Setup.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
-	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options()), blobCache: newBlobCache()}
+	s := &Store{js: js, timeout: 5 * time.Second, apiPrefix: apiPrefix(js.Options()), blobCache: newBlobCache(), versions: newVersionCache()}
 	for _, o := range opts {
 		o(s)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/palrun/pal/event"
@@ -275,8 +276,10 @@ func (s *Store) workflowVersion(ctx context.Context, kv jetstream.KeyValue, name
 	if sum := sha256.Sum256(vv.Workflow); hex.EncodeToString(sum[:]) != vv.SHA256 {
 		return DeployedWorkflow{}, fmt.Errorf("reading workflow %s@%d: its definition does not match its sha256 %s", name, v, vv.SHA256)
 	}
-	return DeployedWorkflow{Deployed: event.Deployed{Name: name, Version: v, SHA256: vv.SHA256}, By: vv.By,
-		At: e.Created(), Definition: vv.Workflow}, nil
+	d := DeployedWorkflow{Deployed: event.Deployed{Name: name, Version: v, SHA256: vv.SHA256}, By: vv.By,
+		At: e.Created(), Definition: vv.Workflow}
+	s.versions.Add(versionKey(name, v), d)
+	return d, nil
 }
 
 // DeployedWorkflow returns version v of the workflow deployed as name, or
@@ -305,7 +308,28 @@ func (s *Store) DeployedWorkflow(ctx context.Context, name string, v uint64) (De
 	case v == 0:
 		v = latest.Version
 	}
+	if v == latest.Version {
+		// The latest key names the version and its sha256: a version kept
+		// with that sha256 is the one the key would read, without the read.
+		if d, ok := s.versions.Get(versionKey(name, v)); ok && d.SHA256 == latest.SHA256 {
+			return d, nil
+		}
+	}
 	return s.workflowVersion(ctx, kv, name, v)
+}
+
+// versionCacheSize bounds the versions a store keeps (each holds its
+// definition, at most MaxWorkflowValue bytes; a few hundred workflows are
+// a deployment's working set).
+const versionCacheSize = 256
+
+// newVersionCache makes a store's cache of workflow versions, by version
+// key. A version key is written once and never changed, and a cached
+// version is used only when the latest key names it with the same
+// sha256, so a start by name reads one key instead of two.
+func newVersionCache() *lru.Cache[string, DeployedWorkflow] {
+	c, _ := lru.New[string, DeployedWorkflow](versionCacheSize) // fails only for a size below 1
+	return c
 }
 
 // DeployedWorkflows lists the latest version of every deployed workflow,

@@ -184,6 +184,48 @@ func TestDeployWorkflowAfterAnInterruptedDeploy(t *testing.T) {
 	require.JSONEq(t, string(def("half", 2)), string(three.Definition))
 }
 
+// A store keeps the versions it read, and answers from one only while the
+// latest key names it with its sha256: a redeploy from another store is
+// seen at once, and so is a version key rewritten under the store (an
+// operator's nats kv), once the latest key names the new content.
+func TestDeployedWorkflowKeepsOnlyWhatTheLatestKeyNames(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	other := b.openStore(t)
+	_, _, err := other.DeployWorkflow(ctx, "kept", def("kept", 1), "ci")
+	require.NoError(t, err)
+	latest := func(want json.RawMessage, version uint64) {
+		t.Helper()
+		got, err := b.store.DeployedWorkflow(ctx, "kept", 0)
+		require.NoError(t, err)
+		require.Equal(t, version, got.Version)
+		require.JSONEq(t, string(want), string(got.Definition))
+		require.Equal(t, sum(want), got.SHA256)
+		require.False(t, got.At.IsZero(), "a kept version keeps its time")
+	}
+	latest(def("kept", 1), 1)
+	latest(def("kept", 1), 1) // from the kept version
+
+	_, _, err = other.DeployWorkflow(ctx, "kept", def("kept", 2), "ci")
+	require.NoError(t, err)
+	latest(def("kept", 2), 2)
+
+	// Version 2 rewritten in place, and the latest key moved to its new
+	// sha256: the kept copy no longer matches, and the key is read.
+	kv, err := b.js.KeyValue(ctx, eventstore.WorkflowBucket)
+	require.NoError(t, err)
+	changed, err := json.Marshal(map[string]any{"sha256": sum(def("kept", 3)), "by": "ops", "workflow": def("kept", 3)})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "kept.2", changed)
+	require.NoError(t, err)
+	pointer, err := json.Marshal(map[string]any{"version": 2, "sha256": sum(def("kept", 3)), "by": "ops"})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "kept", pointer)
+	require.NoError(t, err)
+	latest(def("kept", 3), 2)
+}
+
 // A name that is no key, and a definition over the bucket's value limit,
 // are refused before anything is written.
 func TestDeployWorkflowBounds(t *testing.T) {
