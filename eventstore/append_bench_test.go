@@ -18,7 +18,9 @@ import (
 // on the same connection and server: the same message published fenced
 // with the same headers, without the Store around it, and a core NATS
 // request answered at once. A sequential run's step costs two appends
-// (docs/performance.md), so this is what bounds it from below.
+// (docs/performance.md), so this is what bounds it from below; store-pair
+// is one Append of two events, a step boundary in process durability (two
+// messages, the second fenced on the first's ack).
 //
 //	go test -run '^$' -bench AppendRoundTrip -benchtime 3000x ./eventstore/
 func BenchmarkAppendRoundTrip(b *testing.B) {
@@ -38,6 +40,19 @@ func BenchmarkAppendRoundTrip(b *testing.B) {
 		b.ResetTimer()
 		for range b.N {
 			if head, err = bd.store.Append(ctx, run, head, step()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("store-pair", func(b *testing.B) {
+		run := fmt.Sprintf("run_pair%d", b.N)
+		head, err := bd.store.Append(ctx, run, eventstore.Head{}, event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(`{}`)}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		for range b.N {
+			if head, err = bd.store.Append(ctx, run, head, step(), step()); err != nil {
 				b.Fatal(err)
 			}
 		}
