@@ -85,29 +85,30 @@ func startBenchWith(b *testing.B, o palbench.Options) *palbench.Env {
 // and of 11 no-op steps one after another; the fixed cost is the 1-step
 // time less one step's share of the difference.
 //
-// over loopback TCP (tcp), and in-process (in-process, the connection
-// pal dev's worker has to its embedded server).
+// over loopback TCP (tcp; tcp-named starts a deployed workflow by name
+// instead of bringing its definition), and in-process (in-process, the
+// connection pal dev's worker has to its embedded server).
 //
 //	go test -run '^$' -bench WorkflowFixedCost -benchtime 1x ./workers/
 func BenchmarkWorkflowFixedCost(b *testing.B) {
 	for _, c := range []struct {
-		name   string
-		inProc bool
-	}{{"tcp", false}, {"in-process", true}} {
-		b.Run(c.name, func(b *testing.B) { workflowFixedCost(b, c.inProc) })
+		name          string
+		inProc, named bool
+	}{{"tcp", false, false}, {"tcp-named", false, true}, {"in-process", true, false}} {
+		b.Run(c.name, func(b *testing.B) { workflowFixedCost(b, c.inProc, c.named) })
 	}
 }
 
-func workflowFixedCost(b *testing.B, inProc bool) {
+func workflowFixedCost(b *testing.B, inProc, named bool) {
 	env := startBenchWith(b, palbench.Options{InProcess: inProc})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for range b.N {
-		one, err := env.Latencies(ctx, 300, 1)
+		one, err := env.Latencies(ctx, 300, 1, named)
 		if err != nil {
 			b.Fatal(err)
 		}
-		eleven, err := env.Latencies(ctx, 300, 11)
+		eleven, err := env.Latencies(ctx, 300, 11, named)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -351,9 +351,20 @@ func (e *Env) Runs(ctx context.Context, n, steps int) (Result, error) {
 // another and returns, for each, the wall time from the start command to
 // the moment a watching client sees its terminal event (Store.Watch, as
 // pal run watch and the event feeds do): what one workflow costs end to
-// end, start and notification included.
-func (e *Env) Latencies(ctx context.Context, n, steps int) ([]time.Duration, error) {
+// end, start and notification included. With named, the workflow is
+// deployed first and each run starts it by name, as a client of a
+// deployed workflow does; otherwise each start brings the definition.
+func (e *Env) Latencies(ctx context.Context, n, steps int, named bool) ([]time.Duration, error) {
 	wf := Workflow(steps)
+	if named {
+		d, err := e.client.Deploy(ctx, runs.DeployCommand{Workflow: wf, By: "bench", Rights: runs.AllRights})
+		if err != nil {
+			return nil, err
+		}
+		if wf, err = json.Marshal(d.Name); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
