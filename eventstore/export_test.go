@@ -23,6 +23,13 @@ func (s *Store) GroupStats() (batches, batched int64, ok bool) {
 	return s.group.batches.Load(), s.group.batched.Load(), true
 }
 
+// VersionKept reports whether the store keeps version v of name.
+func (s *Store) VersionKept(name string, v uint64) bool {
+	return s.versions.Contains(versionKey(name, v))
+}
+
+const MaxCachedDefinition = maxCachedDefinition
+
 // FirstAppend is the first message Append would publish for a run: one
 // event at seq 1 on an empty subject.
 type FirstAppend struct {

@@ -278,7 +278,9 @@ func (s *Store) workflowVersion(ctx context.Context, kv jetstream.KeyValue, name
 	}
 	d := DeployedWorkflow{Deployed: event.Deployed{Name: name, Version: v, SHA256: vv.SHA256}, By: vv.By,
 		At: e.Created(), Definition: vv.Workflow}
-	s.versions.Add(versionKey(name, v), d)
+	if len(d.Definition) <= maxCachedDefinition {
+		s.versions.Add(versionKey(name, v), d)
+	}
 	return d, nil
 }
 
@@ -318,10 +320,14 @@ func (s *Store) DeployedWorkflow(ctx context.Context, name string, v uint64) (De
 	return s.workflowVersion(ctx, kv, name, v)
 }
 
-// versionCacheSize bounds the versions a store keeps (each holds its
-// definition, at most MaxWorkflowValue bytes; a few hundred workflows are
-// a deployment's working set).
-const versionCacheSize = 256
+// Bounds of the versions a store keeps: a few hundred workflows are a
+// deployment's working set, and a definition over maxCachedDefinition is
+// read each time, so the cache holds at most 16 MiB of definitions however
+// big the deployed ones are (MaxWorkflowValue is 1 MiB).
+const (
+	versionCacheSize    = 256
+	maxCachedDefinition = 64 << 10
+)
 
 // newVersionCache makes a store's cache of workflow versions, by version
 // key. A version key is written once and never changed, and a cached

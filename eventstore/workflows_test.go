@@ -184,8 +184,8 @@ func TestDeployWorkflowAfterAnInterruptedDeploy(t *testing.T) {
 	require.JSONEq(t, string(def("half", 2)), string(three.Definition))
 }
 
-// A store keeps the versions it read, and answers from one only while the
-// latest key names it with its sha256: a redeploy from another store is
+// A store keeps the versions it read (up to a size), and answers from one
+// only while the latest key names it with its sha256: a redeploy from another store is
 // seen at once, and so is a version key rewritten under the store (an
 // operator's nats kv), once the latest key names the new content.
 func TestDeployedWorkflowKeepsOnlyWhatTheLatestKeyNames(t *testing.T) {
@@ -224,6 +224,19 @@ func TestDeployedWorkflowKeepsOnlyWhatTheLatestKeyNames(t *testing.T) {
 	_, err = kv.Put(ctx, "kept", pointer)
 	require.NoError(t, err)
 	latest(def("kept", 3), 2)
+	require.True(t, b.store.VersionKept("kept", 2))
+
+	// A definition over the bound is read each time, never kept.
+	big := json.RawMessage(fmt.Sprintf(`{"name":"big","nodes":[{"id":"start","type":"trigger","data":{"pad":%q}}]}`,
+		strings.Repeat("x", eventstore.MaxCachedDefinition)))
+	_, _, err = other.DeployWorkflow(ctx, "big", big, "ci")
+	require.NoError(t, err)
+	for range 2 {
+		got, err := b.store.DeployedWorkflow(ctx, "big", 0)
+		require.NoError(t, err)
+		require.Equal(t, sum(big), got.SHA256)
+	}
+	require.False(t, b.store.VersionKept("big", 1))
 }
 
 // A name that is no key, and a definition over the bucket's value limit,
