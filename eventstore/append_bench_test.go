@@ -31,32 +31,28 @@ func BenchmarkAppendRoundTrip(b *testing.B) {
 		ev.WorkerID = "w"
 		return ev
 	}
-	b.Run("store", func(b *testing.B) {
-		run := fmt.Sprintf("run_append%d", b.N)
-		head, err := bd.store.Append(ctx, run, eventstore.Head{}, event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(`{}`)}))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		for range b.N {
-			if head, err = bd.store.Append(ctx, run, head, step()); err != nil {
+	for _, c := range []struct {
+		name   string
+		events int
+	}{{"store", 1}, {"store-pair", 2}} {
+		b.Run(c.name, func(b *testing.B) {
+			run := fmt.Sprintf("run_%s%d", c.name, b.N)
+			head, err := bd.store.Append(ctx, run, eventstore.Head{}, event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(`{}`)}))
+			if err != nil {
 				b.Fatal(err)
 			}
-		}
-	})
-	b.Run("store-pair", func(b *testing.B) {
-		run := fmt.Sprintf("run_pair%d", b.N)
-		head, err := bd.store.Append(ctx, run, eventstore.Head{}, event.MustNew(event.RunCreated, "", 0, event.RunCreatedData{Workflow: json.RawMessage(`{}`)}))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		for range b.N {
-			if head, err = bd.store.Append(ctx, run, head, step(), step()); err != nil {
-				b.Fatal(err)
+			b.ResetTimer()
+			for range b.N {
+				evs := make([]event.Event, c.events)
+				for i := range evs {
+					evs[i] = step()
+				}
+				if head, err = bd.store.Append(ctx, run, head, evs...); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+		})
+	}
 	b.Run("publish", func(b *testing.B) {
 		body, err := event.Encode(step())
 		if err != nil {
