@@ -74,7 +74,7 @@ type Store struct {
 	// snaps is PAL_SNAPSHOTS (snapshot.go), opened on first use.
 	snaps lazy[jetstream.ObjectStore]
 	// workflows is PAL_WORKFLOWS (workflows.go), opened on first use;
-	// versions holds the versions read or written, checked (workflows.go).
+	// versions keeps the versions read, checked (workflows.go).
 	workflows lazy[jetstream.KeyValue]
 	versions  *lru.Cache[string, DeployedWorkflow]
 	// schedules is PAL_SCHEDULES (schedules.go), opened on first use.
