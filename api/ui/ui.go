@@ -13,7 +13,8 @@
 // first, each envelope as sent (journal.js); its Graph tab lays out and
 // draws the run's workflow, each node by its outcome, from the
 // waterfall's graph (graph.js); the waterfall's compressed axis is
-// axis.js's. The pages operate runs
+// axis.js's, and a step's conversation in its detail conversation.js's.
+// The pages operate runs
 // through the REST routes with the session's CSRF token: start.js starts
 // a deployed workflow, actions.js retries, forks, resumes, signals,
 // raises a budget and verifies a receipt; a page shows an action only to

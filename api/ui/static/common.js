@@ -55,6 +55,12 @@ const pal = {
     return isNaN(d) ? s : d.toLocaleString();
   },
   cost(c) { return c ? "$" + c.toFixed(c < 0.01 ? 6 : 4) : ""; },
+  // json shows a step's value: a string as its JSON literal, anything
+  // else indented.
+  json(v) {
+    if (v === undefined || v === null) return "";
+    return typeof v === "string" ? JSON.stringify(v) : JSON.stringify(v, null, 2);
+  },
   tokens(u) { return u && u.total_tokens ? String(u.total_tokens) : ""; },
   showError(err) {
     const p = document.getElementById("error");

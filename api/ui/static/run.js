@@ -6,7 +6,8 @@
 // The Journal tab beside it lists the journal's events (journal.js), the
 // Graph tab draws the run's workflow (graph.js). The axis is compressed:
 // long stretches in which the run only waited are drawn as breaks
-// (axis.js).
+// (axis.js). A step's detail shows an LLM step's conversation
+// (conversation.js).
 "use strict";
 
 (function () {
@@ -511,78 +512,11 @@
     dl.appendChild(pal.el("dd", "", v));
   }
 
-  function json(v) {
-    if (v === undefined || v === null) return "";
-    return typeof v === "string" ? JSON.stringify(v) : JSON.stringify(v, null, 2);
-  }
-
   function findSelected() {
     for (const v of visibleRows(wf, 0, 0, "", [])) if (v.key === selected) return v;
     // A step folded away, selected in the lane view.
     const r = wf.rows.find(r => r.step_id === selected);
     return r ? { r, key: r.step_id } : null;
-  }
-
-  // conversationOf is an LLM step's conversation as its journaled inputs
-  // and outputs tell it: an ai-step's system prompt and messages, then the
-  // answer; an agent's (or one of its turns', up to that turn) from its
-  // turns, each of which journals only the messages after the first
-  // "prior" ones (the earlier turns' answers and tool results among
-  // them), then the last turn's answer.
-  const turnRe = /\.turn\[(\d+)\]$/;
-  const isCall = r => !!(r && r.input && Array.isArray(r.input.messages));
-  function conversationOf(v) {
-    const r = v.r;
-    const w = v.run && v.run !== runID ? children.get(v.run) : wf;
-    let calls;
-    if (isCall(r) && r.parent && turnRe.test(r.step_id)) {
-      calls = w.rows.filter(x => x.parent === r.parent && turnRe.test(x.step_id) && isCall(x));
-      calls = calls.slice(0, calls.indexOf(r) + 1);
-    } else if (isCall(r)) {
-      calls = [r];
-    } else if (r.node_type === "agent" && w) {
-      calls = w.rows.filter(x => x.parent === r.step_id && turnRe.test(x.step_id) && isCall(x));
-    }
-    if (!calls || calls.length === 0) return null;
-    let msgs = [];
-    for (const c of calls) {
-      const prior = c.input.prior || 0;
-      if (prior <= msgs.length) msgs = msgs.slice(0, prior);
-      msgs = msgs.concat(c.input.messages);
-    }
-    const last = calls[calls.length - 1];
-    const out = last.output;
-    if (out && typeof out === "object" && (out.text || (out.tool_calls && out.tool_calls.length))) {
-      msgs.push({ role: "assistant", content: out.text, tool_calls: out.tool_calls, answer: true });
-    }
-    return { system: calls[0].input.system, msgs };
-  }
-
-  function drawConversation(c) {
-    const box = pal.el("div", "conversation");
-    const msg = (role, text) => {
-      const m = pal.el("div", "msg role-" + role);
-      m.dataset.role = role;
-      m.appendChild(pal.el("span", "role", role));
-      if (text) m.appendChild(pal.el("pre", "content", text));
-      box.appendChild(m);
-      return m;
-    };
-    if (c.system) msg("system", c.system);
-    for (const x of c.msgs) {
-      const role = typeof x.role === "string" ? x.role : "?";
-      const m = msg(role, typeof x.content === "string" ? x.content : (x.content === undefined ? "" : json(x.content)));
-      if (x.tool_call_id) m.insertBefore(pal.el("span", "call-id", "result of " + x.tool_call_id), m.children[1] || null);
-      for (const img of x.images || []) m.appendChild(pal.el("div", "image", "image: " + (img.url || "blob " + img.blob)));
-      for (const tc of x.tool_calls || []) {
-        const call = pal.el("div", "tool-call", "calls " + tc.name + (tc.id ? " (" + tc.id + ")" : ""));
-        call.dataset.tool = tc.name;
-        call.appendChild(pal.el("pre", "arguments", json(tc.arguments)));
-        m.appendChild(call);
-      }
-      if (x.answer) m.classList.add("answer");
-    }
-    return box;
   }
 
   function drawDetail() {
@@ -638,10 +572,10 @@
       if (st.reasoning) parts.push(pal.el("pre", "thinking", st.reasoning));
       parts.push(pal.el("pre", "streaming", st.text));
     }
-    const conv = conversationOf(v);
-    if (conv) parts.push(pal.el("h3", "", "Conversation"), drawConversation(conv));
-    if (r.input !== undefined) parts.push(pal.el("h3", "", "Input (rendered)"), pal.el("pre", "input", json(r.input)));
-    if (r.output !== undefined) parts.push(pal.el("h3", "", "Output"), pal.el("pre", "output", json(r.output)));
+    const conv = pal.conversationOf(r, v.run && v.run !== runID ? children.get(v.run) : wf);
+    if (conv) parts.push(pal.el("h3", "", "Conversation"), pal.drawConversation(conv));
+    if (r.input !== undefined) parts.push(pal.el("h3", "", "Input (rendered)"), pal.el("pre", "input", pal.json(r.input)));
+    if (r.output !== undefined) parts.push(pal.el("h3", "", "Output"), pal.el("pre", "output", pal.json(r.output)));
     detail.replaceChildren(...parts);
   }
 
