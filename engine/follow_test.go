@@ -21,17 +21,24 @@ import (
 // already completed, nor one in flight.
 func TestHistoriesFollowNext(t *testing.T) {
 	t.Parallel()
-	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) {
-		st := &engine.RunState{}
-		busy := map[string]bool{}
-		for i, ev := range evs {
-			if i > 0 {
-				checkFollowsNext(t, st, busy, ev)
-			}
-			require.NoError(t, st.Apply(ev))
-			trackBusy(busy, ev)
+	eachHistory(t, func(t *testing.T, _ string, evs []event.Event) { foldFollowingNext(t, evs) })
+}
+
+// foldFollowingNext folds evs, checking before each event after the first
+// that it follows what Frontier planned (checkFollowsNext), and returns
+// the state after them.
+func foldFollowingNext(t *testing.T, evs []event.Event) *engine.RunState {
+	t.Helper()
+	st := &engine.RunState{}
+	busy := map[string]bool{}
+	for i, ev := range evs {
+		if i > 0 {
+			checkFollowsNext(t, st, busy, ev)
 		}
-	})
+		require.NoError(t, st.Apply(ev))
+		trackBusy(busy, ev)
+	}
+	return st
 }
 
 func checkFollowsNext(t *testing.T, st *engine.RunState, busy map[string]bool, ev event.Event) {

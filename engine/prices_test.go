@@ -74,15 +74,7 @@ func TestWorkersWithOtherPricesDecideTheSame(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "prices.json")
 			require.NoError(t, os.WriteFile(path, []byte(file), 0o600))
 			require.NoError(t, provider.LoadPrices(path))
-			st := &engine.RunState{}
-			busy := map[string]bool{}
-			for i, ev := range evs {
-				if i > 0 {
-					checkFollowsNext(t, st, busy, ev)
-				}
-				require.NoError(t, st.Apply(ev))
-				trackBusy(busy, ev)
-			}
+			st := foldFollowingNext(t, evs)
 			require.Equal(t, engine.StatusFailed, st.Status)
 			require.Equal(t, event.CodeBudgetExceeded, st.ErrorCode)
 		})
