@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/palrun/pal/event"
 )
 
@@ -29,6 +31,11 @@ func (s *Store) VersionKept(name string, v uint64) bool {
 }
 
 const MaxCachedDefinition = maxCachedDefinition
+
+// DeployedWorkflowVia is DeployedWorkflow reading the registry through kv.
+func (s *Store) DeployedWorkflowVia(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (DeployedWorkflow, error) {
+	return s.deployedWorkflow(ctx, kv, name, v)
+}
 
 // FirstAppend is the first message Append would publish for a run: one
 // event at seq 1 on an empty subject.

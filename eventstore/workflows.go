@@ -259,10 +259,31 @@ func (s *Store) latestAtLeast(ctx context.Context, kv jetstream.KeyValue, name s
 	return latest, nil
 }
 
+// getAfterLag reads key, again for up to replicaLag while it is not
+// found. Its callers read a version the latest key names, or one a create
+// found taken: it exists on the bucket's leader, but each Direct Get may
+// be answered by another replica, one that has not applied it yet (the
+// latest key read from one replica, the version's key from a follower
+// behind it: seen on R3 in TestBenchCluster).
+func getAfterLag(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	rctx, cancel := context.WithTimeout(ctx, replicaLag)
+	defer cancel()
+	var e jetstream.KeyValueEntry
+	var err error
+	_ = retry.Do(rctx, jsRetry, func() error {
+		e, err = kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return err
+		}
+		return retry.Permanent(err)
+	})
+	return e, err
+}
+
 // workflowVersion reads one version's key, checking its definition
 // against its sha256.
 func (s *Store) workflowVersion(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (DeployedWorkflow, error) {
-	e, err := kv.Get(ctx, versionKey(name, v))
+	e, err := getAfterLag(ctx, kv, versionKey(name, v))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return DeployedWorkflow{}, fmt.Errorf("workflow %s@%d: %w", name, v, ErrWorkflowNotFound)
 	}
@@ -298,6 +319,10 @@ func (s *Store) DeployedWorkflow(ctx context.Context, name string, v uint64) (De
 	if err != nil {
 		return DeployedWorkflow{}, err
 	}
+	return s.deployedWorkflow(ctx, kv, name, v)
+}
+
+func (s *Store) deployedWorkflow(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (DeployedWorkflow, error) {
 	latest, err := s.latestAtLeast(ctx, kv, name, v)
 	if err != nil {
 		return DeployedWorkflow{}, err

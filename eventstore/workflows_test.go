@@ -1,6 +1,7 @@
 package eventstore_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/palrun/pal/event"
@@ -182,6 +184,53 @@ func TestDeployWorkflowAfterAnInterruptedDeploy(t *testing.T) {
 	three, err := b.store.DeployedWorkflow(ctx, "half", 3)
 	require.NoError(t, err)
 	require.JSONEq(t, string(def("half", 2)), string(three.Definition))
+}
+
+// behindKV answers Get for a version key (name.version) as a follower
+// that has not applied it yet would, its first misses times, and every
+// other read as the bucket does.
+type behindKV struct {
+	jetstream.KeyValue
+	mu     sync.Mutex
+	misses int
+	gets   map[string]int
+}
+
+func (k *behindKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	k.mu.Lock()
+	k.gets[key]++
+	n := k.gets[key]
+	k.mu.Unlock()
+	if strings.Contains(key, ".") && n <= k.misses {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return k.KeyValue.Get(ctx, key)
+}
+
+// On a cluster each Direct Get may reach another replica: the latest key
+// from one that has the deploy, the version's key from one behind it. A
+// start reads the version again until the follower has it, and refuses a
+// version that stays missing.
+func TestDeployedWorkflowWaitsForAReplicaBehind(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	_, _, err := b.store.DeployWorkflow(ctx, "lag", def("lag", 1), "ci")
+	require.NoError(t, err)
+	kv, err := b.js.KeyValue(ctx, eventstore.WorkflowBucket)
+	require.NoError(t, err)
+
+	behind := &behindKV{KeyValue: kv, misses: 2, gets: map[string]int{}}
+	d, err := b.openStore(t).DeployedWorkflowVia(ctx, behind, "lag", 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), d.Version)
+	require.JSONEq(t, string(def("lag", 1)), string(d.Definition))
+	require.Equal(t, 3, behind.gets["lag.1"], "two misses, then the version")
+
+	gone := &behindKV{KeyValue: kv, misses: 1 << 30, gets: map[string]int{}}
+	_, err = b.openStore(t).DeployedWorkflowVia(ctx, gone, "lag", 1)
+	require.ErrorIs(t, err, eventstore.ErrWorkflowNotFound)
+	require.Greater(t, gone.gets["lag.1"], 1, "read again before refusing")
 }
 
 // A store keeps the versions it read (up to a size), and answers from one
