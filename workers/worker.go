@@ -160,7 +160,7 @@ type Worker struct {
 	slots      *slots
 
 	activeMu  sync.Mutex
-	active    map[string]context.CancelCauseFunc // run id → its drive
+	active    map[string]map[*context.CancelCauseFunc]struct{} // run id → its drives
 	cancelSub *nats.Subscription
 	timers    jetstream.ConsumeContext
 	unwatch   []func() // the consumers /metrics reports
@@ -209,7 +209,7 @@ func New(cfg Config, store *eventstore.Store, leases *eventstore.Leases, provide
 		connectors: connectors,
 		tools:      map[string]Tool{},
 		log:        cfg.Logger.With("worker", cfg.ID),
-		active:     map[string]context.CancelCauseFunc{},
+		active:     map[string]map[*context.CancelCauseFunc]struct{}{},
 		slots:      newSlots(cfg.ProviderConcurrency),
 		folded:     newFoldedCache(foldedMax, foldedTTL),
 	}
@@ -265,12 +265,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		if !ok {
 			return
 		}
-		w.activeMu.Lock()
-		cancel := w.active[runID]
-		w.activeMu.Unlock()
-		if cancel != nil {
-			cancel(errRunEnded)
-		}
+		w.cancelDrives(runID, errRunEnded)
 	})
 	if err != nil {
 		return fmt.Errorf("subscribing to cancel notices: %w", err)
@@ -431,14 +426,35 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// track registers a drive so a cancel notice can reach it.
-func (w *Worker) track(runID string, cancel context.CancelCauseFunc) func() {
+// cancelDrives cancels every drive of runID this worker holds.
+func (w *Worker) cancelDrives(runID string, cause error) {
 	w.activeMu.Lock()
-	w.active[runID] = cancel
+	defer w.activeMu.Unlock()
+	for cancel := range w.active[runID] {
+		(*cancel)(cause)
+	}
+}
+
+// track registers a drive so a cancel notice can reach it. One worker
+// may hold two drives of a run for a while: a drive whose lease ran out
+// (a renewal too late) goes on until it sees the loss, and its run's work
+// may reach this worker again meanwhile. Each is registered on its own, so
+// the first one's end does not take the second off, and a cancel reaches
+// both.
+func (w *Worker) track(runID string, cancel context.CancelCauseFunc) func() {
+	key := &cancel
+	w.activeMu.Lock()
+	if w.active[runID] == nil {
+		w.active[runID] = map[*context.CancelCauseFunc]struct{}{}
+	}
+	w.active[runID][key] = struct{}{}
 	w.activeMu.Unlock()
 	return func() {
 		w.activeMu.Lock()
-		delete(w.active, runID)
+		delete(w.active[runID], key)
+		if len(w.active[runID]) == 0 {
+			delete(w.active, runID)
+		}
 		w.activeMu.Unlock()
 	}
 }
