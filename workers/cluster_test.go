@@ -53,7 +53,7 @@ func TestClusterLeaderKills(t *testing.T) {
 		// waits on a held LLM call across the kill.
 		var ids []string
 		for range 4 {
-			res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(sleepChain(150, 20))})
+			res, err := runs.New(store).Start(ctx, runs.StartCommand{Rights: runs.AllRights, Workflow: json.RawMessage(sleepChain(80, 20))})
 			require.NoError(t, err)
 			ids = append(ids, res.RunID)
 		}

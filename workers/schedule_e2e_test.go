@@ -106,9 +106,9 @@ func TestScheduleEveryTwoSecondsTwoWorkers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, runs.CatchupOne, sc.Catchup)
 
-	waitTicks(t, p, "every2", 5, 30*time.Second)
+	waitTicks(t, p, "every2", 3, 30*time.Second)
 	w1.Kill() // kill -9, mid-schedule
-	got := waitTicks(t, p, "every2", 10, 40*time.Second)
+	got := waitTicks(t, p, "every2", 6, 40*time.Second)
 	ticks := ticksOf(got)
 	require.Equal(t, sc.Created.Add(2*time.Second), ticks[0], "the first tick is the first after the schedule's creation")
 	requireEveryTick(t, ticks, 2*time.Second)

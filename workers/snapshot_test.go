@@ -310,7 +310,7 @@ func TestKill9MidLongRunResumesFromSnapshot(t *testing.T) {
 	// w2 takes over when w1's presence ends, not at the lease's end; a
 	// longer lease keeps a loaded machine from adding a third drive.
 	p := setupProc(t, 3*time.Second)
-	const iterations = 3000
+	const iterations = 1500
 	wf := fmt.Sprintf(`{"name":"long","nodes":[{"id":"start","type":"trigger"},
 	{"id":"each","type":"loop","data":{"maxIterations":%d,"until":"false","body":{"name":"b","nodes":[
 		{"id":"start","type":"trigger"},

@@ -85,6 +85,16 @@ func runPal(t *testing.T, bin string, env []string, args ...string) result {
 // runPalIn runs the binary in directory dir ("" for the test's).
 func runPalIn(t *testing.T, bin, dir string, env []string, args ...string) result {
 	t.Helper()
+	r, err := execPal(bin, dir, env, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// execPal is runPalIn for any goroutine: it returns what kept the binary
+// from running instead of failing the test.
+func execPal(bin, dir string, env []string, args ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -100,9 +110,9 @@ func runPalIn(t *testing.T, bin, dir string, env []string, args ...string) resul
 	case errors.As(err, &ee):
 		r.code = ee.ExitCode()
 	default:
-		t.Fatalf("running pal %s: %v", strings.Join(args, " "), err)
+		return r, fmt.Errorf("running pal %s: %w", strings.Join(args, " "), err)
 	}
-	return r
+	return r, nil
 }
 
 // file writes content to a file in the test's directory.

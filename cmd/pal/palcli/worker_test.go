@@ -3,6 +3,7 @@ package palcli_test
 import (
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,7 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 	bin := testenv.PalBinary(t)
 	badMCP := filepath.Join(t.TempDir(), "mcp.json")
 	require.NoError(t, os.WriteFile(badMCP, []byte(`{"mcpServers":{"gh":{"url":"ftp://x"}}}`), 0o600))
-	for _, tc := range []struct {
+	cases := []struct {
 		env  []string
 		args []string
 		msg  string
@@ -58,10 +59,24 @@ func TestWorkerSettingErrorsNameTheirSource(t *testing.T) {
 		{[]string{"PAL_PROCESS_PROGRAMS=python3,no-such-program"}, nil, `the program "no-such-program" is not on the sandbox's PATH`},
 		{[]string{"PAL_MCP_CONFIG=/no/such/mcp.json"}, nil, `PAL_MCP_CONFIG: open /no/such/mcp.json: no such file or directory`},
 		{[]string{"PAL_MCP_CONFIG=" + badMCP}, nil, `PAL_MCP_CONFIG=` + badMCP + `: mcpServers.gh: url: "ftp://x": want an http:// or https:// URL`},
-	} {
+	}
+	// The cases are processes that exit at once: four at a time.
+	results := make([]result, len(cases))
+	errs := make([]error, len(cases))
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, tc := range cases {
 		env := append([]string{"PAL_NATS_URL=nats://127.0.0.1:1", "PAL_DATA_DIR=" + t.TempDir()}, tc.env...)
-		r := runPal(t, bin, env, append([]string{"worker"}, tc.args...)...)
-		require.Equal(t, 2, r.code, "%v %v\n%s", tc.env, tc.args, r)
-		require.Contains(t, r.stderr, tc.msg, "%v %v", tc.env, tc.args)
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			results[i], errs[i] = execPal(bin, "", env, append([]string{"worker"}, tc.args...)...)
+		})
+	}
+	wg.Wait()
+	for i, tc := range cases {
+		require.NoError(t, errs[i])
+		require.Equal(t, 2, results[i].code, "%v %v\n%s", tc.env, tc.args, results[i])
+		require.Contains(t, results[i].stderr, tc.msg, "%v %v", tc.env, tc.args)
 	}
 }
