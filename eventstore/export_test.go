@@ -32,6 +32,11 @@ func (s *Store) VersionKept(name string, v uint64) bool {
 
 const MaxCachedDefinition = maxCachedDefinition
 
+// GetScheduleVia is GetSchedule reading the bucket through kv.
+func GetScheduleVia(ctx context.Context, kv jetstream.KeyValue, name string) (Schedule, error) {
+	return getSchedule(ctx, kv, name)
+}
+
 // DeployedWorkflowVia is DeployedWorkflow reading the registry through kv.
 func (s *Store) DeployedWorkflowVia(ctx context.Context, kv jetstream.KeyValue, name string, v uint64) (DeployedWorkflow, error) {
 	return s.deployedWorkflow(ctx, kv, name, v)

@@ -157,7 +157,12 @@ func (s *Store) GetSchedule(ctx context.Context, name string) (Schedule, error) 
 	if err != nil {
 		return Schedule{}, err
 	}
-	e, err := kv.Get(ctx, name)
+	return getSchedule(ctx, kv, name)
+}
+
+func getSchedule(ctx context.Context, kv jetstream.KeyValue, name string) (Schedule, error) {
+	// A schedule just created may not be on the replica that answers yet.
+	e, err := getAfterLag(ctx, kv, name)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Schedule{}, fmt.Errorf("schedule %s: %w", name, ErrScheduleNotFound)
 	}

@@ -260,11 +260,12 @@ func (s *Store) latestAtLeast(ctx context.Context, kv jetstream.KeyValue, name s
 }
 
 // getAfterLag reads key, again for up to replicaLag while it is not
-// found. Its callers read a version the latest key names, or one a create
-// found taken: it exists on the bucket's leader, but each Direct Get may
-// be answered by another replica, one that has not applied it yet (the
-// latest key read from one replica, the version's key from a follower
-// behind it: seen on R3 in TestBenchCluster).
+// found. Its callers read a key that exists on the bucket's leader (a
+// version the latest key names, or one a create found taken; a schedule
+// its caller may have just created), but each Direct Get may be answered
+// by another replica, one that has not applied it yet (the latest key
+// read from one replica, the version's key from a follower behind it:
+// seen on R3 in TestBenchCluster).
 func getAfterLag(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
 	rctx, cancel := context.WithTimeout(ctx, replicaLag)
 	defer cancel()

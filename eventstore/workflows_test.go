@@ -186,22 +186,26 @@ func TestDeployWorkflowAfterAnInterruptedDeploy(t *testing.T) {
 	require.JSONEq(t, string(def("half", 2)), string(three.Definition))
 }
 
-// behindKV answers Get for a version key (name.version) as a follower
-// that has not applied it yet would, its first misses times, and every
-// other read as the bucket does.
+// behindKV answers Get for the keys behind names as a follower that has
+// not applied them yet would, their first misses times, and every other
+// read as the bucket does.
 type behindKV struct {
 	jetstream.KeyValue
+	behind func(key string) bool
 	mu     sync.Mutex
 	misses int
 	gets   map[string]int
 }
+
+// versionKeys are the registry's version keys (name.version).
+func versionKeys(key string) bool { return strings.Contains(key, ".") }
 
 func (k *behindKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
 	k.mu.Lock()
 	k.gets[key]++
 	n := k.gets[key]
 	k.mu.Unlock()
-	if strings.Contains(key, ".") && n <= k.misses {
+	if k.behind(key) && n <= k.misses {
 		return nil, jetstream.ErrKeyNotFound
 	}
 	return k.KeyValue.Get(ctx, key)
@@ -220,17 +224,40 @@ func TestDeployedWorkflowWaitsForAReplicaBehind(t *testing.T) {
 	kv, err := b.js.KeyValue(ctx, eventstore.WorkflowBucket)
 	require.NoError(t, err)
 
-	behind := &behindKV{KeyValue: kv, misses: 2, gets: map[string]int{}}
+	behind := &behindKV{KeyValue: kv, behind: versionKeys, misses: 2, gets: map[string]int{}}
 	d, err := b.openStore(t).DeployedWorkflowVia(ctx, behind, "lag", 0)
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), d.Version)
 	require.JSONEq(t, string(def("lag", 1)), string(d.Definition))
 	require.Equal(t, 3, behind.gets["lag.1"], "two misses, then the version")
 
-	gone := &behindKV{KeyValue: kv, misses: 1 << 30, gets: map[string]int{}}
+	gone := &behindKV{KeyValue: kv, behind: versionKeys, misses: 1 << 30, gets: map[string]int{}}
 	_, err = b.openStore(t).DeployedWorkflowVia(ctx, gone, "lag", 1)
 	require.ErrorIs(t, err, eventstore.ErrWorkflowNotFound)
 	require.Greater(t, gone.gets["lag.1"], 1, "read again before refusing")
+}
+
+// A schedule read on a replica that has not applied its create yet is
+// read again until it is there; one that stays missing is not found.
+func TestGetScheduleWaitsForAReplicaBehind(t *testing.T) {
+	t.Parallel()
+	b := setup(t, eventstore.Config{})
+	ctx := t.Context()
+	made, err := b.store.CreateSchedule(ctx, eventstore.Schedule{Name: "nightly", Every: "1h", Workflow: "hello", By: "ci"})
+	require.NoError(t, err)
+	kv, err := b.js.KeyValue(ctx, eventstore.ScheduleBucket)
+	require.NoError(t, err)
+	every := func(string) bool { return true }
+
+	behind := &behindKV{KeyValue: kv, behind: every, misses: 2, gets: map[string]int{}}
+	got, err := eventstore.GetScheduleVia(ctx, behind, "nightly")
+	require.NoError(t, err)
+	require.Equal(t, made.Revision, got.Revision)
+	require.Equal(t, 3, behind.gets["nightly"], "two misses, then the schedule")
+
+	gone := &behindKV{KeyValue: kv, behind: every, misses: 1 << 30, gets: map[string]int{}}
+	_, err = eventstore.GetScheduleVia(ctx, gone, "nightly")
+	require.ErrorIs(t, err, eventstore.ErrScheduleNotFound)
 }
 
 // A store keeps the versions it read (up to a size), and answers from one
