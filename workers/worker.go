@@ -426,12 +426,17 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// cancelDrives cancels every drive of runID this worker holds.
+// cancelDrives cancels every drive of runID this worker holds, outside
+// the lock, as a cancel notice always did.
 func (w *Worker) cancelDrives(runID string, cause error) {
 	w.activeMu.Lock()
-	defer w.activeMu.Unlock()
+	cancels := make([]context.CancelCauseFunc, 0, len(w.active[runID]))
 	for cancel := range w.active[runID] {
-		(*cancel)(cause)
+		cancels = append(cancels, *cancel)
+	}
+	w.activeMu.Unlock()
+	for _, cancel := range cancels {
+		cancel(cause)
 	}
 }
 
