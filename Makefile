@@ -20,14 +20,12 @@ run: build ## Run PAL locally: pal dev (NATS, Postgres, worker, projector, API; 
 	./$(BIN) dev
 
 .PHONY: test
-# -parallel 4: many tests wait on leases, timers, ticks and processes more
-# than they compute, so four at a time per package keep two cores busy.
 test: ## Run the whole test suite with the race detector (needs PostgreSQL binaries or DATABASE_URL, bubblewrap, python3 with pip, and Chromium, which the browser tests install when missing)
 	$(GO) vet $(PKGS)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) run ./internal/cmd/importcheck
-	$(GO) test -race -count=1 -parallel 4 -timeout 20m $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # The protobuf generators, pinned; protoc itself comes from Debian's
 # protobuf-compiler package (installed when missing), whose version the
