@@ -103,7 +103,9 @@ func TestSignedReceiptsWithRoles(t *testing.T) {
 		require.Eventually(t, func() bool { return projected(id) }, 30*time.Second, 50*time.Millisecond,
 			"run %s's receipt in run_receipts:\n%s", id, w1.Output())
 	}
-	require.Contains(t, w1.Output(), "recovery sweep signed missing run receipts")
+	// The sweep logs once it has signed every run it found: the receipt
+	// may be projected before the line is written.
+	require.NoError(t, w1.WaitForOutput(ctx, "recovery sweep signed missing run receipts"), w1.Output())
 
 	// The pal commands act as the worker, as under pal dev (dev.env).
 	client := append(common, creds(natsauth.Worker))
