@@ -82,14 +82,26 @@ e2e: build ## Replay a live run with the stock nats CLI (natscli v0.5.0, built f
 FUZZTIME ?= 10s
 FUZZPKGS := $(addprefix ./,$(sort $(dir $(shell git grep -l '^func Fuzz' -- '*_test.go'))))
 
+# Go 1.26's fuzz coordinator can report "context deadline exceeded" as the
+# target's failure when -fuzztime ends with a worker mid-input
+# (go.dev/issue/75804, fixed in Go 1.27). A failure is therefore one that
+# wrote a failing input to the package's testdata/fuzz/TARGET; that one
+# message with no input written is said and passed over.
 .PHONY: fuzz
 fuzz: ## Run every fuzz target in the tree briefly (FUZZTIME=10s each) beyond its seed corpus
 	@test -n "$(FUZZPKGS)" || { echo "fuzz: no fuzz targets found (git grep '^func Fuzz')"; exit 1; }
-	@set -e; for pkg in $(FUZZPKGS); do \
+	@set -e -o pipefail; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	for pkg in $(FUZZPKGS); do \
 	  targets=$$(git grep -h '^func Fuzz' -- ":(glob)$${pkg#./}*_test.go" | sed -E 's/^func (Fuzz[A-Za-z0-9_]*).*/\1/'); \
 	  for target in $$targets; do \
 	    echo "fuzz $$pkg $$target"; \
-	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg; \
+	    inputs=$$( (ls "$$pkg/testdata/fuzz/$$target" 2>/dev/null || true) | wc -l); \
+	    status=0; $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg 2>&1 | tee "$$log" || status=$$?; \
+	    if [ $$status -ne 0 ]; then \
+	      if [ "$$( (ls "$$pkg/testdata/fuzz/$$target" 2>/dev/null || true) | wc -l)" = "$$inputs" ] && grep -qx '    context deadline exceeded' "$$log"; then \
+	        echo "fuzz: $$target: \"context deadline exceeded\" at -fuzztime's end and no failing input written: Go's fuzz coordinator (go.dev/issue/75804), not a failure of $$target"; \
+	      else exit $$status; fi; \
+	    fi; \
 	  done; \
 	done
 
