@@ -137,7 +137,12 @@ func TestBrowserActions(t *testing.T) {
 		br := br.on(t)
 		require.True(t, eval[bool](br, `!!document.querySelector('#start')`), "a session with scope start has the form")
 		br.waitJS("the workflow listed", `!!document.querySelector('tr.workflow[data-name="greet"] a')`)
-		br.do(chromedp.Click(chromedp.CSS(`tr.workflow[data-name="greet"] a`)), chromedp.Click(chromedp.CSS(`#start summary`)))
+		// Opening the workflow picks it in the form once its definition is
+		// shown; the form is opened after that, so the page no longer
+		// changes under the second click.
+		br.do(chromedp.Click(chromedp.CSS(`tr.workflow[data-name="greet"] a`)))
+		br.waitJS("greet shown", `document.querySelector('#definition-title').textContent.startsWith("greet@")`)
+		br.do(chromedp.Click(chromedp.CSS(`#start summary`)))
 		br.waitJS("the form, greet picked", `document.querySelector('#start').open && document.querySelector('#start-workflow').value === "greet"`)
 		// An input that is not JSON is refused in the form; no run starts.
 		br.do(chromedp.SetValue(chromedp.CSS(`#start-input`), `{"who":`), chromedp.Click(chromedp.CSS(`#start-submit`)))
